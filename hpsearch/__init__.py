@@ -1,0 +1,20 @@
+"""hpsearch: fast hyperparameter search for PyTorch Lightning models on Ray Tune.
+
+The public API is ``run`` and ``resume`` (see ``hpsearch.search.api``). They are
+imported lazily so that ``import hpsearch`` (and the CLI's fast paths) stay cheap.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["run", "resume", "load_config", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in ("run", "resume"):
+        from .search import api
+
+        return getattr(api, name)
+    if name == "load_config":
+        from .search.config import load_config
+
+        return load_config
+    raise AttributeError(f"module 'hpsearch' has no attribute {name!r}")

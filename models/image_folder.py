@@ -1,0 +1,123 @@
+"""A user's folder of class subfolders of JPEG/PNG files, decoded lazily in loader workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import Dataset
+
+from ._loading import make_loader, split_sizes
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
+
+
+class ImageFileDataset(Dataset):
+    """Decodes one file per item, so the folder is never held in memory at once."""
+
+    def __init__(self, files: list[Path], labels: list[int], image_size: int, channels: int) -> None:
+        self.files, self.labels = files, labels
+        self.image_size, self.mode = image_size, "L" if channels == 1 else "RGB"
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int):
+        from PIL import Image
+
+        with Image.open(self.files[index]) as image:
+            image = image.convert(self.mode)
+            if image.size != (self.image_size, self.image_size):
+                image = image.resize((self.image_size, self.image_size), Image.BILINEAR)
+            pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        channels = 1 if self.mode == "L" else 3
+        tensor = pixels.view(self.image_size, self.image_size, channels).permute(2, 0, 1)
+        return tensor.float().div_(255.0), self.labels[index]
+
+
+class ImageFolderDataModule(pl.LightningDataModule):
+    """``root/<class name>/<image file>``; classes are the sorted subfolder names.
+
+    Files are split into train/val/test with a fixed ``split_seed``. Decoding happens in
+    ``num_workers`` loader processes (hpsearch sizes them to the trial's CPUs).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        image_size: int = 32,
+        channels: int = 3,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+        split_seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
+        prefetch_factor: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.root = Path(root).expanduser()
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"image-folder root {str(self.root)!r} is not a directory")
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {channels}")
+        self.classes = sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        if len(self.classes) < 2:
+            raise ValueError(f"image-folder root {str(self.root)!r} needs at least two class subfolders")
+        self.image_size, self.channels = int(image_size), int(channels)
+        self.batch_size = int(batch_size)
+        self.eval_batch_size = int(eval_batch_size or 4 * self.batch_size)
+        self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed
+        self.effective_num_workers = int(num_workers)
+        self.pin_memory, self.persistent_workers = bool(pin_memory), bool(persistent_workers)
+        self.prefetch_factor = prefetch_factor
+        self.input_shape = (self.channels, self.image_size, self.image_size)
+        self.num_classes = len(self.classes)
+        self._splits: dict[str, ImageFileDataset] | None = None
+
+    def list_files(self) -> tuple[list[Path], list[int]]:
+        files, labels = [], []
+        for label, name in enumerate(self.classes):
+            for path in sorted((self.root / name).rglob("*")):
+                if path.suffix.lower() in IMAGE_SUFFIXES:
+                    files.append(path)
+                    labels.append(label)
+        if not files:
+            raise ValueError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under {str(self.root)!r}")
+        return files, labels
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._splits is not None:
+            return
+        files, labels = self.list_files()
+        sizes = split_sizes(len(files), self.val_fraction, self.test_fraction)
+        order = torch.randperm(len(files), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
+        bounds = [0, sizes[0], sizes[0] + sizes[1], sum(sizes)]
+        self._splits = {}
+        for name, lo, hi in zip(("train", "val", "test"), bounds[:-1], bounds[1:]):
+            picked = order[lo:hi]
+            self._splits[name] = ImageFileDataset(
+                [files[i] for i in picked], [labels[i] for i in picked], self.image_size, self.channels
+            )
+
+    def _loader(self, split: str, batch_size: int, shuffle: bool):
+        assert self._splits is not None, "setup() must run before the loaders are asked for"
+        return make_loader(
+            self._splits[split], batch_size, shuffle=shuffle,
+            num_workers=self.effective_num_workers, pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers, prefetch_factor=self.prefetch_factor,
+        )
+
+    def train_dataloader(self):
+        return self._loader("train", self.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return self._loader("val", self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self):
+        if self.test_fraction <= 0:
+            raise ValueError("this DataModule was built with test_fraction=0: it has no test split")
+        return self._loader("test", self.eval_batch_size, shuffle=False)

@@ -1,0 +1,86 @@
+"""A DataModule over tensors held in memory, the base of ``digits`` and ``synthetic-images``."""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import TensorDataset
+
+from ._loading import make_loader, split_sizes
+
+
+class InMemoryImageDataModule(pl.LightningDataModule):
+    """Train/val/test splits (fixed ``split_seed``) of an image tensor held in memory.
+
+    Batches are sliced from memory, so worker processes would only add start-up and
+    pickling costs: in-memory data is always loaded in the main process, whatever
+    ``num_workers`` says (``effective_num_workers`` reports what ran).
+    """
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+        split_seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
+        prefetch_factor: int | None = None,
+    ) -> None:
+        super().__init__()
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = int(batch_size)
+        self.eval_batch_size = int(eval_batch_size or 4 * self.batch_size)
+        self.val_fraction, self.test_fraction = float(val_fraction), float(test_fraction)
+        self.split_seed = int(split_seed)
+        self.requested_num_workers = int(num_workers)
+        self.effective_num_workers = 0
+        self.pin_memory = bool(pin_memory)
+        self.persistent_workers = bool(persistent_workers)
+        self.prefetch_factor = prefetch_factor
+        self._splits: dict[str, TensorDataset] | None = None
+        images, _ = self.load_tensors()
+        self.input_shape = tuple(images.shape[1:])
+        self.num_classes = int(self._labels.max().item()) + 1
+
+    def load_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images ``(N, C, H, W)`` as float32 and integer labels ``(N,)``; cached."""
+        if not hasattr(self, "_images"):
+            self._images, self._labels = self.build_tensors()
+        return self._images, self._labels
+
+    def build_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._splits is not None:
+            return
+        images, labels = self.load_tensors()
+        sizes = split_sizes(len(labels), self.val_fraction, self.test_fraction)
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
+        bounds = [0, sizes[0], sizes[0] + sizes[1], sum(sizes)]
+        self._splits = {
+            name: TensorDataset(images[order[lo:hi]], labels[order[lo:hi]])
+            for name, lo, hi in zip(("train", "val", "test"), bounds[:-1], bounds[1:])
+        }
+
+    def _loader(self, split: str, batch_size: int, shuffle: bool):
+        assert self._splits is not None, "setup() must run before the loaders are asked for"
+        return make_loader(
+            self._splits[split], batch_size, shuffle=shuffle, num_workers=0,
+            pin_memory=self.pin_memory, persistent_workers=False, prefetch_factor=None,
+        )
+
+    def train_dataloader(self):
+        return self._loader("train", self.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return self._loader("val", self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self):
+        if self.test_fraction <= 0:
+            raise ValueError("this DataModule was built with test_fraction=0: it has no test split")
+        return self._loader("test", self.eval_batch_size, shuffle=False)

@@ -1,0 +1,128 @@
+"""The Python API: ``run`` and ``resume`` a study. The CLI is a thin layer over these.
+
+    import hpsearch
+    result = hpsearch.run("experiment.yaml", {"search.num_trials": 4})
+    result.best["params"], result.experiment_dir
+
+The flow reads top to bottom: config -> classes and preflight -> Ray -> experiment
+directory -> search session (Optuna + ASHA over Lightning trials) -> best.json.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import ExperimentConfig
+from .config_loading import load_config
+from .errors import ConfigError
+from .experiment import ExperimentDir, write_config
+from .trials_table import read_rows
+
+# Changing these on resume would make the study's history meaningless.
+FROZEN_ON_RESUME = ("model", "data", "space", "metric", "mode", "scheduler")
+
+
+@dataclass
+class SearchResult:
+    """What a search left behind: where, the best trial (best.json), and every trial."""
+
+    experiment_dir: Path
+    complete: bool
+    best: dict[str, Any] | None = None
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def resume_command(self) -> str:
+        return f"hpsearch resume {self.experiment_dir}"
+
+
+def run(
+    source: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+    *,
+    name: str | None = None,
+    storage: str | None = None,
+    address: str | None = None,
+    verbose: bool = False,
+) -> SearchResult:
+    """Validate the experiment, then search; every config mistake is raised before Ray starts."""
+    extra = dict(_as_mapping(overrides))
+    if name is not None:
+        extra["name"] = name
+    if storage is not None:
+        extra["storage"] = storage
+    config = load_config(source, extra)
+    prepare(config)
+    from .tuner import start_ray
+
+    start_ray(config, address, verbose)
+    _check_cluster(config)
+    exp = ExperimentDir.create(config.storage, config.name)
+    write_config(exp, config.model_dump(mode="json"))
+    return _search(config, exp, verbose)
+
+
+def resume(
+    experiment_dir: str | Path,
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+    *,
+    address: str | None = None,
+    verbose: bool = False,
+) -> SearchResult:
+    """Continue an interrupted study: finished trials stay, interrupted ones continue from
+    their checkpoints, and the sampler continues from the study's history."""
+    exp = ExperimentDir.existing(experiment_dir)
+    stored = load_config(exp.config_file)
+    config = load_config(exp.config_file, overrides)
+    changed = [k for k in FROZEN_ON_RESUME if getattr(stored, k) != getattr(config, k)]
+    if changed:
+        raise ConfigError([config.problem(k, "cannot change on resume (the study's history depends on it); "
+                                             "start a new experiment instead") for k in changed])
+    prepare(config, preflight=False)
+    from .tuner import start_ray
+
+    start_ray(config, address, verbose)
+    _check_cluster(config)
+    write_config(exp, config.model_dump(mode="json"))
+    return _search(config, exp, verbose)
+
+
+def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
+    """Resolve the user's classes and check their arguments; run the preflight batch."""
+    from .components import check_components
+
+    model_class, data_class = check_components(config)
+    if config.search.preflight if preflight is None else preflight:
+        from .preflight import run_preflight
+
+        run_preflight(config, model_class, data_class)
+
+
+def _check_cluster(config: ExperimentConfig) -> None:
+    import ray
+
+    from .tuner import check_resources
+
+    check_resources(config, ray.nodes())
+
+
+def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool) -> SearchResult:
+    from .results import finalize
+    from .tuner import run_session
+
+    started = time.monotonic()
+    complete = run_session(config, exp, verbose)
+    best = finalize(config, exp) if exp.trials_csv.is_file() else None
+    trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
+    return SearchResult(exp.root, complete, best, trials, time.monotonic() - started)
+
+
+def _as_mapping(overrides: Iterable[str] | Mapping[str, Any]) -> Mapping[str, Any]:
+    from .config_loading import parse_overrides
+
+    return parse_overrides(overrides)

@@ -1,0 +1,152 @@
+"""The ``hpsearch`` command line: a thin layer over ``hpsearch.search.api``.
+
+argparse (standard library) keeps ``--help``, ``status`` and ``best`` free of heavy
+imports: torch, Lightning, Ray and Optuna load only for commands that search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_CONFIG_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpsearch",
+        description="Hyperparameter search for PyTorch Lightning models: Optuna samples, ASHA prunes, "
+                    "Ray Tune runs the trials, TensorBoard compares them.",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="start a search from an experiment file")
+    run.add_argument("config", help="experiment YAML file")
+    run.add_argument("--name", help="experiment name (default: 'name' in the file)")
+    run.add_argument("--storage", help="directory that holds experiments (default: 'storage' in the file)")
+    _add_session_options(run)
+
+    resume = commands.add_parser("resume", help="continue an interrupted study")
+    resume.add_argument("experiment_dir", help="the experiment directory (EXP_DIR)")
+    _add_session_options(resume)
+
+    status = commands.add_parser("status", help="one row per trial: state, params, metric, epochs, why it stopped")
+    status.add_argument("experiment_dir")
+
+    best = commands.add_parser("best", help="the best trial (best.json)")
+    best.add_argument("experiment_dir")
+    best.add_argument("--json", action="store_true", help="print best.json as is")
+
+    board = commands.add_parser("tensorboard", help="start TensorBoard on one or more experiments")
+    board.add_argument("experiment_dirs", nargs="+", metavar="EXP_DIR")
+    board.add_argument("--port", type=int, default=6006)
+    board.add_argument("--host", default="127.0.0.1", help="interface to bind (default: localhost only)")
+    return parser
+
+
+def _add_session_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", help="join this Ray cluster (default: start a local Ray)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field by dotted key, e.g. --set search.num_trials=4 (repeatable)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's and Lightning's own output")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .errors import ConfigError, HpsearchError
+
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except HpsearchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def cmd_run(args) -> int:
+    from . import api
+
+    result = api.run(args.config, args.overrides, name=args.name, storage=args.storage,
+                     address=args.address, verbose=args.verbose)
+    return _report(result)
+
+
+def cmd_resume(args) -> int:
+    from . import api
+
+    result = api.resume(args.experiment_dir, args.overrides, address=args.address, verbose=args.verbose)
+    return _report(result)
+
+
+def _report(result) -> int:
+    from .status_view import print_best
+
+    print(f"experiment: {result.experiment_dir}  ({result.elapsed_s:.1f}s)")
+    if result.best:
+        print_best(result.best)
+    if not result.complete:
+        print(f"search stopped before the study was complete; continue it with:\n  {result.resume_command}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .status_view import print_status
+
+    print_status(_experiment(args.experiment_dir))
+    return 0
+
+
+def cmd_best(args) -> int:
+    from .errors import ExperimentError
+    from .status_view import print_best
+
+    exp = _experiment(args.experiment_dir)
+    if not exp.best_json.is_file():
+        raise ExperimentError(f"{exp.root} has no best.json yet (no trial has finished, or the search is running)")
+    best = json.loads(exp.best_json.read_text())
+    if args.json:
+        print(json.dumps(best, indent=2))
+    else:
+        print_best(best)
+    return 0
+
+
+def cmd_tensorboard(args) -> int:
+    from .tensorboard import serve
+
+    return serve([_experiment(path) for path in args.experiment_dirs], host=args.host, port=args.port)
+
+
+def _experiment(path: str):
+    from .experiment import ExperimentDir
+
+    return ExperimentDir.existing(Path(path))
+
+
+def _version() -> str:
+    from hpsearch import __version__
+
+    return f"hpsearch {__version__}"
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "resume": cmd_resume,
+    "status": cmd_status,
+    "best": cmd_best,
+    "tensorboard": cmd_tensorboard,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The user's classes: finding them, checking their constructors, and building them.
+
+A ``class_path`` is a built-in name (``cnn``, ``digits``) or ``package.module:Class``.
+Sampled values reach the classes as constructor keyword arguments, merged over
+``init_args``. Two kinds of argument are filled in by hpsearch when the constructor
+takes them and the user did not set them:
+
+* model arguments the DataModule knows (``DATA_TO_MODEL_ARGS``: ``input_shape``,
+  ``num_classes``), read from the DataModule's attributes of the same name;
+* DataLoader options (``LOADER_ARGS``), sized to the trial's resources.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import ComponentConfig, ExperimentConfig
+from .errors import ConfigError, Problem
+
+DATA_TO_MODEL_ARGS = ("input_shape", "num_classes")
+LOADER_ARGS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+
+
+def builtin_paths(section: str) -> dict[str, str]:
+    from hpsearch.models import BUILTIN_DATA, BUILTIN_MODELS
+
+    return BUILTIN_MODELS if section == "model" else BUILTIN_DATA
+
+
+def import_path(section: str, class_path: str) -> str:
+    """The ``module:Class`` a ``class_path`` stands for (built-in names expanded)."""
+    return builtin_paths(section).get(class_path, class_path)
+
+
+def resolve_class(section: str, class_path: str) -> type:
+    """Import the class; a ``ConfigError`` naming ``<section>.class_path`` if that fails.
+
+    The current directory is importable, as with ``python -m``, so a user's package
+    beside the experiment file resolves without installing it.
+    """
+    field = f"{section}.class_path"
+    path = import_path(section, class_path)
+    if ":" not in path:
+        known = ", ".join(sorted(builtin_paths(section)))
+        raise ConfigError.single(field, f"{class_path!r} is neither a built-in ({known}) nor 'package.module:Class'")
+    module_name, _, attr = path.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError.single(field, f"cannot import module {module_name!r}: {exc}") from None
+    except Exception as exc:  # the user's module raised while importing
+        raise ConfigError.single(field, f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
+    try:
+        cls = getattr(module, attr)
+    except AttributeError:
+        raise ConfigError.single(field, f"module {module_name!r} has no attribute {attr!r}") from None
+    if not inspect.isclass(cls):
+        raise ConfigError.single(field, f"{path!r} is not a class")
+    return cls
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a constructor accepts: its named arguments, which are required, and ``**kwargs``."""
+
+    names: frozenset[str]
+    required: frozenset[str]
+    takes_any_keyword: bool
+
+    @classmethod
+    def of(cls, klass: type) -> "Signature":
+        params = list(inspect.signature(klass.__init__).parameters.values())[1:]
+        named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        return cls(
+            names=frozenset(p.name for p in named),
+            required=frozenset(p.name for p in named if p.default is p.empty),
+            takes_any_keyword=any(p.kind is p.VAR_KEYWORD for p in params),
+        )
+
+    def accepts(self, name: str) -> bool:
+        return name in self.names or self.takes_any_keyword
+
+
+def check_components(config: ExperimentConfig) -> tuple[type, type]:
+    """Resolve both classes and check every argument the file gives them; raise all problems at once."""
+    problems: list[Problem] = []
+    classes: dict[str, type] = {}
+    for section in ("model", "data"):
+        component: ComponentConfig = getattr(config, section)
+        try:
+            classes[section] = resolve_class(section, component.class_path)
+        except ConfigError as exc:
+            problems += [config.problem(p.field, p.message) for p in exc.problems]
+            continue
+        problems += _argument_problems(config, section, classes[section])
+    if problems:
+        raise ConfigError(problems)
+    return classes["model"], classes["data"]
+
+
+def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> list[Problem]:
+    signature = Signature.of(klass)
+    component: ComponentConfig = getattr(config, section)
+    searched = {key.partition(".")[2] for key in config.space if key.startswith(section + ".")}
+    filled = set(DATA_TO_MODEL_ARGS if section == "model" else LOADER_ARGS)
+    known = ", ".join(sorted(signature.names)) or "none"
+    problems = [
+        config.problem(f"{section}.init_args.{name}", f"{klass.__name__} takes no argument {name!r} (it takes: {known})")
+        for name in component.init_args if not signature.accepts(name)
+    ]
+    problems += [
+        config.problem(f"space.{section}.{name}", f"{klass.__name__} takes no argument {name!r} (it takes: {known})")
+        for name in sorted(searched) if not signature.accepts(name)
+    ]
+    missing = signature.required - set(component.init_args) - searched - filled
+    problems += [
+        config.problem(f"{section}.init_args", f"{klass.__name__} needs argument {name!r}; set it in init_args or space")
+        for name in sorted(missing)
+    ]
+    return problems
+
+
+def build_datamodule(config: ExperimentConfig, data_class: type, params: dict[str, Any], loader_options: dict[str, Any]):
+    """The DataModule for one trial: init_args, then hpsearch's loader options it accepts, then samples."""
+    signature = Signature.of(data_class)
+    kwargs = dict(config.data.init_args)
+    for name, value in loader_options.items():
+        if name in signature.names and name not in kwargs:
+            kwargs[name] = value
+    kwargs.update(config.params_for("data", params))
+    return data_class(**kwargs)
+
+
+def build_model(config: ExperimentConfig, model_class: type, params: dict[str, Any], datamodule):
+    """The LightningModule for one trial, with arguments the DataModule knows filled in."""
+    signature = Signature.of(model_class)
+    kwargs = dict(config.model.init_args)
+    kwargs.update(config.params_for("model", params))
+    wanted = [name for name in DATA_TO_MODEL_ARGS if name in signature.names and name not in kwargs]
+    if any(not hasattr(datamodule, name) for name in wanted):
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+    for name in wanted:
+        if hasattr(datamodule, name):
+            kwargs[name] = getattr(datamodule, name)
+    return model_class(**kwargs)
+
+
+def user_code_roots(config: ExperimentConfig) -> list[str]:
+    """Directories or files of user modules that Ray workers cannot import on their own.
+
+    A module found outside any installed location (site-packages) is user code living
+    beside the experiment; it is shipped to workers with Ray's ``py_modules`` so that
+    imports resolve on every node and a stray module of the same name in a worker's
+    directory cannot shadow it.
+    """
+    roots: list[str] = []
+    for section in ("model", "data"):
+        path = import_path(section, getattr(config, section).class_path)
+        top = path.partition(":")[0].split(".")[0]
+        if top == "hpsearch":
+            continue
+        spec = importlib.util.find_spec(top)
+        if spec is None or spec.origin in (None, "built-in", "frozen"):
+            continue
+        location = Path(spec.origin).parent if spec.submodule_search_locations else Path(spec.origin)
+        if any(part in ("site-packages", "dist-packages") for part in location.parts):
+            continue
+        if str(location) not in roots:
+            roots.append(str(location))
+    return roots

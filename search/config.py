@@ -1,0 +1,224 @@
+"""The experiment file's schema: typed, self-validating, and strict about unknown keys.
+
+This module checks everything that can be checked from the file alone. Checks that
+need the user's classes (constructor arguments, import paths) live in
+``hpsearch.search.components``; the metric is checked by the preflight.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr, field_validator,
+                      model_validator)
+
+SEARCHABLE_SECTIONS = ("model", "data", "trainer")
+Scalar = Union[None, bool, int, float, str]
+
+
+class StrictModel(BaseModel):
+    """Rejects unknown keys, so a typo is an error and not a silently ignored setting."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ComponentConfig(StrictModel):
+    """A user class and the keyword arguments its constructor gets before sampling."""
+
+    class_path: str = Field(min_length=1, description="built-in name or 'package.module:ClassName'")
+    init_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("class_path")
+    @classmethod
+    def _looks_like_a_path(cls, value: str) -> str:
+        if ":" in value:
+            module, _, attr = value.partition(":")
+            if not module or not attr or not re.fullmatch(r"[A-Za-z_][\w.]*", module) \
+                    or not re.fullmatch(r"[A-Za-z_][\w.]*", attr):
+                raise ValueError(f"{value!r} is not of the form 'package.module:ClassName'")
+        return value
+
+
+class FloatParam(StrictModel):
+    type: Literal["float"]
+    low: float
+    high: float
+    log: bool = False
+    step: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        _check_range(self.low, self.high, self.log)
+        if self.log and self.step is not None:
+            raise ValueError("'step' and 'log' cannot be combined (Optuna samples either on a grid or log-uniformly)")
+        return self
+
+
+class IntParam(StrictModel):
+    type: Literal["int"]
+    low: int
+    high: int
+    log: bool = False
+    step: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _check(self):
+        _check_range(self.low, self.high, self.log)
+        if self.log and self.step != 1:
+            raise ValueError("'log: true' needs 'step: 1' for int parameters (Optuna's rule)")
+        return self
+
+
+class CategoricalParam(StrictModel):
+    type: Literal["categorical"]
+    choices: list[Scalar] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _distinct(cls, choices: list[Scalar]) -> list[Scalar]:
+        if len({repr(c) for c in choices}) != len(choices):
+            raise ValueError("choices must be distinct")
+        return choices
+
+
+def _check_range(low: float, high: float, log: bool) -> None:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError("low and high must be finite numbers")
+    if low > high:
+        raise ValueError(f"low ({low}) must be <= high ({high})")
+    if log and low <= 0:
+        raise ValueError(f"log: true needs low > 0 (got low={low})")
+
+
+Param = Annotated[Union[FloatParam, IntParam, CategoricalParam], Field(discriminator="type")]
+
+
+class SearchConfig(StrictModel):
+    num_trials: PositiveInt = 16
+    max_concurrent: PositiveInt = 2
+    sampler: Literal["tpe", "random", "cmaes", "gp", "grid"] = "tpe"
+    seed: int | None = 0
+    time_budget_s: PositiveFloat | None = None
+    preflight: bool = Field(True, description="run one validation batch in the driver before Ray starts")
+
+
+class SchedulerConfig(StrictModel):
+    type: Literal["asha", "none"] = "asha"
+    max_epochs: PositiveInt = 20
+    grace_period: PositiveInt = 1
+    reduction_factor: float = Field(3, gt=1)
+
+    @model_validator(mode="after")
+    def _grace_within_budget(self):
+        if self.grace_period > self.max_epochs:
+            raise ValueError(f"grace_period ({self.grace_period}) must be <= max_epochs ({self.max_epochs})")
+        return self
+
+
+class TrainerConfig(StrictModel):
+    """The Lightning ``Trainer`` settings hpsearch exposes; every one may be searched."""
+
+    precision: Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true", "64-true"] = "32-true"
+    early_stopping_patience: PositiveInt | None = 10
+    early_stopping_min_delta: float = Field(0.0, ge=0)
+    gradient_clip_val: float | None = Field(None, ge=0)
+    accumulate_grad_batches: PositiveInt = 1
+    limit_train_batches: PositiveFloat | PositiveInt = 1.0
+    limit_val_batches: PositiveFloat | PositiveInt = 1.0
+    deterministic: bool = False
+
+
+class LoaderConfig(StrictModel):
+    """DataLoader options hpsearch passes to DataModules that accept them; 'auto' follows the trial's resources."""
+
+    num_workers: Literal["auto"] | Annotated[int, Field(ge=0)] = "auto"
+    pin_memory: Literal["auto"] | bool = "auto"
+    persistent_workers: bool = True
+    prefetch_factor: PositiveInt | None = None
+
+
+class ResourcesConfig(StrictModel):
+    cpus_per_trial: PositiveFloat = 1
+    gpus_per_trial: float = Field(0, ge=0)
+
+
+class FailureConfig(StrictModel):
+    max_retries: int = Field(2, ge=0, description="restarts of a failed trial from its last checkpoint")
+
+
+class ExperimentConfig(StrictModel):
+    """One experiment file. Field names are the user contract; keep them stable."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
+    model: ComponentConfig
+    data: ComponentConfig
+    space: dict[str, Param]
+    metric: str = Field(min_length=1)
+    mode: Literal["min", "max"]
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    loader: LoaderConfig = Field(default_factory=LoaderConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    failure: FailureConfig = Field(default_factory=FailureConfig)
+    storage: str = "./runs"
+
+    # Where each key came from (YAML line, or 0 for --set), so that later checks that
+    # need the user's classes can still point at the line at fault.
+    _lines: dict[tuple[str, ...], int] = PrivateAttr(default_factory=dict)
+    _origin: str = PrivateAttr("<dict>")
+
+    def problem(self, field: str, message: str):
+        """A ``Problem`` for ``field`` (dotted; space keys keep their dots), located in the file."""
+        from .errors import Problem
+
+        parts = _split_field(field)
+        for end in range(len(parts), 0, -1):
+            line = self._lines.get(parts[:end])
+            if line is not None:
+                return Problem(field, message, line or None, self._origin if line else "--set")
+        return Problem(field, message)
+
+    @field_validator("space")
+    @classmethod
+    def _space_keys_name_a_section(cls, space: dict[str, Any]) -> dict[str, Any]:
+        if not space:
+            raise ValueError("space is empty: name at least one parameter to search")
+        for key in space:
+            section, dot, arg = key.partition(".")
+            if not dot or section not in SEARCHABLE_SECTIONS or not arg:
+                raise ValueError(
+                    f"key {key!r} must be 'model.<arg>', 'data.<arg>' or 'trainer.<setting>'"
+                )
+            if section == "trainer" and arg not in TrainerConfig.model_fields:
+                known = ", ".join(TrainerConfig.model_fields)
+                raise ValueError(f"key {key!r}: trainer has no setting {arg!r} (known: {known})")
+        return space
+
+    @model_validator(mode="after")
+    def _grid_needs_finite_values(self):
+        if self.search.sampler == "grid":
+            for key, param in self.space.items():
+                if isinstance(param, FloatParam) and param.step is None:
+                    raise ValueError(f"sampler 'grid' needs a 'step' on float parameter space.{key}")
+        return self
+
+    def params_for(self, section: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The sampled values that belong to ``section`` ('model', 'data' or 'trainer'), by argument name."""
+        prefix = section + "."
+        return {key[len(prefix):]: value for key, value in params.items() if key.startswith(prefix)}
+
+    def with_trainer_params(self, params: dict[str, Any]) -> TrainerConfig:
+        """The trainer settings with any sampled ``trainer.*`` values applied (and validated)."""
+        merged = {**self.trainer.model_dump(), **self.params_for("trainer", params)}
+        return TrainerConfig.model_validate(merged)
+
+
+def _split_field(field: str) -> tuple[str, ...]:
+    """``space.model.lr.low`` -> ``("space", "model.lr", "low")``: space keys hold a dot."""
+    parts = field.split(".")
+    if parts[0] == "space" and len(parts) >= 3:
+        return ("space", parts[1] + "." + parts[2], *parts[3:])
+    return tuple(parts)

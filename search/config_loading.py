@@ -1,0 +1,138 @@
+"""Reading an experiment file: YAML with line numbers, ``--set`` overrides, schema errors.
+
+``load_config`` is the single entry point. Every error it raises is a ``ConfigError``
+whose problems name the dotted field and, where the value came from the file, the
+YAML line; nothing here touches the filesystem beyond reading the file.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .config import ExperimentConfig
+from .errors import ConfigError, Problem
+
+LineMap = dict[tuple[str, ...], int]
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+) -> ExperimentConfig:
+    """Parse, override and validate an experiment from a YAML path or a plain dict."""
+    if isinstance(source, Mapping):
+        raw, lines, origin = copy.deepcopy(dict(source)), {}, "<dict>"
+    else:
+        origin = str(source)
+        raw, lines = read_yaml(Path(source))
+    for key, value in parse_overrides(overrides).items():
+        apply_override(raw, key, value)
+        lines[tuple(key.split("."))] = 0  # 0: "came from --set", reported as such
+    return validate(raw, lines, origin)
+
+
+def read_yaml(path: Path) -> tuple[dict[str, Any], LineMap]:
+    """The file's mapping and the line of every key in it."""
+    if not path.is_file():
+        raise ConfigError.single("", f"experiment file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError.single("", f"malformed YAML: {reason}", line, str(path)) from None
+    if not isinstance(data, dict):
+        raise ConfigError.single("", "the file must be a YAML mapping of settings", 1, str(path))
+    lines: LineMap = {}
+    _collect_lines(node, (), lines)
+    return data, lines
+
+
+def _collect_lines(node: yaml.Node, prefix: tuple[str, ...], lines: LineMap) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            path = prefix + (str(key_node.value),)
+            lines[path] = key_node.start_mark.line + 1
+            _collect_lines(value_node, path, lines)
+
+
+def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """``["a.b=1"]`` or ``{"a.b": 1}`` to a dict; values are parsed as YAML scalars."""
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    parsed: dict[str, Any] = {}
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError.single("--set", f"{item!r} is not of the form key=value")
+        try:
+            parsed[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError.single(key.strip(), f"--set value {value!r} is not valid YAML") from None
+    return parsed
+
+
+def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> None:
+    """Set ``dotted_key`` in ``tree``, preferring existing keys that themselves hold dots.
+
+    ``space.model.lr.high`` must reach ``tree["space"]["model.lr"]["high"]``, so at each
+    level the longest run of parts that names an existing key wins.
+    """
+    parts = dotted_key.split(".")
+    node = tree
+    while parts:
+        for width in range(len(parts), 0, -1):
+            key = ".".join(parts[:width])
+            if key in node or width == 1:
+                break
+        parts = parts[width:]
+        if not parts:
+            node[key] = value
+            return
+        child = node.get(key)
+        if not isinstance(child, dict):
+            if child is not None:
+                raise ConfigError.single(dotted_key, f"--set cannot descend into {key!r}, which is not a mapping")
+            child = node[key] = {}
+        node = child
+
+
+def validate(raw: dict[str, Any], lines: LineMap, origin: str) -> ExperimentConfig:
+    try:
+        config = ExperimentConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError([_to_problem(error, lines, origin) for error in exc.errors()]) from None
+    config._lines, config._origin = dict(lines), origin
+    return config
+
+
+def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Problem:
+    # Discriminated unions add the tag ('float', 'int', ...) to the location; it is
+    # not a key of the file, so it is dropped when naming the field.
+    loc = [str(part) for part in error["loc"] if not (isinstance(part, str) and part in ("float", "int", "categorical"))]
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key (check the spelling; see the README for the allowed keys)"
+    elif error["type"] == "missing":
+        message = "required key is missing"
+    elif error["type"] == "union_tag_invalid":
+        message = "type must be one of 'float', 'int', 'categorical'"
+    line = _line_of(tuple(loc), lines)
+    source = "--set" if line == 0 else origin
+    return Problem(".".join(loc), message, line or None, source if line else None)
+
+
+def _line_of(loc: tuple[str, ...], lines: LineMap) -> int | None:
+    for end in range(len(loc), 0, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None

@@ -1,0 +1,67 @@
+"""What one trial runs on: accelerator, precision and DataLoader options from its resources.
+
+Decided inside the trial's worker, because only there is it known whether a GPU is
+visible. Each choice is reported with the trial's results.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .config import LoaderConfig, ResourcesConfig, TrainerConfig
+
+
+@dataclass(frozen=True)
+class TrialDevice:
+    accelerator: str  # "gpu" or "cpu"
+    precision: str  # the precision actually used
+    loader_options: dict
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.accelerator == "gpu"
+
+
+def resolve_precision(requested: str, on_gpu: bool) -> str:
+    """The precision to use; float16 autocast is GPU-only, so CPU trials fall back to bf16."""
+    if not on_gpu and requested == "16-mixed":
+        warnings.warn(
+            "precision '16-mixed' needs a GPU; this trial runs on CPU with 'bf16-mixed' instead",
+            stacklevel=2,
+        )
+        return "bf16-mixed"
+    if on_gpu and requested.startswith("bf16") and not torch.cuda.is_bf16_supported():
+        warnings.warn(f"this GPU has no bf16 support; precision {requested!r} falls back to '16-mixed'", stacklevel=2)
+        return "16-mixed"
+    return requested
+
+
+def loader_options(loader: LoaderConfig, resources: ResourcesConfig, on_gpu: bool) -> dict:
+    """DataLoader options: workers from the trial's CPUs, pinned memory only on GPU.
+
+    On CPU the main process trains, so one of the trial's CPUs is left to it; on GPU
+    every CPU the trial holds can decode data.
+    """
+    cpus = int(resources.cpus_per_trial)
+    workers = loader.num_workers
+    if workers == "auto":
+        workers = cpus if on_gpu else max(0, cpus - 1)
+    pin = on_gpu if loader.pin_memory == "auto" else loader.pin_memory
+    return {
+        "num_workers": int(workers),
+        "pin_memory": bool(pin),
+        "persistent_workers": loader.persistent_workers,
+        "prefetch_factor": loader.prefetch_factor,
+    }
+
+
+def trial_device(trainer: TrainerConfig, loader: LoaderConfig, resources: ResourcesConfig) -> TrialDevice:
+    on_gpu = resources.gpus_per_trial > 0 and torch.cuda.is_available()
+    return TrialDevice(
+        accelerator="gpu" if on_gpu else "cpu",
+        precision=resolve_precision(trainer.precision, on_gpu),
+        loader_options=loader_options(loader, resources, on_gpu),
+    )

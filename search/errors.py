@@ -1,0 +1,53 @@
+"""Errors that hpsearch shows to users as they are, without a traceback.
+
+Each says what was wrong, where (field, file, line) and, where it can, what to do.
+The CLI prints them and exits non-zero; the Python API raises them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class HpsearchError(Exception):
+    """Base of every error meant for the user rather than for a debugger."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an experiment file: the dotted field, what is wrong, and where."""
+
+    field: str
+    message: str
+    line: int | None = None
+    source: str | None = None
+
+    def __str__(self) -> str:
+        where = ""
+        if self.source and self.line:
+            where = f" ({self.source}, line {self.line})"
+        elif self.line:
+            where = f" (line {self.line})"
+        return f"{self.field or '<file>'}{where}: {self.message}"
+
+
+class ConfigError(HpsearchError):
+    """The experiment file is invalid; ``problems`` lists every field at fault."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        noun = "problem" if len(self.problems) == 1 else "problems"
+        super().__init__(f"invalid experiment config, {len(self.problems)} {noun}:\n{lines}")
+
+    @classmethod
+    def single(cls, field: str, message: str, line: int | None = None, source: str | None = None):
+        return cls([Problem(field, message, line, source)])
+
+
+class ResourceError(HpsearchError):
+    """A trial asks for more than the cluster can give; the message names the numbers."""
+
+
+class ExperimentError(HpsearchError):
+    """An experiment directory is missing, locked, or not an hpsearch experiment."""

@@ -1,0 +1,40 @@
+"""The best trial's best checkpoint on the test split, without gradients."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .components import build_datamodule, build_model, resolve_class
+from .config import ExperimentConfig
+from .devices import trial_device
+
+
+def has_test_split(model, datamodule) -> bool:
+    from pytorch_lightning import LightningDataModule, LightningModule
+    from pytorch_lightning.utilities.model_helpers import is_overridden
+
+    return is_overridden("test_step", model, LightningModule) and is_overridden(
+        "test_dataloader", datamodule, LightningDataModule
+    )
+
+
+def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], checkpoint: str) -> dict[str, float]:
+    """Test metrics of ``checkpoint`` ({} when the model or data has no test split).
+
+    Runs under ``torch.inference_mode()``: no autograd state is kept, so evaluation is
+    cheaper and can use larger batches than training.
+    """
+    import pytorch_lightning as pl
+    import torch
+
+    config = ExperimentConfig.model_validate(experiment)
+    device = trial_device(config.with_trainer_params(params), config.loader, config.resources)
+    datamodule = build_datamodule(config, resolve_class("data", config.data.class_path), params, device.loader_options)
+    model = build_model(config, resolve_class("model", config.model.class_path), params, datamodule)
+    if not has_test_split(model, datamodule):
+        return {}
+    trainer = pl.Trainer(accelerator=device.accelerator, devices=1, precision=device.precision, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with torch.inference_mode():
+        outputs = trainer.test(model, datamodule=datamodule, ckpt_path=checkpoint, verbose=False)
+    return {k: float(v) for k, v in (outputs[0] if outputs else {}).items()}

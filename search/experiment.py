@@ -1,0 +1,111 @@
+"""The experiment directory: where every file of a study lives, and how it is written.
+
+    EXP_DIR/
+      experiment.yaml    the validated config the study was started with
+      optuna.journal     the Optuna study (open with optuna-dashboard)
+      trials.csv         one row per trial, rewritten atomically as trials progress
+      best.json          the best trial, its checkpoint and test metrics
+      trials/<name>/     TensorBoard events and checkpoints of one trial
+      tune/              Ray Tune's own state, used by ``resume``
+
+Platform files are written to a temporary file and renamed into place, so a crash
+never leaves one half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ExperimentError, HpsearchError
+
+
+@dataclass(frozen=True)
+class ExperimentDir:
+    root: Path
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / "experiment.yaml"
+
+    @property
+    def trials_csv(self) -> Path:
+        return self.root / "trials.csv"
+
+    @property
+    def best_json(self) -> Path:
+        return self.root / "best.json"
+
+    @property
+    def trials_dir(self) -> Path:
+        return self.root / "trials"
+
+    @property
+    def tune_dir(self) -> Path:
+        return self.root / "tune"
+
+    def trial_dir(self, trial_name: str) -> Path:
+        return self.trials_dir / trial_name
+
+    @classmethod
+    def existing(cls, path: str | Path) -> "ExperimentDir":
+        """An experiment directory that must already hold a study started by hpsearch."""
+        root = Path(path).expanduser().resolve()
+        if not (root / "experiment.yaml").is_file():
+            raise ExperimentError(f"{str(path)!r} is not an hpsearch experiment directory (no experiment.yaml)")
+        return cls(root)
+
+    @classmethod
+    def create(cls, storage: str, name: str) -> "ExperimentDir":
+        """A new directory ``storage/name``; a timestamp is appended if that name is taken,
+        so a second run of the same file never mixes with, or overwrites, the first."""
+        base = Path(storage).expanduser().resolve()
+        root = base / name
+        if root.exists():
+            root = base / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            suffix = 1
+            while root.exists():
+                suffix += 1
+                root = base / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{suffix}"
+        root.mkdir(parents=True)
+        (root / "trials").mkdir()
+        return cls(root)
+
+
+def trial_name(number: int) -> str:
+    return f"trial_{number:04d}"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old or the new file, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if exc.errno == 28:  # ENOSPC
+            raise HpsearchError(f"disk full while writing {path}; the previous version is intact") from exc
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_config(exp: ExperimentDir, config_dump: dict[str, Any]) -> None:
+    atomic_write_text(exp.config_file, yaml.safe_dump(config_dump, sort_keys=False))

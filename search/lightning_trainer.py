@@ -1,0 +1,70 @@
+"""The Lightning ``Trainer`` of one trial, with early stopping, checkpoints and TensorBoard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
+from pytorch_lightning.loggers import TensorBoardLogger
+
+from .config import TrainerConfig
+from .devices import TrialDevice
+
+BEST_CHECKPOINT = "best.ckpt"
+LAST_CHECKPOINT = "last.ckpt"
+
+
+def checkpoint_dir(trial_dir: Path) -> Path:
+    return trial_dir / "checkpoints"
+
+
+def build_trainer(
+    settings: TrainerConfig,
+    *,
+    device: TrialDevice,
+    metric: str,
+    mode: str,
+    max_epochs: int,
+    trial_dir: Path,
+    callbacks: list[pl.Callback],
+) -> pl.Trainer:
+    """Checkpoints keep the best epoch (for the final evaluation) and the last (for resume).
+
+    Checkpointing and early stopping act at the end of validation, which Lightning runs
+    before ``on_train_epoch_end``: so when ``TuneReporter`` reports there, this epoch's
+    checkpoint is on disk and the stop decision is made. That matters because Tune may
+    stop the trial at that report, and nothing after it is guaranteed to run.
+    """
+    all_callbacks = list(callbacks)
+    all_callbacks.append(ModelCheckpoint(
+        dirpath=checkpoint_dir(trial_dir), filename=Path(BEST_CHECKPOINT).stem, monitor=metric, mode=mode,
+        save_top_k=1, save_last=True, enable_version_counter=False,
+        save_on_train_epoch_end=False,
+    ))
+    if settings.early_stopping_patience is not None:
+        all_callbacks.append(EarlyStopping(
+            monitor=metric, mode=mode, patience=settings.early_stopping_patience,
+            min_delta=settings.early_stopping_min_delta, check_finite=True,
+            check_on_train_epoch_end=False,
+        ))
+    logger = TensorBoardLogger(save_dir=str(trial_dir.parent), name="", version=trial_dir.name,
+                               default_hp_metric=False)
+    return pl.Trainer(
+        accelerator=device.accelerator,
+        devices=1,
+        precision=device.precision,
+        max_epochs=max_epochs,
+        logger=logger,
+        callbacks=all_callbacks,
+        gradient_clip_val=settings.gradient_clip_val,
+        accumulate_grad_batches=settings.accumulate_grad_batches,
+        limit_train_batches=settings.limit_train_batches,
+        limit_val_batches=settings.limit_val_batches,
+        deterministic=settings.deterministic,
+        num_sanity_val_steps=0,  # the driver's preflight already ran validation once
+        inference_mode=True,  # validation without autograd bookkeeping
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=10,
+    )

@@ -1,0 +1,52 @@
+"""How a trial ended, decided once and used by the Optuna study, trials.csv and ``status``.
+
+Ray Tune tells the searcher only that a trial completed; whether it ran to the end,
+was stopped by early stopping, or was pruned by ASHA must be read from what the trial
+reported (``hps_finished``, set by the trial itself) and from the scheduler's own log
+of the trials it stopped (``PruneLog``). Reserved result keys carry the ``hps_`` prefix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+COMPLETE, PRUNED, FAILED, RUNNING, PENDING = "COMPLETE", "PRUNED", "FAILED", "RUNNING", "PENDING"
+
+# Result keys the trial reports besides the user's own metrics.
+EPOCH = "epoch"
+FINISHED = "hps_finished"
+STOP_REASON = "hps_stop_reason"
+TRIAL_NUMBER = "hps_trial_number"
+
+
+@dataclass
+class PruneLog:
+    """Trials the scheduler stopped, by Ray trial id, with the epoch at which it did."""
+
+    stopped_at_epoch: dict[str, int] = field(default_factory=dict)
+
+    def record(self, trial_id: str, epoch: int) -> None:
+        self.stopped_at_epoch[trial_id] = epoch
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str
+    reason: str
+
+
+def classify(trial_id: str, result: Mapping[str, Any] | None, error: bool, metric: str, prunes: PruneLog) -> Outcome:
+    """The final state of a trial and a one-line reason a person can read."""
+    if error:
+        return Outcome(FAILED, "error")
+    if result and result.get(FINISHED):
+        return Outcome(COMPLETE, str(result.get(STOP_REASON) or "finished"))
+    value = (result or {}).get(metric)
+    if value is not None and not math.isfinite(float(value)):
+        return Outcome(FAILED, f"{metric} is not finite ({value})")
+    if trial_id in prunes.stopped_at_epoch:
+        return Outcome(PRUNED, f"pruned by ASHA after epoch {prunes.stopped_at_epoch[trial_id]}")
+    epochs = (result or {}).get(EPOCH)
+    return Outcome(PRUNED, f"stopped after epoch {epochs}" if epochs else "stopped before its first result")

@@ -1,0 +1,99 @@
+"""The Lightning callback that reports each validated epoch to Ray Tune.
+
+It runs at ``on_train_epoch_end``: by then validation has logged its metrics,
+ModelCheckpoint has written best/last, and EarlyStopping has decided whether to stop,
+so the report can say truthfully whether this epoch was the trial's last
+(``hps_finished``). Only rank 0 reports.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import pytorch_lightning as pl
+import torch
+
+from .errors import HpsearchError
+from .outcome import EPOCH, FINISHED, STOP_REASON
+
+
+class MetricNotLoggedError(HpsearchError):
+    """The search metric was not among the metrics logged at validation."""
+
+
+class TuneReporter(pl.Callback):
+    """Reports the epoch's metrics, telemetry and stop decision through ``report``."""
+
+    def __init__(self, metric: str, mode: str, max_epochs: int, report: Callable[[dict], None],
+                 static_fields: dict[str, Any]) -> None:
+        self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
+        self.report = report
+        self.static_fields = dict(static_fields)
+        self.best: float | None = None
+        self._epoch_started = 0.0
+        self._train_samples = 0
+        self._train_seconds = 0.0
+        self._batch_started = 0.0
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._epoch_started = time.perf_counter()
+        self._train_samples, self._train_seconds = 0, 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._batch_started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._train_seconds += time.perf_counter() - self._batch_started
+        self._train_samples += _batch_size(batch)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if _is_scalar(v)}
+        if self.metric not in metrics:
+            if trainer.global_rank == 0:
+                raise MetricNotLoggedError(
+                    f"metric {self.metric!r} was not logged at validation; the model logged: "
+                    f"{', '.join(sorted(metrics)) or 'nothing'}. Log it with self.log({self.metric!r}, ...) "
+                    "in validation_step, or change 'metric' in the experiment file."
+                )
+            return
+        value = metrics[self.metric]
+        if math.isfinite(value) and (self.best is None or (value > self.best if self.mode == "max" else value < self.best)):
+            self.best = value
+        epoch = trainer.current_epoch + 1
+        finished = bool(trainer.should_stop) or epoch >= self.max_epochs
+        reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if trainer.should_stop else "")
+        epoch_seconds = time.perf_counter() - self._epoch_started
+        metrics.update(self.static_fields)
+        metrics.update({
+            EPOCH: epoch,
+            FINISHED: finished,
+            STOP_REASON: reason,
+            "hps_best": self.best if self.best is not None else float("nan"),
+            "hps_epoch_time_s": epoch_seconds,
+            "hps_train_time_s": self._train_seconds,
+            "hps_samples_per_s": self._train_samples * trainer.world_size / self._train_seconds
+            if self._train_seconds > 0 else 0.0,
+        })
+        if trainer.global_rank == 0:
+            if trainer.logger is not None and self.best is not None:
+                trainer.logger.log_metrics({f"hp/{self.metric}": self.best}, step=epoch)
+            self.report(metrics)
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+
+
+def _batch_size(batch: Any) -> int:
+    """The number of samples in a batch of any common structure (first tensor's length)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())))
+    return 0

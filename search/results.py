@@ -1,0 +1,58 @@
+"""The study's outcome: the best trial evaluated on the test split, written to best.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import ExperimentConfig
+from .experiment import ExperimentDir, trial_name, write_json
+from .lightning_trainer import BEST_CHECKPOINT, checkpoint_dir
+from .trials_table import TrialsTable
+
+
+def finalize(config: ExperimentConfig, exp: ExperimentDir) -> dict[str, Any] | None:
+    """Evaluate the best trial's best checkpoint and write ``best.json``; None if no trial scored."""
+    table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
+    row = table.best_row()
+    if row is None:
+        return None
+    params = {name: row[name] for name in config.space if name in row}
+    checkpoint = checkpoint_dir(exp.trial_dir(trial_name(int(row["trial"])))) / BEST_CHECKPOINT
+    test_metrics = evaluate_on_cluster(config, params, str(checkpoint)) if checkpoint.is_file() else {}
+    best = {
+        "experiment": config.name,
+        "experiment_dir": str(exp.root),
+        "metric": config.metric,
+        "mode": config.mode,
+        "value": row["best"],
+        "trial": int(row["trial"]),
+        "state": row["state"],
+        "epochs": row.get("epochs"),
+        "params": params,
+        "config": resolved_config(config, params),
+        "checkpoint": str(checkpoint) if checkpoint.is_file() else None,
+        "test_metrics": test_metrics,
+    }
+    write_json(exp.best_json, best)
+    return best
+
+
+def resolved_config(config: ExperimentConfig, params: dict[str, Any]) -> dict[str, Any]:
+    """The experiment with the sampled values merged in: what the best trial actually ran."""
+    resolved = config.model_dump(mode="json", exclude={"space", "search", "storage"})
+    for section in ("model", "data"):
+        resolved[section]["init_args"].update(config.params_for(section, params))
+    resolved["trainer"] = config.with_trainer_params(params).model_dump(mode="json")
+    return resolved
+
+
+def evaluate_on_cluster(config: ExperimentConfig, params: dict[str, Any], checkpoint: str) -> dict[str, float]:
+    """Run the test evaluation as a Ray task with a trial's resources (the driver may have no GPU)."""
+    import ray
+
+    from .evaluation import evaluate_checkpoint
+
+    task = ray.remote(num_cpus=config.resources.cpus_per_trial, num_gpus=config.resources.gpus_per_trial)(
+        evaluate_checkpoint
+    )
+    return ray.get(task.remote(config.model_dump(mode="json"), params, checkpoint))

@@ -1,0 +1,174 @@
+"""The searcher: an Optuna study, persisted in the experiment directory, behind Ray Tune.
+
+Why not Ray's ``OptunaSearch``: it tells Optuna that ASHA-pruned trials COMPLETED (so
+the sampler learns from truncated curves as if they were final), it pickles the whole
+study for resume, and it cannot cap the number of trials on resume. This searcher keeps
+all of its state in the Optuna journal file (``optuna.journal``), which Optuna appends
+to safely and which optuna-dashboard opens as is; its Ray checkpoint is only a marker.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+from ray.tune.search import Searcher
+
+from .config import ExperimentConfig
+from .outcome import COMPLETE, FAILED, PRUNED, STOP_REASON, TRIAL_NUMBER, EPOCH, PruneLog, classify
+from .space import grid_size, grid_values, to_distributions
+
+STUDY_FILE = "optuna.journal"
+RAY_TRIAL_ID = "ray_trial_id"
+
+
+def open_study(experiment_dir: Path, study_name: str, mode: str, sampler=None) -> optuna.Study:
+    """The experiment's study (created on first use); the same call serves the CLI readers."""
+    storage = JournalStorage(JournalFileBackend(str(experiment_dir / STUDY_FILE)))
+    return optuna.create_study(
+        study_name=study_name, storage=storage, sampler=sampler, load_if_exists=True,
+        direction="maximize" if mode == "max" else "minimize",
+    )
+
+
+def make_sampler(config: ExperimentConfig, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
+    """The configured sampler. ``seed_offset`` (trials already in the study) keeps a resumed
+    search from replaying the random stream it drew before the interruption."""
+    seed = None if config.search.seed is None else config.search.seed + seed_offset
+    kind = config.search.sampler
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if kind == "grid":
+        return optuna.samplers.GridSampler({k: grid_values(p) for k, p in config.space.items()}, seed=seed)
+    # constant_liar keeps concurrent trials from being sampled at the same point.
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=config.search.max_concurrent > 1)
+
+
+class OptunaSearcher(Searcher):
+    """Suggests ``{"params": {...}, "hps_trial_number": n}`` until ``num_trials`` exist in the study."""
+
+    def __init__(self, config: ExperimentConfig, experiment_dir: Path, prunes: PruneLog) -> None:
+        super().__init__(metric=config.metric, mode=config.mode)
+        self.config = config
+        self.experiment_dir = Path(experiment_dir)
+        self.prunes = prunes
+        self.distributions = to_distributions(config)
+        self.trial_limit = config.search.num_trials
+        if config.search.sampler == "grid":
+            self.trial_limit = min(self.trial_limit, grid_size(config))
+        self._study: optuna.Study | None = None
+        self._numbers: dict[str, int] = {}
+        self._to_resume: list[int] = []
+
+    # The study holds an open file; it is reopened lazily after unpickling (Tune pickles
+    # the searcher with the Tuner), never pickled itself.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_study"] = None
+        state["_numbers"] = {}
+        state["_to_resume"] = []
+        return state
+
+    @property
+    def study(self) -> optuna.Study:
+        if self._study is None:
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            existing = open_study(self.experiment_dir, self.config.name, self.config.mode)
+            offset = len(existing.get_trials(deepcopy=False))
+            self._study = open_study(self.experiment_dir, self.config.name, self.config.mode,
+                                     make_sampler(self.config, offset))
+            for trial in self._study.get_trials(deepcopy=False):
+                if RAY_TRIAL_ID in trial.user_attrs:
+                    self._numbers[trial.user_attrs[RAY_TRIAL_ID]] = trial.number
+                if trial.state == TrialState.RUNNING:
+                    # Interrupted in an earlier session: handed out again before any new
+                    # sample, with the same number and params, so it continues from its
+                    # own checkpoint instead of being lost or duplicated.
+                    self._to_resume.append(trial.number)
+        return self._study
+
+    def history(self) -> dict[int, dict[int, float]]:
+        """Every trial's reported metric by epoch, for seeding ASHA's rungs on resume."""
+        return {t.number: dict(t.intermediate_values) for t in self.study.get_trials(deepcopy=False)
+                if t.intermediate_values}
+
+    def is_complete(self) -> bool:
+        """True when the study holds ``trial_limit`` trials and none is left unfinished."""
+        trials = self.study.get_trials(deepcopy=False)
+        return len(trials) >= self.trial_limit and all(t.state.is_finished() for t in trials)
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        # Metric and mode come from the experiment file only; refuse a second source.
+        return metric in (None, self.config.metric) and mode in (None, self.config.mode)
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        study = self.study
+        if trial_id not in self._numbers and self._to_resume:
+            number = self._to_resume.pop(0)
+            self._numbers[trial_id] = number
+            study._storage.set_trial_user_attr(self._trial_key(number), RAY_TRIAL_ID, trial_id)
+        if trial_id not in self._numbers:
+            if len(study.get_trials(deepcopy=False)) >= self.trial_limit:
+                return Searcher.FINISHED
+            trial = study.ask(fixed_distributions=self.distributions)
+            trial.set_user_attr(RAY_TRIAL_ID, trial_id)
+            self._numbers[trial_id] = trial.number
+        frozen = study.get_trials(deepcopy=False)[self._numbers[trial_id]]
+        return {"params": dict(frozen.params), TRIAL_NUMBER: frozen.number}
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        value, epoch = result.get(self.config.metric), result.get(EPOCH)
+        if value is None or epoch is None or not math.isfinite(float(value)):
+            return
+        number = self._numbers.get(trial_id)
+        if number is not None:
+            self.study._storage.set_trial_intermediate_value(self._trial_key(number), int(epoch), float(value))
+
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
+        number = self._numbers.get(trial_id)
+        if number is None:
+            return
+        frozen = self.study.get_trials(deepcopy=False)[number]
+        if frozen.state.is_finished():
+            return
+        outcome = classify(trial_id, result, error, self.config.metric, self.prunes)
+        storage, key = self.study._storage, self._trial_key(number)
+        storage.set_trial_user_attr(key, STOP_REASON, outcome.reason)
+        if result and EPOCH in result:
+            storage.set_trial_user_attr(key, EPOCH, int(result[EPOCH]))
+        best = self._best_intermediate(frozen.intermediate_values)
+        if outcome.state == COMPLETE and best is not None:
+            self.study.tell(number, best, state=TrialState.COMPLETE)
+        elif outcome.state == PRUNED:
+            self.study.tell(number, state=TrialState.PRUNED)
+        else:
+            self.study.tell(number, state=TrialState.FAIL)
+
+    def _best_intermediate(self, values: dict[int, float]) -> float | None:
+        finite = [v for v in values.values() if math.isfinite(v)]
+        if not finite:
+            return None
+        return max(finite) if self.config.mode == "max" else min(finite)
+
+    def _trial_key(self, number: int) -> int:
+        return self.study.get_trials(deepcopy=False)[number]._trial_id
+
+    def save(self, checkpoint_path: str) -> None:
+        # Everything lives in the journal; the marker only tells Tune a state exists.
+        Path(checkpoint_path).write_text(self.config.name)
+
+    def restore(self, checkpoint_path: str) -> None:
+        self._study = None
+        self._numbers = {}
+        self._to_resume = []
+
+

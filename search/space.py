@@ -1,0 +1,43 @@
+"""The search space: experiment ``space`` entries as Optuna distributions.
+
+Parameter names keep their dotted form (``model.lr``), which is also how they appear
+in the Optuna study, trials.csv and TensorBoard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+
+from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
+
+
+def to_distribution(param: FloatParam | IntParam | CategoricalParam) -> BaseDistribution:
+    if isinstance(param, FloatParam):
+        return FloatDistribution(param.low, param.high, log=param.log, step=param.step)
+    if isinstance(param, IntParam):
+        return IntDistribution(param.low, param.high, log=param.log, step=param.step)
+    return CategoricalDistribution(param.choices)
+
+
+def to_distributions(config: ExperimentConfig) -> dict[str, BaseDistribution]:
+    return {key: to_distribution(param) for key, param in config.space.items()}
+
+
+def grid_values(param: FloatParam | IntParam | CategoricalParam) -> list[Any]:
+    """Every value a grid search visits for one parameter (floats need a ``step``)."""
+    if isinstance(param, CategoricalParam):
+        return list(param.choices)
+    if isinstance(param, IntParam):
+        return list(range(param.low, param.high + 1, param.step))
+    count = int(np.floor((param.high - param.low) / param.step + 1e-9)) + 1
+    return [float(round(param.low + i * param.step, 12)) for i in range(count)]
+
+
+def grid_size(config: ExperimentConfig) -> int:
+    size = 1
+    for param in config.space.values():
+        size *= len(grid_values(param))
+    return size

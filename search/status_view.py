@@ -1,0 +1,61 @@
+"""Tables for people: ``status`` (one row per trial) and ``best``. Reads files only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from .experiment import ExperimentDir
+from .trials_table import read_rows
+
+STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan"}
+
+
+def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
+    console = console or Console()
+    config = yaml.safe_load(exp.config_file.read_text())
+    metric, params = config["metric"], list(config["space"])
+    if not exp.trials_csv.is_file():
+        console.print(f"{exp.root}: no trial has started yet")
+        return
+    rows = read_rows(exp.trials_csv)
+    table = Table(title=f"{config['name']} — {len(rows)} trials, {metric} ({config['mode']})")
+    for column in ("trial", "state", *params, metric, "epochs", "why it stopped"):
+        table.add_column(column, justify="right" if column not in ("state", "why it stopped") else "left")
+    for row in rows:
+        state = str(row.get("state", ""))
+        reason = row.get("reason") or ""
+        if row.get("error"):
+            reason = f"{reason}: {row['error']}"
+        table.add_row(
+            str(row["trial"]),
+            f"[{STATE_STYLES.get(state, 'white')}]{state}[/]",
+            *(_fmt(row.get(p)) for p in params),
+            _fmt(row.get("best")),
+            _fmt(row.get("epochs")),
+            str(reason),
+        )
+    console.print(table)
+
+
+def print_best(best: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(f"best trial {best['trial']}: {best['metric']} = {_fmt(best['value'])} "
+                  f"({best['state'].lower()}, {best.get('epochs')} epochs)")
+    for key, value in best["params"].items():
+        console.print(f"  {key} = {_fmt(value)}")
+    for key, value in (best.get("test_metrics") or {}).items():
+        console.print(f"  test: {key} = {_fmt(value)}")
+    if best.get("checkpoint"):
+        console.print(f"  checkpoint: {best['checkpoint']}")
+
+
+def _fmt(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

@@ -1,0 +1,39 @@
+"""``hpsearch tensorboard``: a real TensorBoard over one or more experiments, on localhost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .experiment import ExperimentDir
+
+
+def logdir_spec(experiments: list[ExperimentDir]) -> list[str]:
+    """TensorBoard arguments: one experiment is its trials directory; several are named runs groups."""
+    if len(experiments) == 1:
+        return ["--logdir", str(experiments[0].trials_dir)]
+    names: dict[str, int] = {}
+    parts = []
+    for exp in experiments:
+        name = exp.root.name
+        names[name] = names.get(name, 0) + 1
+        label = name if names[name] == 1 else f"{name}-{names[name]}"
+        parts.append(f"{label}:{exp.trials_dir}")
+    return ["--logdir_spec", ",".join(parts)]
+
+
+def serve(experiments: list[ExperimentDir], host: str = "127.0.0.1", port: int = 6006) -> int:
+    """Run TensorBoard in the foreground until Ctrl+C; its URL is printed first."""
+    command = [sys.executable, "-m", "tensorboard.main", *logdir_spec(experiments),
+               "--host", host, "--port", str(port), "--reload_interval", "5"]
+    print(f"TensorBoard at http://{host}:{port}/  (Ctrl+C to stop)", flush=True)
+    process = subprocess.Popen(command)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        return 0

@@ -1,0 +1,90 @@
+"""One trial: build the user's DataModule and model with the sampled values, train, report.
+
+``train_trial`` is the Ray Tune function trainable. A trial keeps its own files in
+``EXP_DIR/trials/<trial name>/``: when it is started again (a retry after a failure,
+or ``hpsearch resume``) it continues from its ``last.ckpt`` there, so the global step
+and epoch continue rather than restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .components import build_datamodule, build_model, resolve_class
+from .config import ExperimentConfig
+from .devices import trial_device
+from .experiment import ExperimentDir, trial_name
+from .lightning_trainer import LAST_CHECKPOINT, build_trainer, checkpoint_dir
+from .outcome import TRIAL_NUMBER
+from .reporting import TuneReporter
+
+
+def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], experiment_dir: str) -> None:
+    """Train one sampled configuration, reporting to Ray Tune after every validation."""
+    started = time.perf_counter()
+    config = ExperimentConfig.model_validate(experiment)
+    params: dict[str, Any] = trial_config["params"]
+    number = int(trial_config[TRIAL_NUMBER])
+    trial_dir = ExperimentDir(Path(experiment_dir)).trial_dir(trial_name(number))
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    _quiet_lightning()
+
+    import torch
+
+    torch.set_num_threads(max(1, int(config.resources.cpus_per_trial)))
+    settings = config.with_trainer_params(params)
+    device = trial_device(settings, config.loader, config.resources)
+    datamodule = build_datamodule(config, resolve_class("data", config.data.class_path), params,
+                                  device.loader_options)
+    model = build_model(config, resolve_class("model", config.model.class_path), params, datamodule)
+    resume_from = _resume_checkpoint(trial_dir)
+    static_fields = {
+        TRIAL_NUMBER: number,
+        "hps_trial_dir": str(trial_dir),
+        "hps_device": device.accelerator,
+        "hps_precision": device.precision,
+        "hps_world_size": 1,
+        "hps_strategy": "single",
+        "hps_num_workers": getattr(datamodule, "effective_num_workers", device.loader_options["num_workers"]),
+        "hps_pin_memory": device.loader_options["pin_memory"],
+        "hps_resumed": resume_from is not None,
+    }
+    reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
+                            report=_tune_report(started), static_fields=static_fields)
+    trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
+                            max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir, callbacks=[reporter])
+    if resume_from is None:
+        trainer.logger.log_hyperparams(params)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+
+
+def _tune_report(started: float):
+    """``tune.report`` that also records, once, how long the trial took to produce its first result."""
+    from ray import tune
+
+    first = {"done": False}
+
+    def report(metrics: dict[str, Any]) -> None:
+        if not first["done"]:
+            metrics["hps_first_result_s"] = time.perf_counter() - started
+            first["done"] = True
+        tune.report(metrics)
+
+    return report
+
+
+def _resume_checkpoint(trial_dir: Path) -> Path | None:
+    last = checkpoint_dir(trial_dir) / LAST_CHECKPOINT
+    return last if last.is_file() and last.stat().st_size > 0 else None
+
+
+def _quiet_lightning() -> None:
+    """Lightning's start-up chatter (devices, TPU/HPU availability) once per trial is noise."""
+    for name in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")

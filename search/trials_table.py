@@ -1,0 +1,129 @@
+"""The trials table: one row per trial, kept in ``trials.csv``; the source of ``status`` and ``best``.
+
+Plain data and the csv module only, so the CLI's read-only commands never import
+torch, Ray or Optuna.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .experiment import atomic_write_text
+
+FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
+TELEMETRY_COLUMNS = (
+    "epoch_time_s", "samples_per_s", "first_result_s", "device", "precision",
+    "world_size", "strategy", "num_workers", "resumed", "error", "trial_dir", "ray_trial_id",
+)
+# Result keys reported by the trial, by the column they fill.
+RESULT_TO_COLUMN = {
+    "hps_epoch_time_s": "epoch_time_s",
+    "hps_samples_per_s": "samples_per_s",
+    "hps_first_result_s": "first_result_s",
+    "hps_device": "device",
+    "hps_precision": "precision",
+    "hps_world_size": "world_size",
+    "hps_strategy": "strategy",
+    "hps_num_workers": "num_workers",
+    "hps_resumed": "resumed",
+    "hps_trial_dir": "trial_dir",
+}
+
+
+@dataclass
+class TrialsTable:
+    """Rows by trial number; ``metric``/``mode`` say which value is better."""
+
+    metric: str
+    mode: str
+    param_names: list[str]
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> list[str]:
+        return [*FIXED_COLUMNS, *self.param_names, *TELEMETRY_COLUMNS]
+
+    def row(self, number: int) -> dict[str, Any]:
+        return self.rows.setdefault(number, {"trial": number, "state": "PENDING", "reason": ""})
+
+    def better(self, a: float, b: float) -> bool:
+        return a > b if self.mode == "max" else a < b
+
+    def best_row(self) -> dict[str, Any] | None:
+        """The best finished trial; pruned trials count only when none completed."""
+        def finite(row):
+            value = _as_float(row.get("best"))
+            return value is not None and math.isfinite(value)
+
+        for states in (("COMPLETE",), ("COMPLETE", "PRUNED")):
+            candidates = [r for r in self.rows.values() if r.get("state") in states and finite(r)]
+            if candidates:
+                best = candidates[0]
+                for row in candidates[1:]:
+                    if self.better(_as_float(row["best"]), _as_float(best["best"])):
+                        best = row
+                return best
+        return None
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for row in self.rows.values():
+            counts[row["state"]] = counts.get(row["state"], 0) + 1
+        return counts
+
+    def to_csv(self) -> str:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore")
+        writer.writeheader()
+        for number in sorted(self.rows):
+            writer.writerow({k: _cell(v) for k, v in self.rows[number].items()})
+        return buffer.getvalue()
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(path, self.to_csv())
+
+    @classmethod
+    def load(cls, path: Path, metric: str, mode: str, param_names: list[str]) -> "TrialsTable":
+        table = cls(metric, mode, list(param_names))
+        if path.is_file():
+            with path.open(newline="") as handle:
+                for raw in csv.DictReader(handle):
+                    row = {k: _parse(v) for k, v in raw.items() if v != ""}
+                    table.rows[int(row["trial"])] = row
+        return table
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """trials.csv as typed rows, in trial order."""
+    with path.open(newline="") as handle:
+        rows = [{k: _parse(v) for k, v in raw.items()} for raw in csv.DictReader(handle)]
+    return sorted(rows, key=lambda r: r["trial"])
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
+
+
+def _parse(text: str) -> Any:
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except (TypeError, ValueError):
+            pass
+    return text
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None

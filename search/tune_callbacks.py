@@ -1,0 +1,163 @@
+"""Ray Tune callbacks in the driver: the trials table and the live progress display."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ray.tune import Callback
+
+from .outcome import EPOCH, FAILED, RUNNING, TRIAL_NUMBER, PruneLog, classify
+from .searcher import RAY_TRIAL_ID
+from .trials_table import RESULT_TO_COLUMN, TrialsTable
+
+
+class TrialsTableRecorder(Callback):
+    """Keeps ``trials.csv`` current: every trial's state, params, metric and telemetry.
+
+    Results rewrite the file at most every ``min_interval_s``; trial ends always do.
+    """
+
+    def __init__(self, table: TrialsTable, path: Path, prunes: PruneLog, min_interval_s: float = 2.0) -> None:
+        self.table, self.path, self.prunes = table, path, prunes
+        self.min_interval_s = min_interval_s
+        self._last_write = 0.0
+
+    def _row(self, trial) -> dict[str, Any]:
+        number = int(trial.config[TRIAL_NUMBER])
+        row = self.table.row(number)
+        row[RAY_TRIAL_ID] = trial.trial_id
+        for name, value in trial.config.get("params", {}).items():
+            row[name] = value
+        return row
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        row = self._row(trial)
+        row["state"], row["reason"] = RUNNING, ""
+        self._write(force=True)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        row = self._row(trial)
+        row["state"] = RUNNING
+        metric = result.get(self.table.metric)
+        if metric is not None:
+            row["last"] = metric
+        if result.get("hps_best") is not None:
+            row["best"] = result["hps_best"]
+        if EPOCH in result:
+            row["epochs"] = result[EPOCH]
+        for key, column in RESULT_TO_COLUMN.items():
+            if key in result:
+                row[column] = result[key]
+        self._write()
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        row = self._row(trial)
+        outcome = classify(trial.trial_id, trial.last_result, False, self.table.metric, self.prunes)
+        row["state"], row["reason"] = outcome.state, outcome.reason
+        self._write(force=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        row = self._row(trial)
+        row["state"], row["reason"] = FAILED, "error"
+        row["error"] = _last_error_line(trial)
+        self._write(force=True)
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self._write(force=True)
+
+    def _write(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_write >= self.min_interval_s:
+            self.table.save(self.path)
+            self._last_write = now
+
+
+def _last_error_line(trial) -> str:
+    """The exception line of a failed trial's traceback, e.g. 'ValueError: bad lr'."""
+    path = getattr(trial, "error_file", None)
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()] if path else []
+    except OSError:
+        lines = []
+    for line in reversed(lines):
+        if ":" in line and not line.startswith(("File ", "^", "~")):
+            return line[:300]
+    return lines[-1][:300] if lines else "unknown error"
+
+
+class ProgressDisplay(Callback):
+    """A live summary: trials running/finished/pruned/failed, the best so far, elapsed time.
+
+    On a terminal it redraws one panel (rich); elsewhere (CI, logs) it prints one line
+    per finished trial.
+    """
+
+    def __init__(self, table: TrialsTable, num_trials: int) -> None:
+        self.table, self.num_trials = table, num_trials
+        self.started = time.monotonic()
+        self.console = None
+        self._live = None
+
+    def setup(self, **info) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        if self.console.is_terminal:
+            from rich.live import Live
+
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.start()
+
+    def summary(self) -> str:
+        counts = self.table.counts()
+        done = sum(counts.get(s, 0) for s in ("COMPLETE", "PRUNED", "FAILED"))
+        best = self.table.best_row()
+        best_text = f"best {self.table.metric}={best['best']:.4g} (trial {best['trial']})" if best else "no result yet"
+        return (f"[{time.monotonic() - self.started:6.1f}s] {done}/{self.num_trials} done · "
+                f"{counts.get('RUNNING', 0)} running · {counts.get('COMPLETE', 0)} complete · "
+                f"{counts.get('PRUNED', 0)} pruned · {counts.get('FAILED', 0)} failed · {best_text}")
+
+    def _render(self):
+        from rich.panel import Panel
+
+        return Panel(self.summary(), title="hpsearch", expand=False)
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self._refresh()
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self._refresh()
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._announce(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._announce(trial)
+
+    def _announce(self, trial) -> None:
+        row = self.table.rows.get(int(trial.config[TRIAL_NUMBER]), {})
+        line = (f"trial {row.get('trial')}: {row.get('state')} ({row.get('reason')}) "
+                f"{self.table.metric}={row.get('best', 'n/a')} after {row.get('epochs', 0)} epochs")
+        if self._live is not None:
+            self._live.console.print(line)
+            self._refresh()
+        else:
+            print(f"{line}\n  {self.summary()}", file=sys.stderr, flush=True)
+
+    def on_experiment_end(self, trials, **info) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.stop()
+            self._live = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_live"] = state["console"] = None
+        return state
