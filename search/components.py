@@ -51,9 +51,7 @@ def resolve_class(section: str, class_path: str) -> type:
         known = ", ".join(sorted(builtin_paths(section)))
         raise ConfigError.single(field, f"{class_path!r} is neither a built-in ({known}) nor 'package.module:Class'")
     module_name, _, attr = path.partition(":")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
+    _make_cwd_importable()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -67,6 +65,13 @@ def resolve_class(section: str, class_path: str) -> type:
     if not inspect.isclass(cls):
         raise ConfigError.single(field, f"{path!r} is not a class")
     return cls
+
+
+def _make_cwd_importable() -> None:
+    """User packages beside the experiment import as with ``python -m`` (cwd first)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,7 @@ def user_code_roots(config: ExperimentConfig) -> list[str]:
     directory cannot shadow it.
     """
     roots: list[str] = []
+    _make_cwd_importable()
     for section in ("model", "data"):
         path = import_path(section, getattr(config, section).class_path)
         top = path.partition(":")[0].split(".")[0]

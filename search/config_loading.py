@@ -127,8 +127,9 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
     elif error["type"] == "union_tag_invalid":
         message = "type must be one of 'float', 'int', 'categorical'"
     line = _line_of(tuple(loc), lines)
-    source = "--set" if line == 0 else origin
-    return Problem(".".join(loc), message, line or None, source if line else None)
+    if line == 0:
+        return Problem(".".join(loc), message, None, "--set")
+    return Problem(".".join(loc), message, line, origin if line else None)
 
 
 def _line_of(loc: tuple[str, ...], lines: LineMap) -> int | None:

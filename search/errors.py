@@ -28,6 +28,8 @@ class Problem:
             where = f" ({self.source}, line {self.line})"
         elif self.line:
             where = f" (line {self.line})"
+        elif self.source:
+            where = f" ({self.source})"
         return f"{self.field or '<file>'}{where}: {self.message}"
 
 

@@ -126,20 +126,24 @@ class OptunaSearcher(Searcher):
         return {"params": dict(frozen.params), TRIAL_NUMBER: frozen.number}
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-        value, epoch = result.get(self.config.metric), result.get(EPOCH)
-        if value is None or epoch is None or not math.isfinite(float(value)):
-            return
         number = self._numbers.get(trial_id)
         if number is not None:
-            self.study._storage.set_trial_intermediate_value(self._trial_key(number), int(epoch), float(value))
+            self._record_intermediate(number, result)
+
+    def _record_intermediate(self, number: int, result: dict[str, Any] | None) -> None:
+        value, epoch = (result or {}).get(self.config.metric), (result or {}).get(EPOCH)
+        if value is None or epoch is None or not math.isfinite(float(value)):
+            return
+        self.study._storage.set_trial_intermediate_value(self._trial_key(number), int(epoch), float(value))
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         number = self._numbers.get(trial_id)
-        if number is None:
+        if number is None or self.study.get_trials(deepcopy=False)[number].state.is_finished():
             return
+        # Tune withholds the result that ended a trial from on_trial_result (ASHA's STOP,
+        # the last epoch), so it is recorded here before the trial is told.
+        self._record_intermediate(number, result)
         frozen = self.study.get_trials(deepcopy=False)[number]
-        if frozen.state.is_finished():
-            return
         outcome = classify(trial_id, result, error, self.config.metric, self.prunes)
         storage, key = self.study._storage, self._trial_key(number)
         storage.set_trial_user_attr(key, STOP_REASON, outcome.reason)

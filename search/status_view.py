@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import yaml
@@ -14,8 +15,13 @@ from .trials_table import read_rows
 STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan"}
 
 
+def _console() -> Console:
+    # Piped output (logs, CI) gets a wide table rather than rich's 80-column default.
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
 def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or _console()
     config = yaml.safe_load(exp.config_file.read_text())
     metric, params = config["metric"], list(config["space"])
     if not exp.trials_csv.is_file():
@@ -42,7 +48,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
 
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or _console()
     console.print(f"best trial {best['trial']}: {best['metric']} = {_fmt(best['value'])} "
                   f"({best['state'].lower()}, {best.get('epochs')} epochs)")
     for key, value in best["params"].items():

@@ -33,9 +33,13 @@ def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], exp
     trial_dir.mkdir(parents=True, exist_ok=True)
     _quiet_lightning()
 
+    import pytorch_lightning as pl
     import torch
 
     torch.set_num_threads(max(1, int(config.resources.cpus_per_trial)))
+    if config.search.seed is not None:
+        # Each trial's weights and shuffling are reproducible, and differ between trials.
+        pl.seed_everything(config.search.seed + number, workers=True, verbose=False)
     settings = config.with_trainer_params(params)
     device = trial_device(settings, config.loader, config.resources)
     datamodule = build_datamodule(config, resolve_class("data", config.data.class_path), params,

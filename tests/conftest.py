@@ -1,0 +1,55 @@
+"""Shared fixtures: the real example experiment, shrunk for CPU, and a CLI runner.
+
+Tests use the same experiment file the README's demo runs, with overrides that make
+it small (few trials, few epochs), rather than a parallel toy configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "digits-cnn.yaml"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def example_dict() -> dict:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def shrunk_example(storage: Path, **overrides) -> dict:
+    """The demo experiment, small enough for a test: a handful of trials of a few epochs."""
+    config = example_dict()
+    config["storage"] = str(storage)
+    config["search"].update(num_trials=4, max_concurrent=2)
+    config["scheduler"].update(max_epochs=3, grace_period=1, reduction_factor=2)
+    for dotted, value in overrides.items():
+        node = config
+        *parents, last = dotted.split("/")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return config
+
+
+def write_yaml(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real ``hpsearch`` command in a subprocess, as a user would run it."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "hpsearch.search.cli", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def example_config() -> dict:
+    return example_dict()

@@ -1,0 +1,178 @@
+"""Config validation: every bad input is rejected, naming the field and, from a file, its line."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from conftest import example_dict, write_yaml
+from hpsearch.search.components import check_components
+from hpsearch.search.config_loading import apply_override, load_config, parse_overrides
+from hpsearch.search.errors import ConfigError
+
+
+def mutated(change) -> dict:
+    config = example_dict()
+    change(config)
+    return config
+
+
+def _set(path: str, value):
+    def change(config):
+        node = config
+        *parents, last = path.split("/")
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return change
+
+
+def _delete(path: str):
+    def change(config):
+        node = config
+        *parents, last = path.split("/")
+        for key in parents:
+            node = node[key]
+        del node[last]
+    return change
+
+
+BAD_SCHEMA = [
+    ("unknown top-level key", _set("epochs", 3), "epochs", "unknown key"),
+    ("unknown nested key", _set("search/num_trails", 3), "search.num_trails", "unknown key"),
+    ("low > high", _set("space/model.lr", {"type": "float", "low": 0.1, "high": 0.01}), "space.model.lr", "low (0.1) must be <= high"),
+    ("log with low <= 0", _set("space/model.lr", {"type": "float", "low": 0.0, "high": 0.1, "log": True}), "space.model.lr", "low > 0"),
+    ("int log with low 0", _set("space/data.batch_size", {"type": "int", "low": 0, "high": 8, "log": True}), "space.data.batch_size", "low > 0"),
+    ("empty choices", _set("space/model.channels", {"type": "categorical", "choices": []}), "space.model.channels.choices", "at least 1"),
+    ("unknown param type", _set("space/model.lr", {"type": "uniform", "low": 0, "high": 1}), "space.model.lr", "type must be one of"),
+    ("space key without section", _set("space/lr", {"type": "float", "low": 0.1, "high": 1.0}), "space", "must be 'model.<arg>'"),
+    ("unknown trainer setting", _set("space/trainer.momentum", {"type": "float", "low": 0.1, "high": 1.0}), "space", "trainer has no setting 'momentum'"),
+    ("num_trials zero", _set("search/num_trials", 0), "search.num_trials", "greater than 0"),
+    ("num_trials negative", _set("search/num_trials", -3), "search.num_trials", "greater than 0"),
+    ("unknown sampler", _set("search/sampler", "bayes"), "search.sampler", "'tpe'"),
+    ("bad mode", _set("mode", "maximize"), "mode", "'min' or 'max'"),
+    ("missing metric", _delete("metric"), "metric", "required key is missing"),
+    ("grace above max_epochs", _set("scheduler/grace_period", 50), "scheduler", "grace_period (50) must be <= max_epochs"),
+    ("reduction factor 1", _set("scheduler/reduction_factor", 1), "scheduler.reduction_factor", "greater than 1"),
+    ("bad precision", _set("trainer/precision", "fp8"), "trainer.precision", "'32-true'"),
+    ("negative cpus", _set("resources/cpus_per_trial", -1), "resources.cpus_per_trial", "greater than 0"),
+    ("empty space", _set("space", {}), "space", "space is empty"),
+    ("grid float without step", _set("search/sampler", "grid"), "", "needs a 'step' on float parameter space.model.lr"),
+    ("bad class path", _set("model/class_path", "my.module:"), "model.class_path", "package.module:ClassName"),
+    ("bad name", _set("name", "my experiment/1"), "name", "pattern"),
+]
+
+
+@pytest.mark.parametrize("label, change, field, message", BAD_SCHEMA, ids=[case[0] for case in BAD_SCHEMA])
+def test_bad_schema_is_rejected_naming_the_field(label, change, field, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(mutated(change))
+    problems = caught.value.problems
+    assert any(p.field == field and message in p.message for p in problems), [str(p) for p in problems]
+
+
+BAD_COMPONENTS = [
+    ("space key not a constructor argument", _set("space/model.momentum", {"type": "float", "low": 0.1, "high": 0.9}),
+     "space.model.momentum", "takes no argument 'momentum'"),
+    ("init_args key not a constructor argument", _set("data/init_args", {"batch_size": 64, "shuffle_buffer": 3}),
+     "data.init_args.shuffle_buffer", "takes no argument 'shuffle_buffer'"),
+    ("unknown built-in", _set("model/class_path", "resnet"), "model.class_path", "neither a built-in"),
+    ("module that does not import", _set("data/class_path", "no_such_pkg.data:Loader"), "data.class_path", "cannot import module 'no_such_pkg.data'"),
+    ("class missing from module", _set("model/class_path", "hpsearch.models.cnn:ResNet"), "model.class_path", "has no attribute 'ResNet'"),
+    ("not a class", _set("model/class_path", "hpsearch.models.cnn:nn"), "model.class_path", "is not a class"),
+]
+
+
+@pytest.mark.parametrize("label, change, field, message", BAD_COMPONENTS, ids=[case[0] for case in BAD_COMPONENTS])
+def test_bad_components_are_rejected_naming_the_field(label, change, field, message):
+    config = load_config(mutated(change))
+    with pytest.raises(ConfigError) as caught:
+        check_components(config)
+    problems = caught.value.problems
+    assert any(p.field == field and message in p.message for p in problems), [str(p) for p in problems]
+
+
+def test_the_example_is_valid_and_its_classes_resolve(example_config):
+    config = load_config(example_config)
+    model_class, data_class = check_components(config)
+    assert (model_class.__name__, data_class.__name__) == ("CNNClassifier", "DigitsDataModule")
+
+
+def test_errors_from_a_file_carry_the_yaml_line(tmp_path):
+    text = (tmp_path / "x.yaml")
+    source = open(__import__("conftest").EXAMPLE).read().replace("log: true}", "log: true, lw: 1}", 1)
+    text.write_text(source)
+    line = next(i for i, l in enumerate(source.splitlines(), 1) if "lw: 1" in l)
+    with pytest.raises(ConfigError) as caught:
+        load_config(text)
+    [problem] = caught.value.problems
+    assert problem.field == "space.model.lr.lw" and problem.line == line and str(text) in str(problem)
+
+
+def test_constructor_errors_from_a_file_carry_the_line(tmp_path):
+    data = mutated(_set("space/model.momentum", {"type": "float", "low": 0.1, "high": 0.9}))
+    path = write_yaml(tmp_path / "x.yaml", data)
+    line = next(i for i, l in enumerate(path.read_text().splitlines(), 1) if "model.momentum" in l)
+    with pytest.raises(ConfigError) as caught:
+        check_components(load_config(path))
+    assert caught.value.problems[0].line == line
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nmodel: {class_path: cnn\nmetric: val_acc\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "malformed YAML" in str(caught.value) and caught.value.problems[0].line is not None
+
+
+def test_a_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_all_problems_are_reported_at_once():
+    config = mutated(lambda c: (c["search"].update(num_trials=0), c.update(mode="up")))
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert {p.field for p in caught.value.problems} == {"search.num_trials", "mode"}
+
+
+def test_overrides_reach_nested_and_dotted_keys(example_config):
+    config = load_config(example_config, ["search.num_trials=4", "space.model.lr.high=0.5", "trainer.precision=bf16-mixed"])
+    assert config.search.num_trials == 4
+    assert config.space["model.lr"].high == 0.5
+    assert config.trainer.precision == "bf16-mixed"
+
+
+def test_override_errors_name_the_key_and_say_it_came_from_set(example_config):
+    with pytest.raises(ConfigError) as caught:
+        load_config(example_config, ["search.num_trials=-1"])
+    [problem] = caught.value.problems
+    assert problem.field == "search.num_trials" and problem.source == "--set"
+
+
+def test_override_syntax_errors():
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["search.num_trials"])
+
+
+def test_apply_override_prefers_existing_dotted_keys():
+    tree = {"space": {"model.lr": {"low": 1}}}
+    apply_override(tree, "space.model.lr.low", 2)
+    apply_override(tree, "search.seed", 5)
+    assert tree == {"space": {"model.lr": {"low": 2}}, "search": {"seed": 5}}
+
+
+def test_trainer_params_are_validated_when_applied(example_config):
+    config = load_config(example_config)
+    assert config.with_trainer_params({"trainer.gradient_clip_val": 0.5}).gradient_clip_val == 0.5
+    with pytest.raises(Exception):
+        config.with_trainer_params({"trainer.accumulate_grad_batches": 0})
+
+
+def test_loading_does_not_mutate_the_callers_dict(example_config):
+    before = copy.deepcopy(example_config)
+    load_config(example_config, ["search.num_trials=2"])
+    assert example_config == before

@@ -1,0 +1,80 @@
+"""Built-in models and DataModules: shapes, fixed splits, lazy image decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hpsearch.models.cnn import CNNClassifier
+from hpsearch.models.digits import DigitsDataModule
+from hpsearch.models.image_folder import ImageFolderDataModule
+from hpsearch.models.mlp import MLPClassifier
+from hpsearch.models.synthetic import SyntheticImagesDataModule
+
+
+def split_lengths(dm):
+    dm.setup("fit")
+    return [len(dm._splits[s]) for s in ("train", "val", "test")]
+
+
+def test_digits_ships_with_scikit_learn_and_splits_deterministically():
+    dm = DigitsDataModule(batch_size=32)
+    assert dm.input_shape == (1, 8, 8) and dm.num_classes == 10
+    assert sum(split_lengths(dm)) == 1797
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (32, 1, 8, 8) and images.max() <= 1.0
+    again = DigitsDataModule(batch_size=32)
+    again.setup()
+    assert torch.equal(dm._splits["val"].tensors[1], again._splits["val"].tensors[1])
+    other_seed = DigitsDataModule(batch_size=32, split_seed=1)
+    other_seed.setup()
+    assert not torch.equal(dm._splits["val"].tensors[1], other_seed._splits["val"].tensors[1])
+
+
+def test_eval_loaders_use_the_larger_eval_batch():
+    dm = DigitsDataModule(batch_size=16)
+    dm.setup()
+    assert dm.val_dataloader().batch_size == 64
+
+
+def test_synthetic_images_have_the_requested_shape_and_classes():
+    dm = SyntheticImagesDataModule(num_samples=200, image_size=12, channels=3, num_classes=5)
+    assert dm.input_shape == (3, 12, 12) and dm.num_classes == 5
+    assert sum(split_lengths(dm)) == 200
+
+
+@pytest.mark.parametrize("model_class", [MLPClassifier, CNNClassifier])
+@pytest.mark.parametrize("shape", [(1, 8, 8), (3, 16, 16)])
+def test_models_produce_logits_for_any_image_size(model_class, shape):
+    model = model_class(input_shape=shape, num_classes=7, lr=0.01)
+    assert model(torch.zeros(2, *shape)).shape == (2, 7)
+    assert model.hparams.lr == 0.01
+
+
+def make_image_folder(root, per_class=6, size=10):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(["cat", "dog", "eel"]):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = (rng.random((size, size, 3)) * 80 + label * 80).astype("uint8")
+            Image.fromarray(pixels).save(root / name / f"{i}.{'png' if i % 2 else 'jpg'}")
+    return root
+
+
+def test_image_folder_decodes_lazily_in_worker_processes(tmp_path):
+    root = make_image_folder(tmp_path / "images")
+    dm = ImageFolderDataModule(str(root), image_size=8, batch_size=4, num_workers=2, persistent_workers=False)
+    assert dm.classes == ["cat", "dog", "eel"] and dm.num_classes == 3
+    assert sum(split_lengths(dm)) == 18
+    loader = dm.train_dataloader()
+    assert loader.num_workers == 2
+    images, labels = next(iter(loader))
+    assert images.shape == (4, 3, 8, 8) and images.dtype == torch.float32 and labels.max() <= 2
+
+
+def test_image_folder_rejects_a_missing_root(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        ImageFolderDataModule(str(tmp_path / "nope"))

@@ -1,0 +1,114 @@
+"""The Optuna searcher and the outcome rules, driven directly with Tune-shaped results (no Ray cluster)."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+from ray.tune.search import Searcher
+
+from hpsearch.search.config_loading import load_config
+from hpsearch.search.outcome import COMPLETE, FAILED, PRUNED, PruneLog, classify
+from hpsearch.search.searcher import OptunaSearcher, open_study
+
+
+@pytest.fixture
+def config(example_config):
+    example_config["search"].update(num_trials=3, max_concurrent=1)
+    return load_config(example_config)
+
+
+def result(epoch, value, finished=False, reason=""):
+    return {"epoch": epoch, "val_acc": value, "hps_finished": finished, "hps_stop_reason": reason}
+
+
+def states(tmp_path, config):
+    study = open_study(tmp_path, config.name, config.mode)
+    return [(t.state.name, t.value) for t in study.get_trials()]
+
+
+def test_complete_pruned_and_failed_trials_reach_optuna_as_such(tmp_path, config):
+    prunes = PruneLog()
+    searcher = OptunaSearcher(config, tmp_path, prunes)
+    ids = ["a", "b", "c"]
+    suggestions = [searcher.suggest(i) for i in ids]
+    assert [s["hps_trial_number"] for s in suggestions] == [0, 1, 2]
+    assert searcher.suggest("d") == Searcher.FINISHED
+
+    searcher.on_trial_result("a", result(1, 0.5))
+    searcher.on_trial_complete("a", result(2, 0.7, finished=True, reason="max_epochs"))
+    searcher.on_trial_result("b", result(1, 0.2))
+    prunes.record("b", 1)
+    searcher.on_trial_complete("b", result(1, 0.2))
+    searcher.on_trial_complete("c", None, error=True)
+
+    assert states(tmp_path, config) == [("COMPLETE", 0.7), ("PRUNED", 0.2), ("FAIL", None)]
+    study = open_study(tmp_path, config.name, config.mode)
+    assert study.trials[1].user_attrs["hps_stop_reason"] == "pruned by ASHA after epoch 1"
+    assert study.trials[0].intermediate_values == {1: 0.5, 2: 0.7}
+
+
+def test_complete_value_is_the_best_epoch_not_the_last(tmp_path, config):
+    searcher = OptunaSearcher(config, tmp_path, PruneLog())
+    searcher.suggest("a")
+    searcher.on_trial_result("a", result(1, 0.9))
+    searcher.on_trial_complete("a", result(2, 0.6, finished=True, reason="early_stopping"))
+    assert states(tmp_path, config)[0] == ("COMPLETE", 0.9)
+
+
+def test_a_fresh_searcher_resumes_interrupted_trials_first_and_keeps_the_limit(tmp_path, config):
+    first = OptunaSearcher(config, tmp_path, PruneLog())
+    first.suggest("a")
+    first.on_trial_complete("a", result(3, 0.8, finished=True))
+    interrupted = first.suggest("b")  # running when the driver died
+
+    second = OptunaSearcher(config, tmp_path, PruneLog())
+    again = second.suggest("b2")
+    assert again == interrupted  # same number, same params: it continues, not duplicated
+    new = second.suggest("c2")
+    assert new["hps_trial_number"] == 2
+    assert second.suggest("d2") == Searcher.FINISHED
+    assert len(open_study(tmp_path, config.name, config.mode).trials) == 3
+
+
+def test_random_sampler_does_not_replay_its_samples_after_resume(tmp_path, example_config):
+    example_config["search"].update(num_trials=4, sampler="random")
+    config = load_config(example_config)
+    first = OptunaSearcher(config, tmp_path, PruneLog())
+    a = first.suggest("a")["params"]
+    first.on_trial_complete("a", result(1, 0.5, finished=True))
+    second = OptunaSearcher(config, tmp_path, PruneLog())
+    b = second.suggest("b")["params"]
+    assert a != b
+
+
+def test_history_feeds_asha(tmp_path, config):
+    searcher = OptunaSearcher(config, tmp_path, PruneLog())
+    searcher.suggest("a")
+    searcher.on_trial_result("a", result(1, 0.4))
+    assert searcher.history() == {0: {1: 0.4}}
+
+
+def test_searcher_survives_pickling_without_its_open_study(tmp_path, config):
+    import pickle
+
+    searcher = OptunaSearcher(config, tmp_path, PruneLog())
+    searcher.suggest("a")
+    clone = pickle.loads(pickle.dumps(searcher))
+    assert clone._study is None and clone.suggest("a")["hps_trial_number"] == 0
+
+
+@pytest.mark.parametrize("trial_result, error, pruned, expected", [
+    (result(3, 0.9, finished=True, reason="early_stopping"), False, False, (COMPLETE, "early_stopping")),
+    (result(1, 0.3), False, True, (PRUNED, "pruned by ASHA after epoch 1")),
+    (result(2, 0.3), False, False, (PRUNED, "stopped after epoch 2")),
+    (result(2, math.nan), False, False, (FAILED, "val_acc is not finite (nan)")),
+    (None, True, False, (FAILED, "error")),
+])
+def test_classify(trial_result, error, pruned, expected):
+    prunes = PruneLog()
+    if pruned:
+        prunes.record("t", 1)
+    outcome = classify("t", trial_result, error, "val_acc", prunes)
+    assert (outcome.state, outcome.reason) == expected

@@ -1,0 +1,58 @@
+"""Search-space conversion to Optuna distributions, grids and representative values."""
+
+from __future__ import annotations
+
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from hpsearch.search.config_loading import load_config
+from hpsearch.search.preflight import representative_params
+from hpsearch.search.space import grid_size, grid_values, to_distributions
+
+
+def test_example_space_converts_with_log_and_choices(example_config):
+    dists = to_distributions(load_config(example_config))
+    assert dists["model.lr"] == FloatDistribution(1e-4, 1e-1, log=True)
+    assert dists["model.channels"] == CategoricalDistribution([8, 16, 32])
+    assert dists["data.batch_size"] == IntDistribution(32, 256, log=True)
+
+
+def test_step_reaches_optuna(example_config):
+    example_config["space"]["model.dropout"] = {"type": "float", "low": 0.0, "high": 0.5, "step": 0.1}
+    example_config["space"]["data.batch_size"] = {"type": "int", "low": 16, "high": 64, "step": 16}
+    dists = to_distributions(load_config(example_config))
+    assert dists["model.dropout"].step == 0.1
+    assert dists["data.batch_size"] == IntDistribution(16, 64, step=16)
+
+
+def test_grid_values_and_size(example_config):
+    example_config["search"]["sampler"] = "grid"
+    example_config["space"] = {
+        "model.lr": {"type": "float", "low": 0.01, "high": 0.03, "step": 0.01},
+        "model.channels": {"type": "categorical", "choices": [8, 16]},
+        "data.batch_size": {"type": "int", "low": 32, "high": 96, "step": 32},
+    }
+    config = load_config(example_config)
+    assert grid_values(config.space["model.lr"]) == [0.01, 0.02, 0.03]
+    assert grid_values(config.space["data.batch_size"]) == [32, 64, 96]
+    assert grid_size(config) == 18
+
+
+def test_representative_values_lie_inside_the_space(example_config):
+    config = load_config(example_config)
+    values = representative_params(config)
+    for key, dist in to_distributions(config).items():
+        assert dist._contains(dist.to_internal_repr(values[key])), key
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes", "gp"])
+def test_every_sampler_builds_and_samples(sampler, example_config, tmp_path):
+    import optuna
+
+    from hpsearch.search.searcher import make_sampler
+
+    example_config["search"]["sampler"] = sampler
+    config = load_config(example_config)
+    study = optuna.create_study(sampler=make_sampler(config), direction="maximize")
+    trial = study.ask(fixed_distributions=to_distributions(config))
+    assert set(trial.params) == set(config.space)

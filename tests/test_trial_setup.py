@@ -1,0 +1,84 @@
+"""How a trial is put together: arguments filled in, devices, precision fallback, preflight."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from conftest import FIXTURES
+from hpsearch.search.components import build_datamodule, build_model, check_components, user_code_roots
+from hpsearch.search.config_loading import load_config
+from hpsearch.search.devices import loader_options, resolve_precision
+from hpsearch.search.errors import ConfigError
+from hpsearch.search.preflight import run_preflight
+
+
+def test_sampled_values_override_init_args_and_data_fills_model_shape(example_config):
+    config = load_config(example_config)
+    model_class, data_class = check_components(config)
+    params = {"model.lr": 0.02, "model.channels": 8, "data.batch_size": 48}
+    dm = build_datamodule(config, data_class, params, {"num_workers": 3, "pin_memory": False,
+                                                       "persistent_workers": True, "prefetch_factor": None})
+    model = build_model(config, model_class, params, dm)
+    assert dm.batch_size == 48 and dm.requested_num_workers == 3
+    assert model.hparams.channels == 8 and model.hparams.lr == 0.02
+    assert tuple(model.hparams.input_shape) == (1, 8, 8) and model.hparams.num_classes == 10
+
+
+def test_loader_options_follow_the_trial_resources(example_config):
+    config = load_config(example_config, ["resources.cpus_per_trial=4"])
+    assert loader_options(config.loader, config.resources, on_gpu=False)["num_workers"] == 3
+    gpu = loader_options(config.loader, config.resources, on_gpu=True)
+    assert gpu["num_workers"] == 4 and gpu["pin_memory"] is True
+    fixed = load_config(example_config, ["loader.num_workers=1", "loader.pin_memory=false"])
+    assert loader_options(fixed.loader, fixed.resources, on_gpu=True)["num_workers"] == 1
+    assert loader_options(fixed.loader, fixed.resources, on_gpu=True)["pin_memory"] is False
+
+
+def test_fp16_on_cpu_falls_back_to_bf16_with_one_warning():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resolve_precision("16-mixed", on_gpu=False) == "bf16-mixed"
+    assert len(caught) == 1 and "needs a GPU" in str(caught[0].message)
+    assert resolve_precision("bf16-mixed", on_gpu=False) == "bf16-mixed"
+
+
+def test_preflight_names_a_metric_the_model_never_logs(example_config):
+    example_config["metric"] = "val_f1"
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "metric" and "'val_f1' is never logged" in problem.message
+    assert "val_acc" in problem.message
+
+
+def test_preflight_reports_a_constructor_that_raises(example_config):
+    example_config["model"]["init_args"]["optimizer"] = "lbfgs"
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    assert caught.value.problems[0].field == "model.init_args" and "lbfgs" in str(caught.value)
+
+
+def test_preflight_accepts_the_example(example_config):
+    config = load_config(example_config)
+    assert "val_acc" in run_preflight(config, *check_components(config))
+
+
+def test_user_code_outside_site_packages_is_shipped_to_workers(example_config, monkeypatch):
+    monkeypatch.chdir(FIXTURES)
+    example_config["model"] = {"class_path": "userpkg.regression:LinearRegressor", "init_args": {"in_features": 4}}
+    config = load_config(example_config | {"space": {"model.lr": {"type": "float", "low": 0.01, "high": 0.1}}})
+    assert user_code_roots(config) == [str(FIXTURES / "userpkg")]
+    assert user_code_roots(load_config(example_config | {"model": {"class_path": "cnn"}})) == []
+
+
+def test_a_required_argument_nobody_provides_is_an_error(example_config, monkeypatch):
+    monkeypatch.chdir(FIXTURES)
+    example_config["model"] = {"class_path": "userpkg.regression:LinearRegressor"}
+    example_config["space"] = {"model.lr": {"type": "float", "low": 0.01, "high": 0.1}}
+    with pytest.raises(ConfigError) as caught:
+        check_components(load_config(example_config))
+    assert "needs argument 'in_features'" in str(caught.value)

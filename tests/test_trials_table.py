@@ -1,0 +1,38 @@
+"""The trials table: best-row rules and a CSV round trip."""
+
+from __future__ import annotations
+
+from hpsearch.search.trials_table import TrialsTable, read_rows
+
+
+def table(mode="max"):
+    t = TrialsTable("val_acc", mode, ["model.lr"])
+    for number, state, best in [(0, "COMPLETE", 0.8), (1, "PRUNED", 0.95), (2, "COMPLETE", 0.9), (3, "FAILED", None)]:
+        row = t.row(number)
+        row.update(state=state, **({"best": best} if best is not None else {}), **{"model.lr": 0.01 * (number + 1)})
+    return t
+
+
+def test_best_prefers_completed_trials():
+    assert table().best_row()["trial"] == 2
+    assert table("min").best_row()["trial"] == 0
+
+
+def test_pruned_trials_count_when_none_completed():
+    t = table()
+    for number in (0, 2):
+        t.rows[number]["state"] = "FAILED"
+    assert t.best_row()["trial"] == 1
+
+
+def test_csv_round_trip_keeps_types(tmp_path):
+    t = table()
+    path = tmp_path / "trials.csv"
+    t.save(path)
+    rows = read_rows(path)
+    assert [r["trial"] for r in rows] == [0, 1, 2, 3]
+    assert rows[0]["model.lr"] == 0.01 and rows[0]["state"] == "COMPLETE"
+    loaded = TrialsTable.load(path, "val_acc", "max", ["model.lr"])
+    assert loaded.best_row()["trial"] == 2
+    assert loaded.counts() == {"COMPLETE": 2, "PRUNED": 1, "FAILED": 1}
+    assert not list(tmp_path.glob(".trials.csv.*"))  # no temp file left behind
