@@ -27,8 +27,11 @@ class TuneReporter(pl.Callback):
     """Reports the epoch's metrics, telemetry and stop decision through ``report``."""
 
     def __init__(self, metric: str, mode: str, max_epochs: int, report: Callable[[dict], None],
-                 static_fields: dict[str, Any]) -> None:
+                 static_fields: dict[str, Any], hparams: dict[str, Any] | None = None) -> None:
+        """``hparams``: the sampled values, written once to TensorBoard's HParams dashboard
+        together with the first value of the search metric (None when resuming: they are there)."""
         self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
+        self.hparams = hparams
         self.report = report
         self.static_fields = dict(static_fields)
         self.best: float | None = None
@@ -79,9 +82,19 @@ class TuneReporter(pl.Callback):
             if self._train_seconds > 0 else 0.0,
         })
         if trainer.global_rank == 0:
-            if trainer.logger is not None and self.best is not None:
-                trainer.logger.log_metrics({f"hp/{self.metric}": self.best}, step=epoch)
+            self._log_search_metric(trainer, epoch)
             self.report(metrics)
+
+    def _log_search_metric(self, trainer: pl.Trainer, epoch: int) -> None:
+        """``hp/<metric>``: the best value so far, the column HParams compares trials by."""
+        if trainer.logger is None or self.best is None:
+            return
+        values = {f"hp/{self.metric}": self.best}
+        if self.hparams is not None:
+            trainer.logger.log_hyperparams(self.hparams, metrics=values, step=epoch)
+            self.hparams = None
+        else:
+            trainer.logger.log_metrics(values, step=epoch)
 
 
 def _is_scalar(value: Any) -> bool:

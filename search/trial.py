@@ -58,11 +58,10 @@ def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], exp
         "hps_resumed": resume_from is not None,
     }
     reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
-                            report=_tune_report(started), static_fields=static_fields)
+                            report=_tune_report(started), static_fields=static_fields,
+                            hparams=None if resume_from else params)
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir, callbacks=[reporter])
-    if resume_from is None:
-        trainer.logger.log_hyperparams(params)
     trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
 
 

@@ -1,0 +1,82 @@
+"""The command line: argument handling, fast paths, and config errors that create nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, run_cli, shrunk_example, write_yaml
+from hpsearch.search.cli import EXIT_CONFIG_ERROR, build_parser, main
+
+
+def test_run_arguments_are_parsed():
+    args = build_parser().parse_args(["run", "exp.yaml", "--name", "n", "--storage", "s", "--address", "auto",
+                                      "--set", "search.num_trials=4", "--set", "mode=min", "-v"])
+    assert (args.config, args.name, args.storage, args.address) == ("exp.yaml", "n", "s", "auto")
+    assert args.overrides == ["search.num_trials=4", "mode=min"] and args.verbose
+
+
+def test_a_command_is_required(capsys):
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args([])
+    assert caught.value.code == 2
+
+
+def test_help_and_status_do_not_import_the_heavy_stack(tmp_path):
+    code = ("import sys; from hpsearch.search.cli import main\n"
+            "try:\n    main(['status', sys.argv[1]])\nexcept SystemExit: pass\n"
+            "heavy = [m for m in ('torch', 'ray', 'optuna', 'pytorch_lightning') if m in sys.modules]\n"
+            "print('HEAVY=' + ','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert "HEAVY=\n" in out.stdout or out.stdout.strip().endswith("HEAVY="), out.stdout + out.stderr
+
+
+def test_bad_config_exits_2_names_the_field_and_creates_nothing(tmp_path):
+    storage = tmp_path / "runs"
+    config = shrunk_example(storage)
+    config["space"]["model.lr"]["low"] = 1.0  # low > high
+    path = write_yaml(tmp_path / "bad.yaml", config)
+    started = time.monotonic()
+    result = run_cli("run", str(path), cwd=tmp_path, timeout=120)
+    assert result.returncode == EXIT_CONFIG_ERROR, result.stderr
+    assert "space.model.lr" in result.stderr and "line" in result.stderr
+    assert not storage.exists()
+    assert time.monotonic() - started < 60  # rejected before Ray could start
+
+
+def test_metric_never_logged_exits_2_before_ray_starts(tmp_path):
+    storage = tmp_path / "runs"
+    path = write_yaml(tmp_path / "bad.yaml", shrunk_example(storage, metric="val_auc"))
+    result = run_cli("run", str(path), cwd=tmp_path, timeout=180)
+    assert result.returncode == EXIT_CONFIG_ERROR, result.stderr
+    assert "'val_auc' is never logged" in result.stderr and not storage.exists()
+    assert "ray" not in result.stderr.lower().replace("array", "")
+
+
+def test_bad_set_override_is_reported_as_coming_from_set(tmp_path, capsys):
+    path = write_yaml(tmp_path / "exp.yaml", shrunk_example(tmp_path / "runs"))
+    assert main(["run", str(path), "--set", "search.num_trials=zero"]) == EXIT_CONFIG_ERROR
+    err = capsys.readouterr().err
+    assert "search.num_trials (--set)" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_status_and_best_on_a_directory_that_is_not_an_experiment(tmp_path, capsys):
+    assert main(["status", str(tmp_path)]) == 1
+    assert "not an hpsearch experiment directory" in capsys.readouterr().err
+    assert main(["best", str(tmp_path), "--json"]) == 1
+
+
+def test_resume_refuses_a_changed_search_space(tmp_path, capsys):
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.config_loading import load_config
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    write_config(exp, load_config(shrunk_example(tmp_path)).model_dump(mode="json"))
+    assert main(["resume", str(exp.root), "--set", "space.model.lr.high=0.5"]) == EXIT_CONFIG_ERROR
+    assert "space" in capsys.readouterr().err
+    assert main(["resume", str(exp.root), "--set", "metric=val_loss"]) == EXIT_CONFIG_ERROR

@@ -1,0 +1,138 @@
+"""Real searches through the CLI: Ray, Optuna, ASHA and Lightning on the digits data, on CPU."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, run_cli, shrunk_example, write_yaml
+
+pytestmark = pytest.mark.e2e
+
+
+def study_of(exp_dir: Path, name: str):
+    from hpsearch.search.searcher import open_study
+
+    return open_study(exp_dir, name, "max")
+
+
+@pytest.fixture(scope="module")
+def finished_search(tmp_path_factory):
+    """One 6-trial ASHA + TPE search on digits, shared by the assertions below."""
+    root = tmp_path_factory.mktemp("e2e")
+    config = shrunk_example(root / "runs", **{"search/num_trials": 6, "scheduler/max_epochs": 4,
+                                              "space/model.lr": {"type": "float", "low": 1e-5, "high": 0.1, "log": True}})
+    path = write_yaml(root / "exp.yaml", config)
+    result = run_cli("run", str(path), cwd=root, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    exp_dir = root / "runs" / config["name"]
+    return exp_dir, config, result
+
+
+def rows_of(exp_dir: Path) -> list[dict]:
+    with (exp_dir / "trials.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_every_trial_finished_and_asha_stopped_some_early(finished_search):
+    exp_dir, config, _ = finished_search
+    rows = rows_of(exp_dir)
+    assert len(rows) == 6
+    assert {r["state"] for r in rows} <= {"COMPLETE", "PRUNED"}
+    pruned = [r for r in rows if r["state"] == "PRUNED"]
+    assert pruned, rows
+    assert all(int(r["epochs"]) < config["scheduler"]["max_epochs"] for r in pruned)
+    assert all("pruned by ASHA" in r["reason"] for r in pruned)
+
+
+def test_the_optuna_study_holds_every_trial_with_the_right_state(finished_search):
+    exp_dir, config, _ = finished_search
+    study = study_of(exp_dir, config["name"])
+    table = {int(r["trial"]): r for r in rows_of(exp_dir)}
+    assert len(study.trials) == 6
+    for trial in study.trials:
+        expected = {"COMPLETE": "COMPLETE", "PRUNED": "PRUNED"}[table[trial.number]["state"]]
+        assert trial.state.name == expected
+        assert set(trial.params) == set(config["space"])
+        assert trial.intermediate_values, trial.number
+    completed = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert all(t.value == max(t.intermediate_values.values()) for t in completed)
+
+
+def test_every_trial_wrote_tensorboard_scalars_and_hparams(finished_search):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    exp_dir, config, _ = finished_search
+    trial_dirs = sorted((exp_dir / "trials").iterdir())
+    assert len(trial_dirs) == 6
+    for trial_dir in trial_dirs:
+        events = EventAccumulator(str(trial_dir))
+        events.Reload()
+        assert "val_acc" in events.Tags()["scalars"], trial_dir
+        plugins = events.PluginTagToContent("hparams")
+        assert "_hparams_/session_start_info" in plugins, trial_dir
+
+
+def test_best_json_is_valid_and_its_checkpoint_loads(finished_search):
+    from hpsearch.models.cnn import CNNClassifier
+
+    exp_dir, config, _ = finished_search
+    best = json.loads((exp_dir / "best.json").read_text())
+    study = study_of(exp_dir, config["name"])
+    assert best["value"] == pytest.approx(study.best_value, rel=1e-5)
+    assert best["trial"] == study.best_trial.number
+    assert best["params"] == pytest.approx(study.best_trial.params)
+    assert 0.0 <= best["test_metrics"]["test_acc"] <= 1.0
+    model = CNNClassifier.load_from_checkpoint(best["checkpoint"])
+    assert model.hparams.lr == pytest.approx(best["params"]["model.lr"])
+    assert best["config"]["model"]["init_args"]["channels"] == best["params"]["model.channels"]
+
+
+def test_status_and_best_commands_read_the_experiment(finished_search):
+    exp_dir, config, _ = finished_search
+    status = run_cli("status", str(exp_dir), cwd=exp_dir, timeout=60)
+    assert status.returncode == 0, status.stderr
+    for row in rows_of(exp_dir):
+        assert row["state"] in status.stdout
+    best = run_cli("best", str(exp_dir), "--json", cwd=exp_dir, timeout=60)
+    assert json.loads(best.stdout) == json.loads((exp_dir / "best.json").read_text())
+
+
+def test_resume_extends_a_finished_study_without_rerunning_its_trials(finished_search, tmp_path):
+    exp_dir, config, _ = finished_search
+    copy = tmp_path / "copy"
+    shutil.copytree(exp_dir, copy)
+    before = {p.name: sorted(f.name for f in p.iterdir()) for p in (copy / "trials").iterdir()}
+    result = run_cli("resume", str(copy), "--set", "search.num_trials=7", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = rows_of(copy)
+    assert len(rows) == 7 and [int(r["trial"]) for r in rows] == list(range(7))
+    after = {p.name: sorted(f.name for f in p.iterdir()) for p in (copy / "trials").iterdir()}
+    assert {k: after[k] for k in before} == before  # earlier trials untouched: not re-run
+    assert len(study_of(copy, config["name"]).trials) == 7
+
+
+def test_a_users_own_module_by_import_path(tmp_path):
+    """A package beside the experiment, not installed, reaches Ray's workers."""
+    shutil.copytree(FIXTURES / "userpkg", tmp_path / "userpkg")
+    config = {
+        "name": "user-regression",
+        "model": {"class_path": "userpkg.regression:LinearRegressor", "init_args": {"in_features": 4}},
+        "data": {"class_path": "userpkg.regression:NoisyLinearData", "init_args": {"in_features": 4}},
+        "space": {"model.lr": {"type": "float", "low": 0.001, "high": 0.05, "log": True},
+                  "model.hidden": {"type": "categorical", "choices": [4, 16]}},
+        "metric": "val_mse", "mode": "min",
+        "search": {"num_trials": 2, "max_concurrent": 2, "sampler": "random", "seed": 1},
+        "scheduler": {"type": "none", "max_epochs": 2},
+        "storage": "runs",
+    }
+    write_yaml(tmp_path / "exp.yaml", config)
+    result = run_cli("run", "exp.yaml", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    best = json.loads((tmp_path / "runs" / "user-regression" / "best.json").read_text())
+    assert best["metric"] == "val_mse" and best["value"] >= 0 and best["test_metrics"] == {}
+    assert [r["state"] for r in rows_of(tmp_path / "runs" / "user-regression")] == ["COMPLETE", "COMPLETE"]
