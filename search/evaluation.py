@@ -7,6 +7,7 @@ from typing import Any
 from .components import build_datamodule, build_model, resolve_class
 from .config import ExperimentConfig
 from .devices import trial_device
+from .lightning_trainer import quiet_lightning
 
 
 def has_test_split(model, datamodule) -> bool:
@@ -27,6 +28,7 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     import pytorch_lightning as pl
     import torch
 
+    quiet_lightning()
     config = ExperimentConfig.model_validate(experiment)
     device = trial_device(config.with_trainer_params(params), config.loader, config.resources)
     datamodule = build_datamodule(config, resolve_class("data", config.data.class_path), params, device.loader_options)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -13,6 +15,14 @@ from .devices import TrialDevice
 
 BEST_CHECKPOINT = "best.ckpt"
 LAST_CHECKPOINT = "last.ckpt"
+
+
+def quiet_lightning() -> None:
+    """Lightning's start-up chatter (devices, TPU/HPU availability, tips) on every trial is noise."""
+    for name in ("pytorch_lightning", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for message in (".*does not have many workers.*", ".*LeafSpec.*", ".*litlogger.*", ".*litmodels.*"):
+        warnings.filterwarnings("ignore", message=message)
 
 
 def checkpoint_dir(trial_dir: Path) -> Path:

@@ -8,7 +8,6 @@ then a config error reported in seconds, with no experiment directory created.
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import warnings
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from .components import build_datamodule, build_model
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .errors import ConfigError
+from .lightning_trainer import quiet_lightning
 
 
 def representative_params(config: ExperimentConfig) -> dict[str, Any]:
@@ -45,8 +45,7 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
         model = build_model(config, model_class, params, datamodule)
     except Exception as exc:
         raise ConfigError([config.problem("model.init_args", f"{model_class.__name__}(...) raised {type(exc).__name__}: {exc}")]) from None
-    for name in ("pytorch_lightning", "lightning_fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_lightning()
     with tempfile.TemporaryDirectory(prefix="hpsearch-preflight-") as scratch, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,

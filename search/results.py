@@ -47,10 +47,13 @@ def resolved_config(config: ExperimentConfig, params: dict[str, Any]) -> dict[st
 
 
 def evaluate_on_cluster(config: ExperimentConfig, params: dict[str, Any], checkpoint: str) -> dict[str, float]:
-    """Run the test evaluation as a Ray task with a trial's resources (the driver may have no GPU)."""
-    import ray
-
+    """The test evaluation: in the driver for CPU trials (it has torch loaded already, and a
+    new worker process would cost seconds), as a Ray task with a trial's GPUs otherwise."""
     from .evaluation import evaluate_checkpoint
+
+    if config.resources.gpus_per_trial == 0:
+        return evaluate_checkpoint(config.model_dump(mode="json"), params, checkpoint)
+    import ray
 
     task = ray.remote(num_cpus=config.resources.cpus_per_trial, num_gpus=config.resources.gpus_per_trial)(
         evaluate_checkpoint

@@ -8,9 +8,7 @@ and epoch continue rather than restart.
 
 from __future__ import annotations
 
-import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ from .components import build_datamodule, build_model, resolve_class
 from .config import ExperimentConfig
 from .devices import trial_device
 from .experiment import ExperimentDir, trial_name
-from .lightning_trainer import LAST_CHECKPOINT, build_trainer, checkpoint_dir
+from .lightning_trainer import LAST_CHECKPOINT, build_trainer, checkpoint_dir, quiet_lightning
 from .outcome import TRIAL_NUMBER
 from .reporting import TuneReporter
 
@@ -31,7 +29,7 @@ def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], exp
     number = int(trial_config[TRIAL_NUMBER])
     trial_dir = ExperimentDir(Path(experiment_dir)).trial_dir(trial_name(number))
     trial_dir.mkdir(parents=True, exist_ok=True)
-    _quiet_lightning()
+    quiet_lightning()
 
     import pytorch_lightning as pl
     import torch
@@ -83,11 +81,3 @@ def _tune_report(started: float):
 def _resume_checkpoint(trial_dir: Path) -> Path | None:
     last = checkpoint_dir(trial_dir) / LAST_CHECKPOINT
     return last if last.is_file() and last.stat().st_size > 0 else None
-
-
-def _quiet_lightning() -> None:
-    """Lightning's start-up chatter (devices, TPU/HPU availability) once per trial is noise."""
-    for name in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")

@@ -136,3 +136,31 @@ def test_a_users_own_module_by_import_path(tmp_path):
     best = json.loads((tmp_path / "runs" / "user-regression" / "best.json").read_text())
     assert best["metric"] == "val_mse" and best["value"] >= 0 and best["test_metrics"] == {}
     assert [r["state"] for r in rows_of(tmp_path / "runs" / "user-regression")] == ["COMPLETE", "COMPLETE"]
+
+
+def test_tensorboard_command_serves_every_trial_as_a_run(finished_search):
+    import json as _json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    exp_dir, _, _ = finished_search
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "tensorboard", str(exp_dir),
+                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        runs, deadline = [], time.monotonic() + 90
+        while time.monotonic() < deadline and len(runs) < 6:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5) as response:
+                    runs = _json.loads(response.read())
+            except OSError:
+                time.sleep(1)
+        assert sorted(runs) == [f"trial_{i:04d}" for i in range(6)]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
