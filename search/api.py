@@ -61,10 +61,10 @@ def run(
     from .tuner import start_ray
 
     start_ray(config, address, verbose)
-    _check_cluster(config)
+    concurrency = _plan(config)
     exp = ExperimentDir.create(config.storage, config.name)
     write_config(exp, config.model_dump(mode="json"))
-    return _search(config, exp, verbose)
+    return _search(config, exp, verbose, concurrency)
 
 
 def resume(
@@ -87,36 +87,41 @@ def resume(
     from .tuner import start_ray
 
     start_ray(config, address, verbose)
-    _check_cluster(config)
+    concurrency = _plan(config)
     write_config(exp, config.model_dump(mode="json"))
-    return _search(config, exp, verbose)
+    return _search(config, exp, verbose, concurrency)
 
 
 def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
     """Resolve the user's classes and check their arguments; run the preflight batch."""
     from .components import check_components
+    from .devices import precision_fallback_warning
+    from .distributed import check_strategy_available
 
     model_class, data_class = check_components(config)
+    check_strategy_available(config)
+    precision_fallback_warning(config.trainer, config.resources)
     if config.search.preflight if preflight is None else preflight:
         from .preflight import run_preflight
 
         run_preflight(config, model_class, data_class)
 
 
-def _check_cluster(config: ExperimentConfig) -> None:
+def _plan(config: ExperimentConfig) -> int:
+    """Concurrent trials the cluster can hold (a ``ResourceError`` if none fits)."""
     import ray
 
-    from .tuner import check_resources
+    from .tuner import plan_concurrency
 
-    check_resources(config, ray.nodes())
+    return plan_concurrency(config, ray.nodes())
 
 
-def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool) -> SearchResult:
+def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int) -> SearchResult:
     from .results import finalize
     from .tuner import run_session
 
     started = time.monotonic()
-    complete = run_session(config, exp, verbose)
+    complete = run_session(config, exp, verbose, concurrency)
     best = finalize(config, exp) if exp.trials_csv.is_file() else None
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     return SearchResult(exp.root, complete, best, trials, time.monotonic() - started)

@@ -57,7 +57,12 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import warnings
+
     from .errors import ConfigError, HpsearchError
+
+    # hpsearch's own warnings read as one line, like its errors.
+    warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
 
     try:
         return COMMANDS[args.command](args)

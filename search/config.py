@@ -15,6 +15,12 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, 
                       model_validator)
 
 SEARCHABLE_SECTIONS = ("model", "data", "trainer")
+# Trainer settings that change how fast a trial runs, not what it learns: searching
+# them would only add noise to the study.
+NOT_SEARCHABLE = {
+    "strategy": "the parallel strategy changes speed, not results; set trainer.strategy instead of searching it",
+    "deepspeed_stage": "the ZeRO stage changes memory use, not results; set trainer.deepspeed_stage instead",
+}
 Scalar = Union[None, bool, int, float, str]
 
 
@@ -121,6 +127,9 @@ class TrainerConfig(StrictModel):
     """The Lightning ``Trainer`` settings hpsearch exposes; every one may be searched."""
 
     precision: Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true", "64-true"] = "32-true"
+    strategy: Literal["auto", "ddp", "fsdp", "deepspeed"] = Field(
+        "auto", description="'auto': one process, or DDP when resources.workers_per_trial > 1")
+    deepspeed_stage: Literal[2, 3] = 2
     early_stopping_patience: PositiveInt | None = 10
     early_stopping_min_delta: float = Field(0.0, ge=0)
     gradient_clip_val: float | None = Field(None, ge=0)
@@ -140,8 +149,32 @@ class LoaderConfig(StrictModel):
 
 
 class ResourcesConfig(StrictModel):
+    """What one trial holds. A trial of ``workers_per_trial`` > 1 runs that many DDP ranks,
+    each with ``cpus_per_worker``/``gpus_per_worker`` (which default to the per-trial values)."""
+
     cpus_per_trial: PositiveFloat = 1
     gpus_per_trial: float = Field(0, ge=0)
+    workers_per_trial: PositiveInt = 1
+    cpus_per_worker: PositiveFloat | None = None
+    gpus_per_worker: float | None = Field(None, ge=0)
+
+    @property
+    def worker_cpus(self) -> float:
+        return self.cpus_per_worker if self.cpus_per_worker is not None else self.cpus_per_trial
+
+    @property
+    def worker_gpus(self) -> float:
+        return self.gpus_per_worker if self.gpus_per_worker is not None else self.gpus_per_trial
+
+    @property
+    def distributed(self) -> bool:
+        return self.workers_per_trial > 1
+
+    @model_validator(mode="after")
+    def _gpu_fractions_fit_one_device(self):
+        if self.worker_gpus > 1 and self.worker_gpus != int(self.worker_gpus):
+            raise ValueError(f"a GPU request above 1 must be whole (got {self.worker_gpus:g})")
+        return self
 
 
 class FailureConfig(StrictModel):
@@ -195,7 +228,18 @@ class ExperimentConfig(StrictModel):
             if section == "trainer" and arg not in TrainerConfig.model_fields:
                 known = ", ".join(TrainerConfig.model_fields)
                 raise ValueError(f"key {key!r}: trainer has no setting {arg!r} (known: {known})")
+            if section == "trainer" and arg in NOT_SEARCHABLE:
+                raise ValueError(f"key {key!r}: {NOT_SEARCHABLE[arg]}")
         return space
+
+    @model_validator(mode="after")
+    def _strategy_needs_workers(self):
+        strategy = self.trainer.strategy
+        if strategy == "ddp" and not self.resources.distributed:
+            raise ValueError("trainer.strategy 'ddp' needs resources.workers_per_trial > 1")
+        if strategy == "fsdp" and self.resources.worker_gpus == 0:
+            raise ValueError("trainer.strategy 'fsdp' shards over GPUs: set resources.gpus_per_worker >= 1")
+        return self
 
     @model_validator(mode="after")
     def _grid_needs_finite_values(self):

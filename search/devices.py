@@ -26,26 +26,32 @@ class TrialDevice:
 
 
 def resolve_precision(requested: str, on_gpu: bool) -> str:
-    """The precision to use; float16 autocast is GPU-only, so CPU trials fall back to bf16."""
+    """The precision a trial uses. float16 autocast is for GPUs, so a CPU trial runs
+    '16-mixed' as 'bf16-mixed'; a GPU without bf16 runs 'bf16-*' as '16-mixed'. The
+    trial records what it used; the driver warns once (``precision_fallback_warning``)."""
     if not on_gpu and requested == "16-mixed":
-        warnings.warn(
-            "precision '16-mixed' needs a GPU; this trial runs on CPU with 'bf16-mixed' instead",
-            stacklevel=2,
-        )
         return "bf16-mixed"
     if on_gpu and requested.startswith("bf16") and not torch.cuda.is_bf16_supported():
-        warnings.warn(f"this GPU has no bf16 support; precision {requested!r} falls back to '16-mixed'", stacklevel=2)
         return "16-mixed"
     return requested
 
 
+def precision_fallback_warning(trainer: TrainerConfig, resources: ResourcesConfig) -> None:
+    """One warning, in the driver, when CPU trials cannot use the requested precision."""
+    if trainer.precision == "16-mixed" and resources.worker_gpus == 0:
+        warnings.warn(
+            "trainer.precision '16-mixed' needs a GPU and these trials run on CPU: they use 'bf16-mixed' instead",
+            stacklevel=2,
+        )
+
+
 def loader_options(loader: LoaderConfig, resources: ResourcesConfig, on_gpu: bool) -> dict:
-    """DataLoader options: workers from the trial's CPUs, pinned memory only on GPU.
+    """DataLoader options: workers from the CPUs of one trial worker, pinned memory only on GPU.
 
     On CPU the main process trains, so one of the trial's CPUs is left to it; on GPU
     every CPU the trial holds can decode data.
     """
-    cpus = int(resources.cpus_per_trial)
+    cpus = int(resources.worker_cpus)
     workers = loader.num_workers
     if workers == "auto":
         workers = cpus if on_gpu else max(0, cpus - 1)
@@ -59,7 +65,7 @@ def loader_options(loader: LoaderConfig, resources: ResourcesConfig, on_gpu: boo
 
 
 def trial_device(trainer: TrainerConfig, loader: LoaderConfig, resources: ResourcesConfig) -> TrialDevice:
-    on_gpu = resources.gpus_per_trial > 0 and torch.cuda.is_available()
+    on_gpu = resources.worker_gpus > 0 and torch.cuda.is_available()
     return TrialDevice(
         accelerator="gpu" if on_gpu else "cpu",
         precision=resolve_precision(trainer.precision, on_gpu),

@@ -38,6 +38,7 @@ def build_trainer(
     max_epochs: int,
     trial_dir: Path,
     callbacks: list[pl.Callback],
+    strategy="auto",
 ) -> pl.Trainer:
     """Checkpoints keep the best epoch (for the final evaluation) and the last (for resume).
 
@@ -62,7 +63,8 @@ def build_trainer(
                                default_hp_metric=False)
     return pl.Trainer(
         accelerator=device.accelerator,
-        devices=1,
+        devices=1,  # one device per process; distributed ranks are separate processes
+        strategy=strategy,
         precision=device.precision,
         max_epochs=max_epochs,
         logger=logger,

@@ -3,7 +3,9 @@
 It runs at ``on_train_epoch_end``: by then validation has logged its metrics,
 ModelCheckpoint has written best/last, and EarlyStopping has decided whether to stop,
 so the report can say truthfully whether this epoch was the trial's last
-(``hps_finished``). Only rank 0 reports.
+(``hps_finished``). Only rank 0 reports to Tune directly; under Ray Train every rank
+reports (Train waits for all of them and forwards rank 0's metrics), and metrics logged
+with ``sync_dist`` are the same on every rank.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ class TuneReporter(pl.Callback):
     """Reports the epoch's metrics, telemetry and stop decision through ``report``."""
 
     def __init__(self, metric: str, mode: str, max_epochs: int, report: Callable[[dict], None],
-                 static_fields: dict[str, Any], hparams: dict[str, Any] | None = None) -> None:
+                 static_fields: dict[str, Any], hparams: dict[str, Any] | None = None,
+                 report_on_every_rank: bool = False) -> None:
         """``hparams``: the sampled values, written once to TensorBoard's HParams dashboard
         together with the first value of the search metric (None when resuming: they are there)."""
         self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
         self.hparams = hparams
+        self.report_on_every_rank = report_on_every_rank
         self.report = report
         self.static_fields = dict(static_fields)
         self.best: float | None = None
@@ -83,6 +87,7 @@ class TuneReporter(pl.Callback):
         })
         if trainer.global_rank == 0:
             self._log_search_metric(trainer, epoch)
+        if trainer.global_rank == 0 or self.report_on_every_rank:
             self.report(metrics)
 
     def _log_search_metric(self, trainer: pl.Trainer, epoch: int) -> None:

@@ -9,8 +9,9 @@ and epoch continue rather than restart.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .components import build_datamodule, build_model, resolve_class
 from .config import ExperimentConfig
@@ -21,8 +22,26 @@ from .outcome import TRIAL_NUMBER
 from .reporting import TuneReporter
 
 
+@dataclass(frozen=True)
+class Parallelism:
+    """How this process takes part in its trial: alone, or as one DDP/FSDP/DeepSpeed rank."""
+
+    world_size: int = 1
+    strategy: Any = "auto"  # a Lightning strategy object for distributed ranks
+    strategy_name: str = "single"
+    report_on_every_rank: bool = False  # Ray Train collects a report from every rank
+
+
 def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], experiment_dir: str) -> None:
-    """Train one sampled configuration, reporting to Ray Tune after every validation."""
+    """Ray Tune function trainable for single-process trials: trains in the Tune worker itself."""
+    from ray import tune
+
+    fit_trial(trial_config, experiment, experiment_dir, report=tune.report, parallel=Parallelism())
+
+
+def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
+              report: Callable[[dict], None], parallel: Parallelism) -> None:
+    """Train one sampled configuration in this process, reporting after every validation."""
     started = time.perf_counter()
     config = ExperimentConfig.model_validate(experiment)
     params: dict[str, Any] = trial_config["params"]
@@ -34,9 +53,10 @@ def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], exp
     import pytorch_lightning as pl
     import torch
 
-    torch.set_num_threads(max(1, int(config.resources.cpus_per_trial)))
+    torch.set_num_threads(max(1, int(config.resources.worker_cpus)))
     if config.search.seed is not None:
-        # Each trial's weights and shuffling are reproducible, and differ between trials.
+        # Each trial's weights and shuffling are reproducible, and differ between trials;
+        # every rank of a trial starts from the same weights.
         pl.seed_everything(config.search.seed + number, workers=True, verbose=False)
     settings = config.with_trainer_params(params)
     device = trial_device(settings, config.loader, config.resources)
@@ -49,33 +69,33 @@ def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], exp
         "hps_trial_dir": str(trial_dir),
         "hps_device": device.accelerator,
         "hps_precision": device.precision,
-        "hps_world_size": 1,
-        "hps_strategy": "single",
+        "hps_world_size": parallel.world_size,
+        "hps_strategy": parallel.strategy_name,
         "hps_num_workers": getattr(datamodule, "effective_num_workers", device.loader_options["num_workers"]),
         "hps_pin_memory": device.loader_options["pin_memory"],
         "hps_resumed": resume_from is not None,
     }
     reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
-                            report=_tune_report(started), static_fields=static_fields,
-                            hparams=None if resume_from else params)
+                            report=_timed(report, started), static_fields=static_fields,
+                            hparams=None if resume_from else params,
+                            report_on_every_rank=parallel.report_on_every_rank)
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
-                            max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir, callbacks=[reporter])
+                            max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir, callbacks=[reporter],
+                            strategy=parallel.strategy)
     trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
 
 
-def _tune_report(started: float):
-    """``tune.report`` that also records, once, how long the trial took to produce its first result."""
-    from ray import tune
-
+def _timed(report: Callable[[dict], None], started: float) -> Callable[[dict], None]:
+    """``report`` that also records, once, how long the trial took to produce its first result."""
     first = {"done": False}
 
-    def report(metrics: dict[str, Any]) -> None:
+    def timed_report(metrics: dict[str, Any]) -> None:
         if not first["done"]:
             metrics["hps_first_result_s"] = time.perf_counter() - started
             first["done"] = True
-        tune.report(metrics)
+        report(metrics)
 
-    return report
+    return timed_report
 
 
 def _resume_checkpoint(trial_dir: Path) -> Path | None:

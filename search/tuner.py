@@ -12,7 +12,6 @@ import logging
 import os
 from .components import user_code_roots
 from .config import ExperimentConfig
-from .errors import ResourceError
 from .experiment import ExperimentDir
 from .outcome import PruneLog
 from .trials_table import TrialsTable
@@ -20,7 +19,8 @@ from .trials_table import TrialsTable
 # Ray reads these in the driver and in every worker: no per-trial CSV/JSON/TensorBoard
 # loggers of its own (hpsearch writes TensorBoard where users look for it), and trials
 # keep the working directory they started in, so relative paths in a config resolve.
-RAY_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": "0", "RAY_AIR_NEW_OUTPUT": "0"}
+RAY_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": "0", "RAY_AIR_NEW_OUTPUT": "0",
+           "RAY_TRAIN_V2_ENABLED": "1"}
 
 
 def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> None:
@@ -47,27 +47,31 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> N
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def check_resources(config: ExperimentConfig, nodes: list[dict]) -> None:
-    """Refuse a trial that no single node can hold, naming the numbers, before any trial starts."""
-    need_cpu, need_gpu = config.resources.cpus_per_trial, config.resources.gpus_per_trial
-    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", True)]
-    most_cpu = max((r.get("CPU", 0.0) for r in alive), default=0.0)
-    most_gpu = max((r.get("GPU", 0.0) for r in alive), default=0.0)
-    fitting = [r for r in alive if r.get("CPU", 0.0) >= need_cpu and r.get("GPU", 0.0) >= need_gpu]
-    if not fitting:
-        raise ResourceError(
-            f"a trial asks for resources.cpus_per_trial={need_cpu:g} and resources.gpus_per_trial={need_gpu:g}, "
-            f"but the largest node has {most_cpu:g} CPUs and {most_gpu:g} GPUs ({len(alive)} node(s)); "
-            "lower the request or add a larger node"
-        )
+def plan_concurrency(config: ExperimentConfig, nodes: list[dict]) -> int:
+    """Concurrent trials: the file's ``max_concurrent``, lowered to what the cluster holds.
+
+    Raises ``ResourceError`` if not even one trial fits. The cap matters for distributed
+    trials: their Tune driver holds no CPU, so Tune alone would start more trials than
+    the cluster has workers for, and their worker groups would wait, then time out.
+    """
+    import warnings
+
+    from .resources import concurrent_trials_capacity
+
+    capacity = concurrent_trials_capacity(config.resources, nodes)
+    if capacity < config.search.max_concurrent:
+        warnings.warn(f"search.max_concurrent={config.search.max_concurrent} but the cluster holds {capacity} "
+                      f"trial(s) of this size at once; running {capacity} at a time", stacklevel=2)
+    return min(capacity, config.search.max_concurrent)
 
 
-def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool) -> bool:
+def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int) -> bool:
     """Run trials until the study is complete or the user interrupts; True if complete."""
     from ray import tune
 
     from .scheduler import StudyASHA, make_scheduler
     from .searcher import OptunaSearcher
+    from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
     from .tune_callbacks import ProgressDisplay, TrialsTableRecorder
 
@@ -79,9 +83,14 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool) -> 
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
     callbacks = [TrialsTableRecorder(table, exp.trials_csv, prunes),
                  ProgressDisplay(table, searcher.trial_limit)]
+    if config.resources.distributed:
+        function, resources = train_distributed_trial, driver_resources()
+    else:
+        function = train_trial
+        resources = {"cpu": config.resources.cpus_per_trial, "gpu": config.resources.gpus_per_trial}
     trainable = tune.with_resources(
-        tune.with_parameters(train_trial, experiment=config.model_dump(mode="json"), experiment_dir=str(exp.root)),
-        {"cpu": config.resources.cpus_per_trial, "gpu": config.resources.gpus_per_trial},
+        tune.with_parameters(function, experiment=config.model_dump(mode="json"), experiment_dir=str(exp.root)),
+        resources,
     )
     exp.tune_dir.mkdir(exist_ok=True)
     session = f"session-{len(list(exp.tune_dir.glob('session-*'))) + 1}"
@@ -91,9 +100,11 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool) -> 
             search_alg=searcher,
             scheduler=scheduler,
             num_samples=-1,  # the searcher says when the study has all its trials
-            max_concurrent_trials=config.search.max_concurrent,
+            max_concurrent_trials=concurrency,
             time_budget_s=config.search.time_budget_s,
-            reuse_actors=True,  # one warm worker process serves many short trials
+            # One warm worker process serves many short trials (distributed trials start
+            # a worker group each, so there is nothing to reuse).
+            reuse_actors=not config.resources.distributed,
         ),
         run_config=tune.RunConfig(
             name=session,

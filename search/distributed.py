@@ -1,0 +1,102 @@
+"""Trials of several processes: DDP, FSDP or DeepSpeed ranks started by Ray Train.
+
+This is Ray's supported way to run distributed training under Tune since Train V2:
+the Tune trial is only a driver that starts a ``TorchTrainer``, whose workers train
+and report through Train, and ``TuneReportCallback`` forwards rank 0's reports to Tune.
+Two details keep it from starving itself on small machines:
+
+* the Tune trial (the driver) holds no CPU, only a token of memory, and Train's
+  controller holds none either, so every CPU and GPU goes to the training ranks;
+* the tuner caps concurrent trials at what the cluster can hold at once, so a trial's
+  worker group never waits on resources another trial holds (it would time out).
+
+The Lightning glue (cluster environment, strategies) is written against
+``pytorch_lightning`` here, because Ray's own helpers import the ``lightning`` package
+first whenever it is installed, and the two must not be mixed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from .config import ExperimentConfig
+from .errors import ConfigError
+from .trial import Parallelism, fit_trial
+
+# The Tune trial that drives a Train run asks for this much memory and no CPU
+# (Ray cannot place an empty resource request).
+DRIVER_MEMORY_BYTES = 1024 * 1024
+
+
+def driver_resources() -> dict[str, float]:
+    return {"cpu": 0, "memory": DRIVER_MEMORY_BYTES}
+
+
+def check_strategy_available(config: ExperimentConfig) -> None:
+    """DeepSpeed is an optional extra: say how to get it before anything starts."""
+    if config.trainer.strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError([config.problem(
+            "trainer.strategy", "'deepspeed' needs the deepspeed package: pip install 'hpsearch[deepspeed]'")])
+
+
+def strategy_name(config: ExperimentConfig) -> str:
+    if not config.resources.distributed:
+        return "single"
+    return "ddp" if config.trainer.strategy == "auto" else config.trainer.strategy
+
+
+def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], experiment_dir: str) -> None:
+    """Ray Tune function trainable for trials of ``workers_per_trial`` > 1 processes."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    config = ExperimentConfig.model_validate(experiment)
+    resources = config.resources
+    use_gpu = resources.worker_gpus > 0
+    per_worker = {"CPU": resources.worker_cpus, **({"GPU": resources.worker_gpus} if use_gpu else {})}
+    trainer = TorchTrainer(
+        _train_rank,
+        train_loop_config={"trial_config": trial_config, "experiment": experiment, "experiment_dir": experiment_dir},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=resources.workers_per_trial, use_gpu=use_gpu,
+                                     resources_per_worker=per_worker, placement_strategy="PACK"),
+        run_config=RunConfig(
+            name=f"trial_{int(trial_config['hps_trial_number']):04d}",
+            storage_path=f"{experiment_dir}/tune/train",
+            callbacks=[TuneReportCallback()],
+            # Retries belong to Tune's FailureConfig (failure.max_retries), once, not twice.
+            failure_config=FailureConfig(max_failures=0),
+        ),
+    )
+    trainer.fit()
+
+
+def _train_rank(loop_config: dict[str, Any]) -> None:
+    """One rank of a distributed trial, inside a Ray Train worker."""
+    import ray.train
+
+    config = ExperimentConfig.model_validate(loop_config["experiment"])
+    context = ray.train.get_context()
+    parallel = Parallelism(
+        world_size=context.get_world_size(),
+        strategy=make_strategy(config),
+        strategy_name=strategy_name(config),
+        report_on_every_rank=True,
+    )
+    fit_trial(loop_config["trial_config"], loop_config["experiment"], loop_config["experiment_dir"],
+              report=ray.train.report, parallel=parallel)
+
+
+def make_strategy(config: ExperimentConfig):
+    """The Lightning strategy for one rank; its ranks and device come from Ray Train."""
+    from ._ray_lightning import RayDDPStrategy, RayDeepSpeedStrategy, RayFSDPStrategy, RayTrainEnvironment
+
+    environment = RayTrainEnvironment()
+    name = strategy_name(config)
+    if name == "fsdp":
+        return RayFSDPStrategy(cluster_environment=environment)
+    if name == "deepspeed":
+        return RayDeepSpeedStrategy(stage=config.trainer.deepspeed_stage, cluster_environment=environment)
+    return RayDDPStrategy(cluster_environment=environment)

@@ -1,0 +1,118 @@
+"""Resource feasibility and distributed settings, checked before anything starts."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from conftest import run_cli, shrunk_example, write_yaml
+from hpsearch.search.config_loading import load_config
+from hpsearch.search.devices import precision_fallback_warning
+from hpsearch.search.distributed import check_strategy_available, driver_resources, strategy_name
+from hpsearch.search.errors import ConfigError, ResourceError
+from hpsearch.search.resources import concurrent_trials_capacity
+
+TWO_CPUS = [{"Alive": True, "Resources": {"CPU": 2.0, "memory": 1e9}}]
+CLUSTER = [
+    {"Alive": True, "Resources": {"CPU": 8.0}},
+    {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 4.0}},
+    {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}},  # a dead node counts for nothing
+]
+
+
+def resources(example_config, **values):
+    example_config["resources"] = values
+    return load_config(example_config).resources
+
+
+def test_two_one_cpu_trials_fit_two_cpus(example_config):
+    assert concurrent_trials_capacity(resources(example_config, cpus_per_trial=1), TWO_CPUS) == 2
+
+
+def test_a_trial_larger_than_any_node_is_refused_with_the_numbers(example_config):
+    with pytest.raises(ResourceError, match=r"needs 4 CPU\(s\) on one node, but the largest node has 2 CPUs"):
+        concurrent_trials_capacity(resources(example_config, cpus_per_trial=4), TWO_CPUS)
+
+
+def test_a_gpu_trial_on_a_cpu_only_cluster_is_refused(example_config):
+    with pytest.raises(ResourceError, match=r"1 GPU\(s\) on one node, but the largest node has 2 CPUs and 0 GPUs"):
+        concurrent_trials_capacity(resources(example_config, gpus_per_trial=1), TWO_CPUS)
+
+
+def test_more_workers_than_the_cluster_holds_is_refused(example_config):
+    config = resources(example_config, workers_per_trial=3, cpus_per_worker=1)
+    with pytest.raises(ResourceError, match=r"needs 3 workers of 1 CPU\(s\) = 3 CPUs, but the cluster can hold only 2"):
+        concurrent_trials_capacity(config, TWO_CPUS)
+
+
+def test_workers_of_one_trial_may_span_nodes_and_gpus_are_counted(example_config):
+    config = resources(example_config, workers_per_trial=4, cpus_per_worker=4, gpus_per_worker=1)
+    assert concurrent_trials_capacity(config, CLUSTER) == 1
+    fractional = resources(example_config, cpus_per_trial=2, gpus_per_trial=0.5)
+    assert concurrent_trials_capacity(fractional, CLUSTER) == 8
+
+
+def test_distributed_trials_hold_no_cpu_for_their_driver():
+    assert driver_resources()["cpu"] == 0 and driver_resources()["memory"] > 0
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"trainer": {"strategy": "ddp"}}, "needs resources.workers_per_trial > 1"),
+    ({"trainer": {"strategy": "fsdp"}, "resources": {"workers_per_trial": 2}}, "shards over GPUs"),
+    ({"resources": {"gpus_per_worker": 1.5, "workers_per_trial": 2}}, "must be whole"),
+])
+def test_inconsistent_distributed_settings_are_config_errors(example_config, settings, message):
+    for section, values in settings.items():
+        example_config[section] = {**example_config.get(section, {}), **values}
+    with pytest.raises(ConfigError, match=message):
+        load_config(example_config)
+
+
+def test_strategy_cannot_be_searched(example_config):
+    example_config["space"]["trainer.strategy"] = {"type": "categorical", "choices": ["ddp", "fsdp"]}
+    with pytest.raises(ConfigError, match="changes speed, not results"):
+        load_config(example_config)
+
+
+def test_strategy_names(example_config):
+    assert strategy_name(load_config(example_config)) == "single"
+    example_config["resources"] = {"workers_per_trial": 2}
+    assert strategy_name(load_config(example_config)) == "ddp"
+
+
+def test_deepspeed_without_the_package_says_how_to_install_it(example_config, monkeypatch):
+    import importlib.util
+
+    example_config["trainer"]["strategy"] = "deepspeed"
+    example_config["resources"] = {"workers_per_trial": 2, "gpus_per_worker": 1}
+    config = load_config(example_config)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'hpsearch\[deepspeed\]'"):
+        check_strategy_available(config)
+
+
+def test_fp16_on_cpu_trials_warns_once_in_the_driver(example_config):
+    example_config["trainer"]["precision"] = "16-mixed"
+    config = load_config(example_config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        precision_fallback_warning(config.trainer, config.resources)
+    assert len(caught) == 1 and "'bf16-mixed' instead" in str(caught[0].message)
+    example_config["resources"] = {"gpus_per_trial": 1}
+    gpu = load_config(example_config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        precision_fallback_warning(gpu.trainer, gpu.resources)
+    assert caught == []
+
+
+@pytest.mark.e2e
+def test_the_cli_refuses_an_oversized_trial_before_any_trial_starts(tmp_path):
+    config = shrunk_example(tmp_path / "runs", **{"resources/cpus_per_trial": 64})
+    path = write_yaml(tmp_path / "exp.yaml", config)
+    result = run_cli("run", str(path), cwd=tmp_path, timeout=180)
+    assert result.returncode == 1, result.stderr
+    assert "needs 64 CPU(s) on one node, but the largest node has" in result.stderr
+    assert not (tmp_path / "runs").exists()
