@@ -10,16 +10,21 @@ directory -> search session (Optuna + ASHA over Lightning trials) -> best.json.
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .config import ExperimentConfig
 from .config_loading import load_config
-from .errors import ConfigError
+from .errors import ConfigError, HpsearchError, Interrupted
 from .experiment import ExperimentDir, write_config
+from .study_lock import study_lock
 from .trials_table import read_rows
 
 # Changing these on resume would make the study's history meaningless.
@@ -63,8 +68,9 @@ def run(
     start_ray(config, address, verbose)
     concurrency = _plan(config)
     exp = ExperimentDir.create(config.storage, config.name)
-    write_config(exp, config.model_dump(mode="json"))
-    return _search(config, exp, verbose, concurrency)
+    with study_lock(exp):
+        write_config(exp, config.model_dump(mode="json"))
+        return _search(config, exp, verbose, concurrency)
 
 
 def resume(
@@ -77,6 +83,11 @@ def resume(
     """Continue an interrupted study: finished trials stay, interrupted ones continue from
     their checkpoints, and the sampler continues from the study's history."""
     exp = ExperimentDir.existing(experiment_dir)
+    with study_lock(exp):
+        return _resume_locked(exp, overrides, address, verbose)
+
+
+def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool) -> SearchResult:
     stored = load_config(exp.config_file)
     config = load_config(exp.config_file, overrides)
     changed = [k for k in FROZEN_ON_RESUME if getattr(stored, k) != getattr(config, k)]
@@ -121,10 +132,41 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     from .tuner import run_session
 
     started = time.monotonic()
-    complete = run_session(config, exp, verbose, concurrency)
+    try:
+        with _sigterm_as_interrupt():
+            complete = run_session(config, exp, verbose, concurrency)
+    except KeyboardInterrupt:
+        # A second Ctrl+C: Tune stopped at once. Everything finished is on disk.
+        raise Interrupted(exp.root) from None
+    except Exception as exc:
+        raise _user_error_in(exc) or exc
     best = finalize(config, exp) if exp.trials_csv.is_file() else None
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     return SearchResult(exp.root, complete, best, trials, time.monotonic() - started)
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (a scheduler's or a pre-emption's stop) stops gracefully, like Ctrl+C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _user_error_in(exc: BaseException) -> HpsearchError | None:
+    """An hpsearch error raised inside Ray Tune (e.g. a full disk in a callback), unwrapped."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, HpsearchError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _as_mapping(overrides: Iterable[str] | Mapping[str, Any]) -> Mapping[str, Any]:

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import warnings
 
-    from .errors import ConfigError, HpsearchError
+    from .errors import ConfigError, HpsearchError, Interrupted
 
     # hpsearch's own warnings read as one line, like its errors.
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except Interrupted as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_INTERRUPTED
     except HpsearchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -53,3 +53,12 @@ class ResourceError(HpsearchError):
 
 class ExperimentError(HpsearchError):
     """An experiment directory is missing, locked, or not an hpsearch experiment."""
+
+
+class Interrupted(HpsearchError):
+    """The search was stopped (Ctrl+C, SIGTERM) before the study was complete; it can be resumed."""
+
+    def __init__(self, experiment_dir) -> None:
+        self.experiment_dir = experiment_dir
+        super().__init__(f"search interrupted; finished trials are kept. Continue it with:\n"
+                         f"  hpsearch resume {experiment_dir}")

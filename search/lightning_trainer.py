@@ -13,8 +13,7 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from .config import TrainerConfig
 from .devices import TrialDevice
 
-BEST_CHECKPOINT = "best.ckpt"
-LAST_CHECKPOINT = "last.ckpt"
+from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
 
 
 def quiet_lightning() -> None:
@@ -23,10 +22,6 @@ def quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     for message in (".*does not have many workers.*", ".*LeafSpec.*", ".*litlogger.*", ".*litmodels.*"):
         warnings.filterwarnings("ignore", message=message)
-
-
-def checkpoint_dir(trial_dir: Path) -> Path:
-    return trial_dir / "checkpoints"
 
 
 def build_trainer(
@@ -40,7 +35,8 @@ def build_trainer(
     callbacks: list[pl.Callback],
     strategy="auto",
 ) -> pl.Trainer:
-    """Checkpoints keep the best epoch (for the final evaluation) and the last (for resume).
+    """Checkpoints keep the best epoch (for the final evaluation) and the two newest (for
+    resume, see ``checkpoints.py``).
 
     Checkpointing and early stopping act at the end of validation, which Lightning runs
     before ``on_train_epoch_end``: so when ``TuneReporter`` reports there, this epoch's
@@ -50,8 +46,11 @@ def build_trainer(
     all_callbacks = list(callbacks)
     all_callbacks.append(ModelCheckpoint(
         dirpath=checkpoint_dir(trial_dir), filename=Path(BEST_CHECKPOINT).stem, monitor=metric, mode=mode,
-        save_top_k=1, save_last=True, enable_version_counter=False,
-        save_on_train_epoch_end=False,
+        save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=False,
+    ))
+    all_callbacks.append(ModelCheckpoint(
+        dirpath=checkpoint_dir(trial_dir), filename="epoch-{epoch:04d}", auto_insert_metric_name=False,
+        monitor="step", mode="max", save_top_k=2, enable_version_counter=False, save_on_train_epoch_end=False,
     ))
     if settings.early_stopping_patience is not None:
         all_callbacks.append(EarlyStopping(

@@ -19,6 +19,7 @@ EPOCH = "epoch"
 FINISHED = "hps_finished"
 STOP_REASON = "hps_stop_reason"
 TRIAL_NUMBER = "hps_trial_number"
+FAILURE = "hps_failure"  # set by a trial that ended on a fault a retry cannot fix (NaN, OOM)
 
 
 @dataclass
@@ -41,6 +42,8 @@ def classify(trial_id: str, result: Mapping[str, Any] | None, error: bool, metri
     """The final state of a trial and a one-line reason a person can read."""
     if error:
         return Outcome(FAILED, "error")
+    if result and result.get(FAILURE):
+        return Outcome(FAILED, str(result[FAILURE]))
     if result and result.get(FINISHED):
         return Outcome(COMPLETE, str(result.get(STOP_REASON) or "finished"))
     value = (result or {}).get(metric)

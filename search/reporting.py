@@ -25,6 +25,10 @@ class MetricNotLoggedError(HpsearchError):
     """The search metric was not among the metrics logged at validation."""
 
 
+class NonFiniteError(HpsearchError):
+    """The training loss or the search metric became NaN or infinite; retrying would repeat it."""
+
+
 class TuneReporter(pl.Callback):
     """Reports the epoch's metrics, telemetry and stop decision through ``report``."""
 
@@ -39,6 +43,8 @@ class TuneReporter(pl.Callback):
         self.report = report
         self.static_fields = dict(static_fields)
         self.best: float | None = None
+        self.reported = False
+        self._validated = False
         self._epoch_started = 0.0
         self._train_samples = 0
         self._train_seconds = 0.0
@@ -47,6 +53,10 @@ class TuneReporter(pl.Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._epoch_started = time.perf_counter()
         self._train_samples, self._train_seconds = 0, 0.0
+        self._validated = False
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._validated = not trainer.sanity_checking
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._batch_started = time.perf_counter()
@@ -54,11 +64,33 @@ class TuneReporter(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._train_seconds += time.perf_counter() - self._batch_started
         self._train_samples += _batch_size(batch)
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1 and not torch.isfinite(loss):
+            raise NonFiniteError(f"NaN/inf loss ({float(loss)}) at step {trainer.global_step}, "
+                                 f"epoch {trainer.current_epoch + 1}")
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or not self._validated:
+            # No validation ran in this epoch (e.g. the tail of an epoch whose checkpoint a
+            # resumed trial started from): nothing new to report.
             return
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if _is_scalar(v)}
+        metrics = self._checked(trainer, trainer.callback_metrics)
+        if metrics is None:
+            return
+        epoch = trainer.current_epoch + 1
+        finished = bool(trainer.should_stop) or epoch >= self.max_epochs
+        self._send(trainer, metrics, epoch, finished, time.perf_counter() - self._epoch_started)
+
+    def report_restored(self, trainer: pl.Trainer, validation_metrics) -> None:
+        """Report a resumed trial that had nothing left to train (its last checkpoint was
+        its final epoch), from a fresh validation of the restored weights."""
+        metrics = self._checked(trainer, validation_metrics)
+        if metrics is not None:
+            self._send(trainer, metrics, trainer.current_epoch, True, 0.0)
+
+    def _checked(self, trainer: pl.Trainer, logged) -> dict[str, float] | None:
+        """The logged scalars, after checking the search metric is there and finite."""
+        metrics = {k: float(v) for k, v in logged.items() if _is_scalar(v)}
         if self.metric not in metrics:
             if trainer.global_rank == 0:
                 raise MetricNotLoggedError(
@@ -66,20 +98,33 @@ class TuneReporter(pl.Callback):
                     f"{', '.join(sorted(metrics)) or 'nothing'}. Log it with self.log({self.metric!r}, ...) "
                     "in validation_step, or change 'metric' in the experiment file."
                 )
-            return
-        value = metrics[self.metric]
-        if math.isfinite(value) and (self.best is None or (value > self.best if self.mode == "max" else value < self.best)):
-            self.best = value
-        epoch = trainer.current_epoch + 1
-        finished = bool(trainer.should_stop) or epoch >= self.max_epochs
-        reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if trainer.should_stop else "")
-        epoch_seconds = time.perf_counter() - self._epoch_started
+            return None
+        if not math.isfinite(metrics[self.metric]):
+            raise NonFiniteError(f"{self.metric} is {metrics[self.metric]} at epoch {trainer.current_epoch + 1}")
+        return metrics
+
+    def _best_so_far(self, trainer: pl.Trainer, value: float) -> float:
+        """The trial's best value, earlier sessions included: the best-checkpoint callback's
+        score (restored with the checkpoint) when it watches the search metric."""
+        best = value
+        callback = trainer.checkpoint_callback
+        if callback is not None and getattr(callback, "monitor", None) == self.metric \
+                and callback.best_model_score is not None:
+            best = float(callback.best_model_score)
+        if self.best is not None:
+            best = max(best, self.best) if self.mode == "max" else min(best, self.best)
+        return max(best, value) if self.mode == "max" else min(best, value)
+
+    def _send(self, trainer: pl.Trainer, metrics: dict[str, float], epoch: int, finished: bool,
+              epoch_seconds: float) -> None:
+        self.best = self._best_so_far(trainer, metrics[self.metric])
+        reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if finished else "")
         metrics.update(self.static_fields)
         metrics.update({
             EPOCH: epoch,
             FINISHED: finished,
             STOP_REASON: reason,
-            "hps_best": self.best if self.best is not None else float("nan"),
+            "hps_best": self.best,
             "hps_epoch_time_s": epoch_seconds,
             "hps_train_time_s": self._train_seconds,
             "hps_samples_per_s": self._train_samples * trainer.world_size / self._train_seconds
@@ -87,8 +132,13 @@ class TuneReporter(pl.Callback):
         })
         if trainer.global_rank == 0:
             self._log_search_metric(trainer, epoch)
+            if trainer.logger is not None:
+                # Events reach disk before the report: a driver killed right after it
+                # must not leave TensorBoard missing epochs the study has.
+                trainer.logger.experiment.flush()
         if trainer.global_rank == 0 or self.report_on_every_rank:
             self.report(metrics)
+            self.reported = True
 
     def _log_search_metric(self, trainer: pl.Trainer, epoch: int) -> None:
         """``hp/<metric>``: the best value so far, the column HParams compares trials by."""

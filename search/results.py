@@ -6,7 +6,7 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .experiment import ExperimentDir, trial_name, write_json
-from .lightning_trainer import BEST_CHECKPOINT, checkpoint_dir
+from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
 from .trials_table import TrialsTable
 
 

@@ -10,6 +10,7 @@ to safely and which optuna-dashboard opens as is; its Ray checkpoint is only a m
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,29 @@ STUDY_FILE = "optuna.journal"
 RAY_TRIAL_ID = "ray_trial_id"
 
 
+def repair_journal(path: Path) -> int:
+    """Drop a torn last record (a crash or full disk mid-append); returns the bytes dropped.
+
+    Optuna skips a torn last line when reading, but the next append would land after it
+    and make the whole journal unreadable; cutting it first keeps every whole record.
+    """
+    if not path.is_file():
+        return 0
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return 0
+    keep = data.rfind(b"\n") + 1
+    with path.open("r+b") as handle:
+        handle.truncate(keep)
+    warnings.warn(f"{path.name}: dropped a torn last record ({len(data) - keep} bytes) left by an interruption",
+                  stacklevel=2)
+    return len(data) - keep
+
+
 def open_study(experiment_dir: Path, study_name: str, mode: str, sampler=None) -> optuna.Study:
     """The experiment's study (created on first use); the same call serves the CLI readers."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    repair_journal(experiment_dir / STUDY_FILE)
     storage = JournalStorage(JournalFileBackend(str(experiment_dir / STUDY_FILE)))
     return optuna.create_study(
         study_name=study_name, storage=storage, sampler=sampler, load_if_exists=True,
@@ -81,7 +103,6 @@ class OptunaSearcher(Searcher):
     @property
     def study(self) -> optuna.Study:
         if self._study is None:
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
             existing = open_study(self.experiment_dir, self.config.name, self.config.mode)
             offset = len(existing.get_trials(deepcopy=False))
             self._study = open_study(self.experiment_dir, self.config.name, self.config.mode,
@@ -95,6 +116,23 @@ class OptunaSearcher(Searcher):
                     # own checkpoint instead of being lost or duplicated.
                     self._to_resume.append(trial.number)
         return self._study
+
+    def finished_trials(self) -> list[dict[str, Any]]:
+        """Finished trials as trials-table fields: the study is the source of truth for them."""
+        states = {TrialState.COMPLETE: COMPLETE, TrialState.PRUNED: PRUNED, TrialState.FAIL: FAILED}
+        finished = []
+        for trial in self.study.get_trials(deepcopy=False):
+            if trial.state in states:
+                values = [v for v in trial.intermediate_values.values() if math.isfinite(v)]
+                finished.append({
+                    "trial": trial.number, "state": states[trial.state],
+                    "reason": trial.user_attrs.get(STOP_REASON, ""),
+                    **({"best": trial.value} if trial.value is not None else {}),
+                    **({"last": trial.intermediate_values[max(trial.intermediate_values)]} if values else {}),
+                    **({"epochs": trial.user_attrs[EPOCH]} if EPOCH in trial.user_attrs else {}),
+                    **trial.params,
+                })
+        return finished
 
     def history(self) -> dict[int, dict[int, float]]:
         """Every trial's reported metric by epoch, for seeding ASHA's rungs on resume."""

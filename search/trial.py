@@ -8,6 +8,8 @@ and epoch continue rather than restart.
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +19,10 @@ from .components import build_datamodule, build_model, resolve_class
 from .config import ExperimentConfig
 from .devices import trial_device
 from .experiment import ExperimentDir, trial_name
-from .lightning_trainer import LAST_CHECKPOINT, build_trainer, checkpoint_dir, quiet_lightning
-from .outcome import TRIAL_NUMBER
-from .reporting import TuneReporter
+from .checkpoints import latest_good_checkpoint
+from .lightning_trainer import build_trainer, quiet_lightning
+from .outcome import EPOCH, FAILURE, FINISHED, TRIAL_NUMBER
+from .reporting import NonFiniteError, TuneReporter
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     number = int(trial_config[TRIAL_NUMBER])
     trial_dir = ExperimentDir(Path(experiment_dir)).trial_dir(trial_name(number))
     trial_dir.mkdir(parents=True, exist_ok=True)
+    # User code may want to know which trial it is part of (e.g. to write files beside it).
+    os.environ["HPSEARCH_TRIAL_NUMBER"], os.environ["HPSEARCH_TRIAL_DIR"] = str(number), str(trial_dir)
     quiet_lightning()
 
     import pytorch_lightning as pl
@@ -63,7 +68,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     datamodule = build_datamodule(config, resolve_class("data", config.data.class_path), params,
                                   device.loader_options)
     model = build_model(config, resolve_class("model", config.model.class_path), params, datamodule)
-    resume_from = _resume_checkpoint(trial_dir)
+    resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
     static_fields = {
         TRIAL_NUMBER: number,
         "hps_trial_dir": str(trial_dir),
@@ -74,6 +79,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         "hps_num_workers": getattr(datamodule, "effective_num_workers", device.loader_options["num_workers"]),
         "hps_pin_memory": device.loader_options["pin_memory"],
         "hps_resumed": resume_from is not None,
+        "hps_notes": "; ".join(checkpoint_notes),
     }
     reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
                             report=_timed(report, started), static_fields=static_fields,
@@ -82,7 +88,16 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir, callbacks=[reporter],
                             strategy=parallel.strategy)
-    trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+        if resume_from is not None and not reporter.reported:
+            reporter.report_restored(trainer, _validate_quietly(model, datamodule, device))
+    except Exception as exc:
+        reason = _failure_reason(exc)
+        if reason is None:
+            raise  # Tune retries it from the last checkpoint (failure.max_retries)
+        # Not worth a retry: end the trial as failed, with the reason, and let the search go on.
+        report({**static_fields, FAILURE: reason, FINISHED: True, EPOCH: trainer.current_epoch})
 
 
 def _timed(report: Callable[[dict], None], started: float) -> Callable[[dict], None]:
@@ -98,6 +113,24 @@ def _timed(report: Callable[[dict], None], started: float) -> Callable[[dict], N
     return timed_report
 
 
-def _resume_checkpoint(trial_dir: Path) -> Path | None:
-    last = checkpoint_dir(trial_dir) / LAST_CHECKPOINT
-    return last if last.is_file() and last.stat().st_size > 0 else None
+def _validate_quietly(model, datamodule, device) -> dict[str, Any]:
+    """Validation metrics of the model as it is, logging nothing (TensorBoard already has them)."""
+    import pytorch_lightning as pl
+
+    trainer = pl.Trainer(accelerator=device.accelerator, devices=1, precision=device.precision, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.validate(model, datamodule=datamodule, verbose=False)
+    return dict(trainer.callback_metrics)
+
+
+def _failure_reason(exc: BaseException) -> str | None:
+    """A one-line reason for faults that a retry cannot fix; None for those it might."""
+    import torch
+
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return f"OOM: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'out of memory'}"[:300]
+    if isinstance(exc, NonFiniteError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"disk full: {exc}"[:300]
+    return None

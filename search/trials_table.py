@@ -18,7 +18,8 @@ from .experiment import atomic_write_text
 FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
 TELEMETRY_COLUMNS = (
     "epoch_time_s", "samples_per_s", "first_result_s", "device", "precision",
-    "world_size", "strategy", "num_workers", "pin_memory", "resumed", "error", "trial_dir", "ray_trial_id",
+    "world_size", "strategy", "num_workers", "pin_memory", "resumed", "attempts", "error", "notes",
+    "trial_dir", "ray_trial_id",
 )
 # Result keys reported by the trial, by the column they fill.
 RESULT_TO_COLUMN = {
@@ -33,6 +34,7 @@ RESULT_TO_COLUMN = {
     "hps_pin_memory": "pin_memory",
     "hps_resumed": "resumed",
     "hps_trial_dir": "trial_dir",
+    "hps_notes": "notes",
 }
 
 

@@ -36,6 +36,14 @@ class TrialsTableRecorder(Callback):
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         row = self._row(trial)
         row["state"], row["reason"] = RUNNING, ""
+        row["attempts"] = row.get("attempts") or 1
+        self._write(force=True)
+
+    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
+        """A failed trial about to be retried from its last checkpoint."""
+        row = self._row(trial)
+        row["attempts"] = int(row.get("attempts") or 1) + 1
+        row["error"] = _last_error_line(trial)
         self._write(force=True)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -57,6 +65,8 @@ class TrialsTableRecorder(Callback):
         row = self._row(trial)
         outcome = classify(trial.trial_id, trial.last_result, False, self.table.metric, self.prunes)
         row["state"], row["reason"] = outcome.state, outcome.reason
+        if outcome.state == FAILED:
+            row["error"] = outcome.reason
         self._write(force=True)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:

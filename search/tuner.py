@@ -20,7 +20,9 @@ from .trials_table import TrialsTable
 # loggers of its own (hpsearch writes TensorBoard where users look for it), and trials
 # keep the working directory they started in, so relative paths in a config resolve.
 RAY_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": "0", "RAY_AIR_NEW_OUTPUT": "0",
-           "RAY_TRAIN_V2_ENABLED": "1"}
+           "RAY_TRAIN_V2_ENABLED": "1",
+           # A trial that ends on a fault reports once without the metric (see trial.py).
+           "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}
 
 
 def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> None:
@@ -81,6 +83,10 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     if isinstance(scheduler, StudyASHA):
         scheduler.seed_rungs(searcher.history())
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
+    # trials.csv may lag the study (a crash or full disk between the two writes): the
+    # study's finished trials win.
+    for fields in searcher.finished_trials():
+        table.row(fields["trial"]).update(fields)
     callbacks = [TrialsTableRecorder(table, exp.trials_csv, prunes),
                  ProgressDisplay(table, searcher.trial_limit)]
     if config.resources.distributed:

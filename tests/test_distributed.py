@@ -69,6 +69,6 @@ def test_only_rank_zero_wrote_logs_and_checkpoints(ddp_search):
     exp_dir, _, _ = ddp_search
     for trial_dir in sorted((exp_dir / "trials").iterdir()):
         assert len(list(trial_dir.glob("events.out.tfevents.*"))) == 1, trial_dir
-        assert sorted(p.name for p in (trial_dir / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+        assert sorted(p.name for p in (trial_dir / "checkpoints").iterdir()) == ["best.ckpt", "epoch-0000.ckpt", "epoch-0001.ckpt"]
     best = json.loads((exp_dir / "best.json").read_text())
     assert best["state"] == "COMPLETE" and best["checkpoint"].endswith("best.ckpt")

@@ -60,7 +60,7 @@ def test_bf16_mixed_trains_on_cpu(tmp_path, example_config):
                             trial_dir=tmp_path / "trial", callbacks=[])
     trainer.fit(model, datamodule=dm)
     assert device.precision == "bf16-mixed" and str(trainer.precision) == "bf16-mixed"
-    assert (tmp_path / "trial" / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "trial" / "checkpoints" / "epoch-0000.ckpt").is_file()
 
 
 def test_preflight_names_a_metric_the_model_never_logs(example_config):

@@ -1,0 +1,49 @@
+"""A trial's checkpoints on disk: the best epoch, and the two newest epochs for resume.
+
+Two newest, not one: a checkpoint cut short by a crash or a full disk must not cost
+the trial its progress. Resume takes the newest checkpoint that reads back whole and
+moves a damaged one aside (``*.corrupt``), with a warning, rather than failing.
+"""
+
+from __future__ import annotations
+
+import warnings
+import zipfile
+from pathlib import Path
+
+BEST_CHECKPOINT = "best.ckpt"
+EPOCH_PATTERN = "epoch-*.ckpt"
+
+
+def checkpoint_dir(trial_dir: Path) -> Path:
+    return trial_dir / "checkpoints"
+
+
+def epoch_checkpoints(trial_dir: Path) -> list[Path]:
+    """Epoch checkpoints, newest first (names sort by their zero-padded epoch)."""
+    return sorted(checkpoint_dir(trial_dir).glob(EPOCH_PATTERN), reverse=True)
+
+
+def is_readable(path: Path) -> bool:
+    """torch.save writes a zip archive: a cut-off or emptied file fails its CRC check."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (OSError, zipfile.BadZipFile, EOFError):
+        return False
+
+
+def latest_good_checkpoint(trial_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest readable epoch checkpoint, and a note for each damaged one set aside."""
+    notes: list[str] = []
+    for path in epoch_checkpoints(trial_dir):
+        if is_readable(path):
+            return path, notes
+        aside = path.with_suffix(".corrupt")
+        path.replace(aside)
+        note = f"checkpoint {path.name} is damaged (moved to {aside.name}); resuming from an older one"
+        warnings.warn(note, stacklevel=2)
+        notes.append(note)
+    if notes:
+        notes.append("no readable checkpoint left: the trial restarts from its first epoch")
+    return None, notes

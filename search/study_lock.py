@@ -1,0 +1,52 @@
+"""One driver per study: an OS file lock in the experiment directory.
+
+``filelock`` takes an ``flock`` on ``.driver.lock``; the kernel drops it when its
+process dies however it dies, so a lock left by a killed driver is reclaimed by the
+next one without any staleness guesswork. ``driver.json`` beside it says who holds it,
+so the refusal can name the holder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from filelock import FileLock, Timeout
+
+from .errors import ExperimentError
+from .experiment import ExperimentDir, write_json
+
+LOCK_FILE = ".driver.lock"
+HOLDER_FILE = "driver.json"
+
+
+@contextmanager
+def study_lock(exp: ExperimentDir) -> Iterator[None]:
+    """Hold the study for this process, or raise ``ExperimentError`` naming the holder."""
+    lock = FileLock(str(exp.root / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ExperimentError(f"{exp.root} is already being searched by {_holder(exp)}; "
+                              "wait for it to finish or stop it first") from None
+    try:
+        write_json(exp.root / HOLDER_FILE, {
+            "pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(sys.argv),
+        })
+        yield
+    finally:
+        lock.release()
+
+
+def _holder(exp: ExperimentDir) -> str:
+    try:
+        info = json.loads((exp.root / HOLDER_FILE).read_text())
+        return f"pid {info['pid']} on {info['host']} (since {info['since']}: {info['command']})"
+    except (OSError, ValueError, KeyError):
+        return "another process"

@@ -1,0 +1,100 @@
+"""Durability pieces without Ray: atomic writes, the study lock, journal repair, checkpoint fallback."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hpsearch.search.checkpoints import latest_good_checkpoint
+from hpsearch.search.errors import ExperimentError, HpsearchError
+from hpsearch.search.experiment import ExperimentDir, atomic_write_text
+from hpsearch.search.searcher import repair_journal
+from hpsearch.search.study_lock import study_lock
+
+
+def test_atomic_write_keeps_the_old_file_when_the_disk_is_full(tmp_path, monkeypatch):
+    target = tmp_path / "best.json"
+    atomic_write_text(target, "old")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(HpsearchError, match="disk full while writing .*best.json"):
+        atomic_write_text(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["best.json"]
+
+
+def test_a_second_driver_is_refused_naming_the_holder(tmp_path):
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    with study_lock(exp):
+        holder = json.loads((exp.root / "driver.json").read_text())
+        assert holder["pid"] == os.getpid()
+        with pytest.raises(ExperimentError, match=f"already being searched by pid {os.getpid()}"):
+            with study_lock(exp):
+                pass
+    with study_lock(exp):  # released on exit: the next driver gets it
+        pass
+
+
+def test_a_lock_left_by_a_killed_process_is_reclaimed(tmp_path):
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path\n"
+        "from hpsearch.search.experiment import ExperimentDir\n"
+        "from hpsearch.search.study_lock import study_lock\n"
+        f"exp = ExperimentDir(Path({str(exp.root)!r}))\n"
+        "with study_lock(exp):\n    print('held', flush=True); time.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(ExperimentError):
+        with study_lock(exp):
+            pass
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    with study_lock(exp):
+        assert json.loads((exp.root / "driver.json").read_text())["pid"] == os.getpid()
+
+
+def test_a_torn_journal_record_is_cut_and_the_study_still_opens(tmp_path):
+    from hpsearch.search.searcher import STUDY_FILE, open_study
+
+    study = open_study(tmp_path, "s", "max")
+    study.add_trial(__import__("optuna").trial.create_trial(value=1.0, params={}, distributions={}))
+    journal = tmp_path / STUDY_FILE
+    whole = journal.read_bytes()
+    journal.write_bytes(whole + b'{"op_code": 4, "worker_id": "x", "trial_i')  # cut mid-append
+    with pytest.warns(UserWarning, match="torn last record"):
+        assert repair_journal(journal) > 0
+    assert journal.read_bytes() == whole
+    reopened = open_study(tmp_path, "s", "max")
+    reopened.add_trial(__import__("optuna").trial.create_trial(value=2.0, params={}, distributions={}))
+    assert [t.value for t in open_study(tmp_path, "s", "max").trials] == [1.0, 2.0]
+
+
+def test_resume_takes_the_newest_readable_checkpoint(tmp_path):
+    import torch
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for epoch in (0, 1):
+        torch.save({"epoch": epoch}, folder / f"epoch-{epoch:04d}.ckpt")
+    assert latest_good_checkpoint(tmp_path) == (folder / "epoch-0001.ckpt", [])
+    data = (folder / "epoch-0001.ckpt").read_bytes()
+    (folder / "epoch-0001.ckpt").write_bytes(data[: len(data) // 2])  # cut short
+    with pytest.warns(UserWarning, match="damaged"):
+        path, notes = latest_good_checkpoint(tmp_path)
+    assert path == folder / "epoch-0000.ckpt" and len(notes) == 1
+    assert (folder / "epoch-0001.corrupt").exists()
+    (folder / "epoch-0000.ckpt").write_bytes(b"")
+    with pytest.warns(UserWarning):
+        path, notes = latest_good_checkpoint(tmp_path)
+    assert path is None and "restarts from its first epoch" in notes[-1]

@@ -1,0 +1,220 @@
+"""Fault injection on real processes: the CLI is killed, interrupted, fed failing trials,
+damaged checkpoints and a full disk; the study must lose nothing and finish on resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, write_yaml
+
+pytestmark = pytest.mark.e2e
+NUM_TRIALS = 8
+
+
+def experiment(root: Path, name: str, **model_args) -> Path:
+    shutil.copytree(FIXTURES / "userpkg", root / "userpkg", dirs_exist_ok=True)
+    (root / "markers").mkdir(exist_ok=True)
+    config = {
+        "name": name,
+        "model": {"class_path": "userpkg.faulty:FaultyCNN",
+                  "init_args": {"channels": 8, "marker_dir": str(root / "markers"), **model_args}},
+        "data": {"class_path": "digits", "init_args": {"batch_size": 128}},
+        "space": {"model.lr": {"type": "float", "low": 1e-3, "high": 0.05, "log": True},
+                  "data.batch_size": {"type": "int", "low": 64, "high": 256, "log": True}},
+        "metric": "val_acc", "mode": "max",
+        "search": {"num_trials": NUM_TRIALS, "max_concurrent": 2, "sampler": "random", "seed": 0},
+        "scheduler": {"type": "none", "max_epochs": 3},
+        "trainer": {"early_stopping_patience": None},
+        "failure": {"max_retries": 2},
+        "storage": "runs",
+    }
+    return write_yaml(root / f"{name}.yaml", config)
+
+
+def start(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def finish(process: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out + err
+
+
+def rows(exp_dir: Path) -> list[dict]:
+    path = exp_dir / "trials.csv"
+    return list(csv.DictReader(path.open())) if path.is_file() else []
+
+
+def wait_for(condition, timeout: float = 240, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def finished(exp_dir: Path) -> list[dict]:
+    return [r for r in rows(exp_dir) if r["state"] in ("COMPLETE", "PRUNED", "FAILED")]
+
+
+def study(exp_dir: Path, name: str):
+    from hpsearch.search.searcher import open_study
+
+    return open_study(exp_dir, name, "max")
+
+
+def snapshot(exp_dir: Path, numbers) -> dict:
+    """Files of the given trials, to prove they were not touched (not re-run) later."""
+    return {n: sorted((p.name, p.stat().st_size) for p in (exp_dir / "trials" / f"trial_{n:04d}").rglob("*"))
+            for n in numbers}
+
+
+def tensorboard_steps(trial_dir: Path, tag: str = "val_acc") -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = []
+    for events in sorted(trial_dir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        if tag in accumulator.Tags()["scalars"]:
+            steps += [e.step for e in accumulator.Scalars(tag)]
+    return steps
+
+
+def assert_complete_study(exp_dir: Path, name: str) -> None:
+    table = rows(exp_dir)
+    assert len(table) == NUM_TRIALS and all(r["state"] == "COMPLETE" for r in table), table
+    trials = study(exp_dir, name).trials
+    assert len(trials) == NUM_TRIALS and all(t.state.name == "COMPLETE" for t in trials)
+    params = [tuple(sorted(t.params.items())) for t in trials]
+    assert len(set(params)) == len(params), "a parameter set was sampled twice"
+    for number in range(NUM_TRIALS):
+        steps = tensorboard_steps(exp_dir / "trials" / f"trial_{number:04d}")
+        assert steps == sorted(set(steps)) and len(steps) == 3, (number, steps)
+
+
+def test_sigkill_then_resume_loses_nothing_and_falls_back_from_a_damaged_checkpoint(tmp_path):
+    path = experiment(tmp_path, "killed", epoch_sleep=1.5)
+    exp_dir = tmp_path / "runs" / "killed"
+    driver = start("run", path.name, cwd=tmp_path)
+    wait_for(lambda: len(finished(exp_dir)) >= 2 and any(r["state"] == "RUNNING" and r.get("epochs") for r in rows(exp_dir)),
+             what="two finished trials and one mid-way")
+    driver.send_signal(signal.SIGKILL)
+    driver.communicate(timeout=60)
+    done_before = [int(r["trial"]) for r in finished(exp_dir)]
+    untouched = snapshot(exp_dir, done_before)
+    running = next(int(r["trial"]) for r in rows(exp_dir) if r["state"] == "RUNNING" and r.get("epochs"))
+    checkpoints = sorted((exp_dir / "trials" / f"trial_{running:04d}" / "checkpoints").glob("epoch-*.ckpt"))
+    checkpoints[-1].write_bytes(b"")  # the newest checkpoint is damaged
+
+    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
+    assert code == 0, output
+    assert_complete_study(exp_dir, "killed")
+    assert snapshot(exp_dir, done_before) == untouched  # finished trials were not re-run
+    resumed = next(r for r in rows(exp_dir) if int(r["trial"]) == running)
+    assert resumed["resumed"] == "True"
+    assert "damaged" in resumed["notes"] or len(checkpoints) == 1, resumed
+
+
+def test_ctrl_c_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
+    path = experiment(tmp_path, "interrupted", epoch_sleep=1.0)
+    exp_dir = tmp_path / "runs" / "interrupted"
+    driver = start("run", path.name, cwd=tmp_path)
+    wait_for(lambda: len(finished(exp_dir)) >= 1, what="a finished trial")
+    driver.send_signal(signal.SIGINT)
+    code, output = finish(driver, timeout=120)
+    assert code == 130, output
+    assert f"hpsearch resume {exp_dir}" in output
+    assert 1 <= len(finished(exp_dir)) < NUM_TRIALS
+
+    first = start("resume", str(exp_dir), cwd=tmp_path)
+    wait_for(lambda: json.loads((exp_dir / "driver.json").read_text()).get("pid") == first.pid,
+             what="the first resume to hold the study")
+    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path), timeout=120)
+    assert code == 1 and f"pid {first.pid}" in output and "already being searched" in output, output
+    code, output = finish(first)
+    assert code == 0, output
+    assert_complete_study(exp_dir, "interrupted")
+
+
+def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
+    faults = {"1": "raise_once", "2": "raise_always", "3": "nan", "4": "oom"}
+    path = experiment(tmp_path, "faults", faults=faults)
+    exp_dir = tmp_path / "runs" / "faults"
+    code, output = finish(start("run", path.name, cwd=tmp_path))
+    assert code == 0, output
+    table = {int(r["trial"]): r for r in rows(exp_dir)}
+    assert len(table) == NUM_TRIALS
+
+    once = table[1]  # raised once at epoch 2, retried from its epoch-1 checkpoint
+    assert (once["state"], once["attempts"], once["resumed"]) == ("COMPLETE", "2", "True")
+    assert "injected failure (once)" in once["error"]
+    steps = tensorboard_steps(exp_dir / "trials" / "trial_0001")
+    assert steps == sorted(set(steps)) and len(steps) == 3  # global step continued, epochs not redone
+
+    always = table[2]
+    assert (always["state"], always["attempts"]) == ("FAILED", "3")  # max_retries + 1
+    assert "injected failure (always)" in always["error"]
+    nan, oom = table[3], table[4]
+    assert nan["state"] == "FAILED" and "NaN/inf loss" in nan["reason"] and nan["attempts"] == "1"
+    assert oom["state"] == "FAILED" and nan["attempts"] == "1" and oom["reason"].startswith("OOM")
+    others = [table[n] for n in (0, 5, 6, 7)]
+    assert all(r["state"] == "COMPLETE" for r in others)
+
+    states = {t.number: t.state.name for t in study(exp_dir, "faults").trials}
+    assert [states[n] for n in (1, 2, 3, 4)] == ["COMPLETE", "FAIL", "FAIL", "FAIL"]
+    best = json.loads((exp_dir / "best.json").read_text())
+    assert best["trial"] not in (2, 3, 4) and 0 <= best["value"] <= 1
+    status = subprocess.run([sys.executable, "-m", "hpsearch.search.cli", "status", str(exp_dir)],
+                            capture_output=True, text=True)
+    assert "injected failure (always)" in status.stdout and "OOM" in status.stdout
+
+
+FULL_DISK_DRIVER = """
+import errno, os, sys
+calls = {"n": 0}
+real_fsync = os.fsync
+def fsync(fd):
+    # Only writes of trials.csv see the full disk, after FAIL_AFTER_WRITES good ones.
+    if ".trials.csv." in os.readlink(f"/proc/self/fd/{fd}"):
+        calls["n"] += 1
+        if calls["n"] > int(os.environ["FAIL_AFTER_WRITES"]):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    return real_fsync(fd)
+os.fsync = fsync
+from hpsearch.search.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_full_disk_is_reported_state_stays_loadable_and_resume_completes(tmp_path):
+    path = experiment(tmp_path, "fulldisk")
+    exp_dir = tmp_path / "runs" / "fulldisk"
+    (tmp_path / "full_disk_driver.py").write_text(FULL_DISK_DRIVER)
+    # trials.csv is written to a temporary file, fsynced, then renamed: the fsync fails.
+    result = subprocess.run([sys.executable, "full_disk_driver.py", "run", path.name], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=400,
+                            env={**os.environ, "FAIL_AFTER_WRITES": "6"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "disk full while writing" in result.stderr and "trials.csv" in result.stderr
+    assert rows(exp_dir), "the last good trials.csv must still load"
+    assert not list(exp_dir.glob(".*.tmp")), "no temporary file left behind"
+    study(exp_dir, "fulldisk")  # the Optuna journal loads
+    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
+    assert code == 0, output
+    table = rows(exp_dir)
+    assert len(table) == NUM_TRIALS and all(r["state"] == "COMPLETE" for r in table)
+    assert len(study(exp_dir, "fulldisk").trials) == NUM_TRIALS
