@@ -218,3 +218,18 @@ def test_a_full_disk_is_reported_state_stays_loadable_and_resume_completes(tmp_p
     table = rows(exp_dir)
     assert len(table) == NUM_TRIALS and all(r["state"] == "COMPLETE" for r in table)
     assert len(study(exp_dir, "fulldisk").trials) == NUM_TRIALS
+
+
+def test_ctrl_c_twice_stops_at_once_and_the_study_still_resumes(tmp_path):
+    path = experiment(tmp_path, "twice", epoch_sleep=1.0)
+    exp_dir = tmp_path / "runs" / "twice"
+    driver = start("run", path.name, cwd=tmp_path)
+    wait_for(lambda: len(finished(exp_dir)) >= 1, what="a finished trial")
+    driver.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    driver.send_signal(signal.SIGINT)
+    code, output = finish(driver, timeout=120)
+    assert code == 130 and f"hpsearch resume {exp_dir}" in output, output
+    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
+    assert code == 0, output
+    assert_complete_study(exp_dir, "twice")
