@@ -54,8 +54,11 @@ def run(
     storage: str | None = None,
     address: str | None = None,
     verbose: bool = False,
+    callbacks: Iterable[Any] = (),
 ) -> SearchResult:
-    """Validate the experiment, then search; every config mistake is raised before Ray starts."""
+    """Validate the experiment, then search; every config mistake is raised before Ray starts.
+
+    ``callbacks``: extra ``ray.tune.Callback`` objects (experiment trackers, timing)."""
     extra = dict(_as_mapping(overrides))
     if name is not None:
         extra["name"] = name
@@ -70,7 +73,7 @@ def run(
     exp = ExperimentDir.create(config.storage, config.name)
     with study_lock(exp):
         write_config(exp, config.model_dump(mode="json"))
-        return _search(config, exp, verbose, concurrency)
+        return _search(config, exp, verbose, concurrency, callbacks)
 
 
 def resume(
@@ -79,15 +82,16 @@ def resume(
     *,
     address: str | None = None,
     verbose: bool = False,
+    callbacks: Iterable[Any] = (),
 ) -> SearchResult:
     """Continue an interrupted study: finished trials stay, interrupted ones continue from
     their checkpoints, and the sampler continues from the study's history."""
     exp = ExperimentDir.existing(experiment_dir)
     with study_lock(exp):
-        return _resume_locked(exp, overrides, address, verbose)
+        return _resume_locked(exp, overrides, address, verbose, callbacks)
 
 
-def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool) -> SearchResult:
+def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool, callbacks) -> SearchResult:
     stored = load_config(exp.config_file)
     config = load_config(exp.config_file, overrides)
     changed = [k for k in FROZEN_ON_RESUME if getattr(stored, k) != getattr(config, k)]
@@ -100,7 +104,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     start_ray(config, address, verbose)
     concurrency = _plan(config)
     write_config(exp, config.model_dump(mode="json"))
-    return _search(config, exp, verbose, concurrency)
+    return _search(config, exp, verbose, concurrency, callbacks)
 
 
 def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
@@ -127,14 +131,15 @@ def _plan(config: ExperimentConfig) -> int:
     return plan_concurrency(config, ray.nodes())
 
 
-def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int) -> SearchResult:
+def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int,
+            callbacks: Iterable[Any] = ()) -> SearchResult:
     from .results import finalize
     from .tuner import run_session
 
     started = time.monotonic()
     try:
         with _sigterm_as_interrupt():
-            complete = run_session(config, exp, verbose, concurrency)
+            complete = run_session(config, exp, verbose, concurrency, list(callbacks))
     except KeyboardInterrupt:
         # A second Ctrl+C: Tune stopped at once. Everything finished is on disk.
         raise Interrupted(exp.root) from None

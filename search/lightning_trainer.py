@@ -20,7 +20,8 @@ def quiet_lightning() -> None:
     """Lightning's start-up chatter (devices, TPU/HPU availability, tips) on every trial is noise."""
     for name in ("pytorch_lightning", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    for message in (".*does not have many workers.*", ".*LeafSpec.*", ".*litlogger.*", ".*litmodels.*"):
+    for message in (".*does not have many workers.*", ".*LeafSpec.*", ".*litlogger.*", ".*litmodels.*",
+                    ".*callbacks used to create the checkpoint.*"):
         warnings.filterwarnings("ignore", message=message)
 
 

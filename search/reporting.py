@@ -21,6 +21,12 @@ from .errors import HpsearchError
 from .outcome import EPOCH, FINISHED, STOP_REASON
 
 
+# A trial that waits on its DataLoader for more than this share of its training time
+# is flagged as data-starved (more loader workers, or faster decoding, would help).
+STARVED_SHARE = 0.3
+SPEED_KEYS = ("hps_epoch_time_s", "hps_samples_per_s", "hps_data_wait_s", "hps_val_time_s", "hps_checkpoint_s")
+
+
 class MetricNotLoggedError(HpsearchError):
     """The search metric was not among the metrics logged at validation."""
 
@@ -34,7 +40,7 @@ class TuneReporter(pl.Callback):
 
     def __init__(self, metric: str, mode: str, max_epochs: int, report: Callable[[dict], None],
                  static_fields: dict[str, Any], hparams: dict[str, Any] | None = None,
-                 report_on_every_rank: bool = False) -> None:
+                 report_on_every_rank: bool = False, started: float | None = None) -> None:
         """``hparams``: the sampled values, written once to TensorBoard's HParams dashboard
         together with the first value of the search metric (None when resuming: they are there)."""
         self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
@@ -45,29 +51,45 @@ class TuneReporter(pl.Callback):
         self.best: float | None = None
         self.reported = False
         self._validated = False
-        self._epoch_started = 0.0
-        self._train_samples = 0
-        self._train_seconds = 0.0
-        self._batch_started = 0.0
+        self.started = started if started is not None else time.perf_counter()  # the trial's start
+        self._startup_s: float | None = None
+        self._report_s = 0.0
+        self._epoch_started = self._batch_started = self._last_batch_end = 0.0
+        self._val_started = self._val_seconds = self._checkpoint_started = 0.0
+        self._train_samples, self._train_seconds, self._data_wait = 0, 0.0, 0.0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self._startup_s is None:
+            self._startup_s = time.perf_counter() - self.started
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._epoch_started = time.perf_counter()
-        self._train_samples, self._train_seconds = 0, 0.0
+        self._epoch_started = self._last_batch_end = time.perf_counter()
+        self._train_samples, self._train_seconds, self._data_wait = 0, 0.0, 0.0
+        self._val_seconds = self._checkpoint_started = 0.0
         self._validated = False
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        self._validated = not trainer.sanity_checking
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._batch_started = time.perf_counter()
+        self._data_wait += self._batch_started - self._last_batch_end  # waiting on the DataLoader
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._train_seconds += time.perf_counter() - self._batch_started
+        self._last_batch_end = time.perf_counter()
+        self._train_seconds += self._last_batch_end - self._batch_started
         self._train_samples += _batch_size(batch)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor) and loss.numel() == 1 and not torch.isfinite(loss):
             raise NonFiniteError(f"NaN/inf loss ({float(loss)}) at step {trainer.global_step}, "
                                  f"epoch {trainer.current_epoch + 1}")
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._val_started = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # Checkpoint callbacks run their on_validation_end after this one (Lightning
+        # orders them last): the time until on_train_epoch_end is checkpointing.
+        now = time.perf_counter()
+        self._val_seconds, self._checkpoint_started = now - self._val_started, now
+        self._validated = not trainer.sanity_checking
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
         if trainer.sanity_checking or not self._validated:
@@ -120,6 +142,7 @@ class TuneReporter(pl.Callback):
         self.best = self._best_so_far(trainer, metrics[self.metric])
         reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if finished else "")
         metrics.update(self.static_fields)
+        busy = self._train_seconds + self._data_wait
         metrics.update({
             EPOCH: epoch,
             FINISHED: finished,
@@ -127,17 +150,27 @@ class TuneReporter(pl.Callback):
             "hps_best": self.best,
             "hps_epoch_time_s": epoch_seconds,
             "hps_train_time_s": self._train_seconds,
+            "hps_val_time_s": self._val_seconds,
+            "hps_data_wait_s": self._data_wait,
+            "hps_checkpoint_s": time.perf_counter() - self._checkpoint_started if self._checkpoint_started else 0.0,
+            "hps_report_s": self._report_s,  # the previous report's cost
+            "hps_startup_s": self._startup_s or 0.0,
+            "hps_data_starved": busy > 0 and self._data_wait / busy > STARVED_SHARE,
             "hps_samples_per_s": self._train_samples * trainer.world_size / self._train_seconds
             if self._train_seconds > 0 else 0.0,
         })
         if trainer.global_rank == 0:
             self._log_search_metric(trainer, epoch)
             if trainer.logger is not None:
+                trainer.logger.log_metrics({f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS}, step=epoch)
+            if trainer.logger is not None:
                 # Events reach disk before the report: a driver killed right after it
                 # must not leave TensorBoard missing epochs the study has.
                 trainer.logger.experiment.flush()
         if trainer.global_rank == 0 or self.report_on_every_rank:
+            reporting = time.perf_counter()
             self.report(metrics)
+            self._report_s = time.perf_counter() - reporting
             self.reported = True
 
     def _log_search_metric(self, trainer: pl.Trainer, epoch: int) -> None:

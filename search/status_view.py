@@ -29,19 +29,26 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
         return
     rows = read_rows(exp.trials_csv)
     table = Table(title=f"{config['name']} — {len(rows)} trials, {metric} ({config['mode']})")
-    for column in ("trial", "state", *params, metric, "epochs", "why it stopped"):
+    for column in ("trial", "state", *params, metric, "epochs", "tries", "s/epoch", "start-up s", "why it stopped"):
         table.add_column(column, justify="right" if column not in ("state", "why it stopped") else "left")
     for row in rows:
         state = str(row.get("state", ""))
         reason = row.get("reason") or ""
-        if row.get("error"):
+        if row.get("error") and row["error"] != reason:
             reason = f"{reason}: {row['error']}"
+        if row.get("data_starved") is True:
+            reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
+        if row.get("notes"):
+            reason = f"{reason} ({row['notes']})"
         table.add_row(
             str(row["trial"]),
             f"[{STATE_STYLES.get(state, 'white')}]{state}[/]",
             *(_fmt(row.get(p)) for p in params),
             _fmt(row.get("best")),
             _fmt(row.get("epochs")),
+            _fmt(row.get("attempts")),
+            _fmt(row.get("epoch_time_s")),
+            _fmt(row.get("startup_s")),
             str(reason),
         )
     console.print(table)

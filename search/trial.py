@@ -84,7 +84,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
                             report=_timed(report, started), static_fields=static_fields,
                             hparams=None if resume_from else params,
-                            report_on_every_rank=parallel.report_on_every_rank)
+                            report_on_every_rank=parallel.report_on_every_rank, started=started)
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir, callbacks=[reporter],
                             strategy=parallel.strategy)

@@ -17,13 +17,21 @@ from .experiment import atomic_write_text
 
 FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
 TELEMETRY_COLUMNS = (
-    "epoch_time_s", "samples_per_s", "first_result_s", "device", "precision",
+    "epoch_time_s", "train_s", "val_s", "data_wait_s", "checkpoint_s", "report_s", "startup_s", "data_starved",
+    "samples_per_s", "first_result_s", "device", "precision",
     "world_size", "strategy", "num_workers", "pin_memory", "resumed", "attempts", "error", "notes",
     "trial_dir", "ray_trial_id",
 )
 # Result keys reported by the trial, by the column they fill.
 RESULT_TO_COLUMN = {
     "hps_epoch_time_s": "epoch_time_s",
+    "hps_train_time_s": "train_s",
+    "hps_val_time_s": "val_s",
+    "hps_data_wait_s": "data_wait_s",
+    "hps_checkpoint_s": "checkpoint_s",
+    "hps_report_s": "report_s",
+    "hps_startup_s": "startup_s",
+    "hps_data_starved": "data_starved",
     "hps_samples_per_s": "samples_per_s",
     "hps_first_result_s": "first_result_s",
     "hps_device": "device",

@@ -67,7 +67,8 @@ def plan_concurrency(config: ExperimentConfig, nodes: list[dict]) -> int:
     return min(capacity, config.search.max_concurrent)
 
 
-def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int) -> bool:
+def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int,
+                extra_callbacks: list | None = None) -> bool:
     """Run trials until the study is complete or the user interrupts; True if complete."""
     from ray import tune
 
@@ -88,7 +89,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     for fields in searcher.finished_trials():
         table.row(fields["trial"]).update(fields)
     callbacks = [TrialsTableRecorder(table, exp.trials_csv, prunes),
-                 ProgressDisplay(table, searcher.trial_limit)]
+                 ProgressDisplay(table, searcher.trial_limit), *(extra_callbacks or [])]
     if config.resources.distributed:
         function, resources = train_distributed_trial, driver_resources()
     else:

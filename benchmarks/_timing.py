@@ -1,0 +1,40 @@
+"""Driver-side timing shared by the benchmarks: when each trial started and reported."""
+
+from __future__ import annotations
+
+import time
+
+from ray.tune import Callback
+
+
+class TrialTimer(Callback):
+    """Wall-clock of each trial's start and results, and the epoch times they report."""
+
+    def __init__(self, epoch_time_key: str) -> None:
+        self.epoch_time_key = epoch_time_key
+        self.started_at: dict[str, float] = {}
+        self.first_result_at: dict[str, float] = {}
+        self.first_epoch_s: dict[str, float] = {}
+        self.epoch_seconds: list[float] = []
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self.started_at.setdefault(trial.trial_id, time.monotonic())
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        now = time.monotonic()
+        seconds = float(result.get(self.epoch_time_key, 0.0))
+        if trial.trial_id not in self.first_result_at:
+            self.first_result_at[trial.trial_id] = now
+            self.first_epoch_s[trial.trial_id] = seconds
+        self.epoch_seconds.append(seconds)
+
+    def summary(self, started: float, wall: float, concurrency: int) -> dict[str, float]:
+        startups = [self.first_result_at[t] - self.started_at[t] - self.first_epoch_s[t]
+                    for t in self.first_result_at if t in self.started_at]
+        return {
+            "wall_s": wall,
+            "first_result_s": min(self.first_result_at.values()) - started if self.first_result_at else float("nan"),
+            "slot_efficiency": sum(self.epoch_seconds) / (wall * concurrency),
+            "startup_s": sum(startups) / len(startups) if startups else float("nan"),
+            "epochs": len(self.epoch_seconds),
+        }

@@ -1,0 +1,144 @@
+"""Overhead benchmark (issue 5): the same search three ways in one process tree.
+
+    python benchmarks/overhead.py [--trials 16] [--max-epochs 10]
+
+1. hpsearch (``hpsearch.run``);
+2. the Ray Tune documentation's recipe as a user writes it: a function trainable with
+   Lightning and ``TuneReportCheckpointCallback``, ``OptunaSearch`` + ``ASHAScheduler``,
+   Ray's defaults;
+3. that recipe with ``reuse_actors=True``.
+
+Workload: the built-in CNN on digits, ASHA grace 1 and reduction factor 3, 2 trials at
+a time on 2 CPUs, the same seeds and trial count. Printed per way: search wall time,
+time to first result, slot efficiency (sum of per-epoch train+validation time over wall
+time x concurrency), mean trial start-up; then hpsearch's ratios against each baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _timing, when run as a script
+
+import pytorch_lightning as pl  # noqa: E402
+import ray  # noqa: E402
+from _timing import TrialTimer  # noqa: E402
+from ray import tune  # noqa: E402
+
+CONCURRENCY = 2
+SPACE = {"lr": (1e-4, 1e-1), "channels": [8, 16, 32], "batch_size": (32, 256)}
+
+
+class EpochTimer(pl.Callback):
+    """Logs train+validation seconds of each epoch, so the recipe reports them to Tune."""
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.started = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            pl_module.log("bench_epoch_s", time.perf_counter() - self.started)
+
+
+def recipe_trainable(config):
+    """What the Ray docs show for Lightning under Tune (with the built-in model and data)."""
+    from ray.tune.integration.pytorch_lightning import TuneReportCheckpointCallback
+
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule
+
+    data = DigitsDataModule(batch_size=config["batch_size"])
+    model = CNNClassifier(lr=config["lr"], channels=config["channels"])
+    trainer = pl.Trainer(
+        max_epochs=config["max_epochs"], enable_progress_bar=False, logger=True,
+        callbacks=[EpochTimer(), TuneReportCheckpointCallback(on="validation_end")],
+    )
+    trainer.fit(model, datamodule=data)
+
+
+def run_recipe(trials: int, max_epochs: int, reuse_actors: bool, storage: str) -> dict:
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    timer = TrialTimer("bench_epoch_s")
+    started = time.monotonic()  # Ray's start-up counts for every way, as it does for hpsearch
+    ray.init(num_cpus=CONCURRENCY, include_dashboard=False, log_to_driver=False)
+    tuner = tune.Tuner(
+        tune.with_resources(recipe_trainable, {"cpu": 1}),
+        param_space={
+            "lr": tune.loguniform(*SPACE["lr"]), "channels": tune.choice(SPACE["channels"]),
+            "batch_size": tune.lograndint(SPACE["batch_size"][0], SPACE["batch_size"][1] + 1),
+            "max_epochs": max_epochs,
+        },
+        tune_config=tune.TuneConfig(
+            metric="val_acc", mode="max", num_samples=trials, max_concurrent_trials=CONCURRENCY,
+            search_alg=OptunaSearch(seed=0),
+            scheduler=ASHAScheduler(max_t=max_epochs, grace_period=1, reduction_factor=3),
+            reuse_actors=reuse_actors,
+        ),
+        run_config=tune.RunConfig(storage_path=storage, callbacks=[timer], verbose=0),
+    )
+    tuner.fit()
+    wall = time.monotonic() - started
+    ray.shutdown()
+    return timer.summary(started, wall, CONCURRENCY)
+
+
+def run_hpsearch(trials: int, max_epochs: int, storage: str) -> dict:
+    import hpsearch
+
+    timer = TrialTimer("hps_epoch_time_s")
+    started = time.monotonic()  # includes validation, the preflight batch, Ray's start and best.json
+    hpsearch.run({
+        "name": "overhead", "storage": storage,
+        "model": {"class_path": "cnn"}, "data": {"class_path": "digits"},
+        "space": {
+            "model.lr": {"type": "float", "low": SPACE["lr"][0], "high": SPACE["lr"][1], "log": True},
+            "model.channels": {"type": "categorical", "choices": SPACE["channels"]},
+            "data.batch_size": {"type": "int", "low": SPACE["batch_size"][0], "high": SPACE["batch_size"][1],
+                                "log": True},
+        },
+        "metric": "val_acc", "mode": "max",
+        "search": {"num_trials": trials, "max_concurrent": CONCURRENCY, "seed": 0},
+        "scheduler": {"type": "asha", "max_epochs": max_epochs, "grace_period": 1, "reduction_factor": 3},
+        "trainer": {"early_stopping_patience": None},
+    }, callbacks=[timer])
+    wall = time.monotonic() - started
+    ray.shutdown()
+    return timer.summary(started, wall, CONCURRENCY)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="hpsearch vs the Ray Tune docs recipe, same search")
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--max-epochs", type=int, default=10)
+    parser.add_argument("--only", choices=["hpsearch", "recipe", "reuse"], action="append")
+    args = parser.parse_args()
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0")
+    ways = args.only or ["hpsearch", "recipe", "reuse"]
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="hpsearch-overhead-") as storage:
+        for way in ways:
+            if way == "hpsearch":
+                results[way] = run_hpsearch(args.trials, args.max_epochs, storage)
+            else:
+                results[way] = run_recipe(args.trials, args.max_epochs, way == "reuse", storage)
+    names = {"hpsearch": "hpsearch", "recipe": "Ray docs recipe", "reuse": "recipe + reuse_actors"}
+    print(f"\n{'way':<24}{'wall s':>9}{'first result s':>16}{'slot eff.':>11}{'startup s':>11}{'epochs':>8}")
+    for way, r in results.items():
+        print(f"{names[way]:<24}{r['wall_s']:>9.1f}{r['first_result_s']:>16.1f}{r['slot_efficiency']:>10.0%}"
+              f"{r['startup_s']:>11.2f}{r['epochs']:>8}")
+    if "hpsearch" in results:
+        ratios = [f"{names[w]} / hpsearch wall time = {r['wall_s'] / results['hpsearch']['wall_s']:.2f}x"
+                  for w, r in results.items() if w != "hpsearch"]
+        print("ratios: " + "; ".join(ratios) if ratios else "ratios: (no baseline run)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
