@@ -54,3 +54,32 @@ def split_sizes(total: int, val_fraction: float, test_fraction: float) -> tuple[
     if n_train < 1:
         raise ValueError(f"{total} samples are too few for the requested splits")
     return n_train, n_val, n_test
+
+
+class SplitLoaders:
+    """``train/val/test_dataloader`` over ``self._splits`` for the built-in DataModules.
+
+    Expects ``batch_size``, ``eval_batch_size``, ``test_fraction``, ``effective_num_workers``,
+    ``pin_memory``, ``persistent_workers`` and ``prefetch_factor`` on the instance.
+    """
+
+    _splits: dict | None
+
+    def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
+        assert self._splits is not None, "setup() must run before the loaders are asked for"
+        return make_loader(
+            self._splits[split], batch_size, shuffle=shuffle, num_workers=self.effective_num_workers,
+            pin_memory=self.pin_memory, persistent_workers=self.persistent_workers,
+            prefetch_factor=self.prefetch_factor,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        if self.test_fraction <= 0:
+            raise ValueError("this DataModule was built with test_fraction=0: it has no test split")
+        return self._loader("test", self.eval_batch_size, shuffle=False)

@@ -6,10 +6,10 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import TensorDataset
 
-from ._loading import make_loader, split_sizes
+from ._loading import SplitLoaders, split_sizes
 
 
-class InMemoryImageDataModule(pl.LightningDataModule):
+class InMemoryImageDataModule(SplitLoaders, pl.LightningDataModule):
     """Train/val/test splits (fixed ``split_seed``) of an image tensor held in memory.
 
     Batches are sliced from memory, so worker processes would only add start-up and
@@ -39,8 +39,8 @@ class InMemoryImageDataModule(pl.LightningDataModule):
         self.requested_num_workers = int(num_workers)
         self.effective_num_workers = 0
         self.pin_memory = bool(pin_memory)
-        self.persistent_workers = bool(persistent_workers)
-        self.prefetch_factor = prefetch_factor
+        self.persistent_workers = False
+        self.prefetch_factor = None
         self._splits: dict[str, TensorDataset] | None = None
         images, _ = self.load_tensors()
         self.input_shape = tuple(images.shape[1:])
@@ -66,21 +66,3 @@ class InMemoryImageDataModule(pl.LightningDataModule):
             name: TensorDataset(images[order[lo:hi]], labels[order[lo:hi]])
             for name, lo, hi in zip(("train", "val", "test"), bounds[:-1], bounds[1:])
         }
-
-    def _loader(self, split: str, batch_size: int, shuffle: bool):
-        assert self._splits is not None, "setup() must run before the loaders are asked for"
-        return make_loader(
-            self._splits[split], batch_size, shuffle=shuffle, num_workers=0,
-            pin_memory=self.pin_memory, persistent_workers=False, prefetch_factor=None,
-        )
-
-    def train_dataloader(self):
-        return self._loader("train", self.batch_size, shuffle=True)
-
-    def val_dataloader(self):
-        return self._loader("val", self.eval_batch_size, shuffle=False)
-
-    def test_dataloader(self):
-        if self.test_fraction <= 0:
-            raise ValueError("this DataModule was built with test_fraction=0: it has no test split")
-        return self._loader("test", self.eval_batch_size, shuffle=False)

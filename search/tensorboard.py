@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -28,6 +29,8 @@ def serve(experiments: list[ExperimentDir], host: str = "127.0.0.1", port: int =
                "--host", host, "--port", str(port), "--reload_interval", "5"]
     print(f"TensorBoard at http://{host}:{port}/  (Ctrl+C to stop)", flush=True)
     process = subprocess.Popen(command)
+    # SIGTERM (a service manager, a test) stops TensorBoard too, as Ctrl+C does.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         return process.wait()
     except KeyboardInterrupt:
@@ -37,3 +40,5 @@ def serve(experiments: list[ExperimentDir], host: str = "127.0.0.1", port: int =
         except subprocess.TimeoutExpired:
             process.kill()
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)

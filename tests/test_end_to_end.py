@@ -166,3 +166,5 @@ def test_tensorboard_command_serves_every_trial_as_a_run(finished_search):
     finally:
         process.terminate()
         process.wait(timeout=30)
+    with pytest.raises(OSError):  # stopping the command stopped TensorBoard too
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5)

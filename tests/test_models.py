@@ -72,7 +72,9 @@ def test_image_folder_decodes_lazily_in_worker_processes(tmp_path):
     loader = dm.train_dataloader()
     assert loader.num_workers == 2
     images, labels = next(iter(loader))
-    assert images.shape == (4, 3, 8, 8) and images.dtype == torch.float32 and labels.max() <= 2
+    assert images.shape == (4, 3, 8, 8) and images.dtype == torch.uint8 and labels.max() <= 2
+    floats, _ = dm.on_after_batch_transfer((images, labels), 0)
+    assert floats.dtype == torch.float32 and 0.0 <= floats.min() and floats.max() <= 1.0
 
 
 def test_image_folder_rejects_a_missing_root(tmp_path):
