@@ -47,3 +47,10 @@ def latest_good_checkpoint(trial_dir: Path) -> tuple[Path | None, list[str]]:
     if notes:
         notes.append("no readable checkpoint left: the trial restarts from its first epoch")
     return None, notes
+
+
+def global_step_of(path: Path) -> int:
+    """The optimizer step a Lightning checkpoint was taken at (memory-mapped, cheap)."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("global_step", 0))

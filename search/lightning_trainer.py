@@ -35,6 +35,7 @@ def build_trainer(
     trial_dir: Path,
     callbacks: list[pl.Callback],
     strategy="auto",
+    resume_step: int | None = None,
 ) -> pl.Trainer:
     """Checkpoints keep the best epoch (for the final evaluation) and the two newest (for
     resume, see ``checkpoints.py``).
@@ -59,8 +60,11 @@ def build_trainer(
             min_delta=settings.early_stopping_min_delta, check_finite=True,
             check_on_train_epoch_end=False,
         ))
+    # A resumed trial redoes what came after its checkpoint: purge_step hides the events
+    # an earlier attempt wrote past that step, so each curve keeps one point per step.
+    purge = {"purge_step": resume_step + 1} if resume_step is not None else {}
     logger = TensorBoardLogger(save_dir=str(trial_dir.parent), name="", version=trial_dir.name,
-                               default_hp_metric=False)
+                               default_hp_metric=False, **purge)
     return pl.Trainer(
         accelerator=device.accelerator,
         devices=1,  # one device per process; distributed ranks are separate processes

@@ -160,9 +160,10 @@ class TuneReporter(pl.Callback):
             if self._train_seconds > 0 else 0.0,
         })
         if trainer.global_rank == 0:
-            self._log_search_metric(trainer, epoch)
+            self._log_search_metric(trainer)
             if trainer.logger is not None:
-                trainer.logger.log_metrics({f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS}, step=epoch)
+                trainer.logger.log_metrics({f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS},
+                                           step=trainer.global_step)
             if trainer.logger is not None:
                 # Events reach disk before the report: a driver killed right after it
                 # must not leave TensorBoard missing epochs the study has.
@@ -173,16 +174,18 @@ class TuneReporter(pl.Callback):
             self._report_s = time.perf_counter() - reporting
             self.reported = True
 
-    def _log_search_metric(self, trainer: pl.Trainer, epoch: int) -> None:
-        """``hp/<metric>``: the best value so far, the column HParams compares trials by."""
+    def _log_search_metric(self, trainer: pl.Trainer) -> None:
+        """``hp/<metric>``: the best value so far, the column HParams compares trials by.
+        Every scalar hpsearch adds is stepped by the global step, like Lightning's own, so
+        one ``purge_step`` on resume (see ``lightning_trainer``) covers all of them."""
         if trainer.logger is None or self.best is None:
             return
         values = {f"hp/{self.metric}": self.best}
         if self.hparams is not None:
-            trainer.logger.log_hyperparams(self.hparams, metrics=values, step=epoch)
+            trainer.logger.log_hyperparams(self.hparams, metrics=values, step=trainer.global_step)
             self.hparams = None
         else:
-            trainer.logger.log_metrics(values, step=epoch)
+            trainer.logger.log_metrics(values, step=trainer.global_step)
 
 
 def _is_scalar(value: Any) -> bool:

@@ -19,7 +19,7 @@ from .components import build_datamodule, build_model, resolve_class
 from .config import ExperimentConfig
 from .devices import trial_device
 from .experiment import ExperimentDir, trial_name
-from .checkpoints import latest_good_checkpoint
+from .checkpoints import global_step_of, latest_good_checkpoint
 from .lightning_trainer import build_trainer, quiet_lightning
 from .outcome import EPOCH, FAILURE, FINISHED, TRIAL_NUMBER
 from .reporting import NonFiniteError, TuneReporter
@@ -69,6 +69,8 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
                                   device.loader_options)
     model = build_model(config, resolve_class("model", config.model.class_path), params, datamodule)
     resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
+    if resume_from is not None:
+        _after_earlier_event_files(trial_dir)
     static_fields = {
         TRIAL_NUMBER: number,
         "hps_trial_dir": str(trial_dir),
@@ -87,7 +89,8 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
                             report_on_every_rank=parallel.report_on_every_rank, started=started)
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir, callbacks=[reporter],
-                            strategy=parallel.strategy)
+                            strategy=parallel.strategy,
+                            resume_step=global_step_of(resume_from) if resume_from else None)
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
         if resume_from is not None and not reporter.reported:
@@ -111,6 +114,19 @@ def _timed(report: Callable[[dict], None], started: float) -> Callable[[dict], N
         report(metrics)
 
     return timed_report
+
+
+def _after_earlier_event_files(trial_dir: Path) -> None:
+    """Wait, if need be, until the clock is past the newest event file's second.
+
+    TensorBoard reads a run's event files in name order, and names start with the
+    second they were opened in; a retry opened within the same second could sort before
+    the attempt it continues, and the resumed curve would be read out of order.
+    """
+    seconds = [int(p.name.split(".")[3]) for p in trial_dir.glob("events.out.tfevents.*")
+               if p.name.split(".")[3].isdigit()]
+    while seconds and time.time() < max(seconds) + 1:
+        time.sleep(0.05)
 
 
 def _validate_quietly(model, datamodule, device) -> dict[str, Any]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import REPO, run_cli, shrunk_example, write_yaml
+from conftest import run_cli, shrunk_example, write_yaml
 from hpsearch.search.cli import EXIT_CONFIG_ERROR, build_parser, main
 
 

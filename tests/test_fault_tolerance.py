@@ -66,6 +66,19 @@ def wait_for(condition, timeout: float = 240, what: str = "condition") -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def wait_until_quiet(folder: Path, quiet_s: float = 3.0, timeout: float = 60) -> None:
+    """Until no file under ``folder`` has changed for ``quiet_s`` seconds."""
+    def newest() -> float:
+        return max((p.stat().st_mtime for p in folder.rglob("*") if p.is_file()), default=0.0)
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if time.time() - newest() >= quiet_s:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"files under {folder} kept changing after the driver died")
+
+
 def finished(exp_dir: Path) -> list[dict]:
     return [r for r in rows(exp_dir) if r["state"] in ("COMPLETE", "PRUNED", "FAILED")]
 
@@ -83,15 +96,15 @@ def snapshot(exp_dir: Path, numbers) -> dict:
 
 
 def tensorboard_steps(trial_dir: Path, tag: str = "val_acc") -> list[int]:
+    """The steps of one scalar as TensorBoard shows it: all of the trial's event files
+    read in order, with what a resumed attempt purged left out."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    steps = []
-    for events in sorted(trial_dir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime):
-        accumulator = EventAccumulator(str(events))
-        accumulator.Reload()
-        if tag in accumulator.Tags()["scalars"]:
-            steps += [e.step for e in accumulator.Scalars(tag)]
-    return steps
+    accumulator = EventAccumulator(str(trial_dir))
+    accumulator.Reload()
+    if tag not in accumulator.Tags()["scalars"]:
+        return []
+    return [e.step for e in accumulator.Scalars(tag)]
 
 
 def assert_complete_study(exp_dir: Path, name: str) -> None:
@@ -114,6 +127,7 @@ def test_sigkill_then_resume_loses_nothing_and_falls_back_from_a_damaged_checkpo
              what="two finished trials and one mid-way")
     driver.send_signal(signal.SIGKILL)
     driver.communicate(timeout=60)
+    wait_until_quiet(exp_dir / "trials")  # Ray's reaper stops the orphaned trial workers
     done_before = [int(r["trial"]) for r in finished(exp_dir)]
     untouched = snapshot(exp_dir, done_before)
     running = next(int(r["trial"]) for r in rows(exp_dir) if r["state"] == "RUNNING" and r.get("epochs"))
@@ -125,8 +139,8 @@ def test_sigkill_then_resume_loses_nothing_and_falls_back_from_a_damaged_checkpo
     assert_complete_study(exp_dir, "killed")
     assert snapshot(exp_dir, done_before) == untouched  # finished trials were not re-run
     resumed = next(r for r in rows(exp_dir) if int(r["trial"]) == running)
-    assert resumed["resumed"] == "True"
-    assert "damaged" in resumed["notes"] or len(checkpoints) == 1, resumed
+    assert resumed["resumed"] == "True" or len(checkpoints) == 1, resumed
+    assert checkpoints[-1].with_suffix(".corrupt").exists()  # set aside, not loaded
 
 
 def test_ctrl_c_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
