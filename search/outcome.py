@@ -22,6 +22,18 @@ TRIAL_NUMBER = "hps_trial_number"
 FAILURE = "hps_failure"  # set by a trial that ended on a fault a retry cannot fix (NaN, OOM)
 
 
+def best_of(values, mode: str, key=None):
+    """The best of ``values`` for ``mode`` ('max' or 'min'), by ``key``; None if empty.
+
+    The one place the direction of the search metric is applied, so the trial, the
+    study and the trials table can never disagree on which value is better.
+    """
+    values = list(values)
+    if not values:
+        return None
+    return (max if mode == "max" else min)(values, key=key)
+
+
 @dataclass
 class PruneLog:
     """Trials the scheduler stopped, by Ray trial id, with the epoch at which it did."""

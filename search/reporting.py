@@ -18,7 +18,7 @@ import pytorch_lightning as pl
 import torch
 
 from .errors import HpsearchError
-from .outcome import EPOCH, FINISHED, STOP_REASON
+from .outcome import EPOCH, FINISHED, STOP_REASON, best_of
 
 
 # A trial that waits on its DataLoader for more than this share of its training time
@@ -128,14 +128,12 @@ class TuneReporter(pl.Callback):
     def _best_so_far(self, trainer: pl.Trainer, value: float) -> float:
         """The trial's best value, earlier sessions included: the best-checkpoint callback's
         score (restored with the checkpoint) when it watches the search metric."""
-        best = value
+        candidates = [value] + ([self.best] if self.best is not None else [])
         callback = trainer.checkpoint_callback
         if callback is not None and getattr(callback, "monitor", None) == self.metric \
                 and callback.best_model_score is not None:
-            best = float(callback.best_model_score)
-        if self.best is not None:
-            best = max(best, self.best) if self.mode == "max" else min(best, self.best)
-        return max(best, value) if self.mode == "max" else min(best, value)
+            candidates.append(float(callback.best_model_score))
+        return best_of(candidates, self.mode)
 
     def _send(self, trainer: pl.Trainer, metrics: dict[str, float], epoch: int, finished: bool,
               epoch_seconds: float) -> None:
@@ -164,7 +162,6 @@ class TuneReporter(pl.Callback):
             if trainer.logger is not None:
                 trainer.logger.log_metrics({f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS},
                                            step=trainer.global_step)
-            if trainer.logger is not None:
                 # Events reach disk before the report: a driver killed right after it
                 # must not leave TensorBoard missing epochs the study has.
                 trainer.logger.experiment.flush()

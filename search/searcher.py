@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from .config import ExperimentConfig
-from .outcome import COMPLETE, FAILED, PRUNED, STOP_REASON, TRIAL_NUMBER, EPOCH, PruneLog, classify
+from .outcome import COMPLETE, FAILED, PRUNED, best_of, STOP_REASON, TRIAL_NUMBER, EPOCH, PruneLog, classify
 from .space import grid_size, grid_values, to_distributions
 
 STUDY_FILE = "optuna.journal"
@@ -196,10 +196,7 @@ class OptunaSearcher(Searcher):
             self.study.tell(number, state=TrialState.FAIL)
 
     def _best_intermediate(self, values: dict[int, float]) -> float | None:
-        finite = [v for v in values.values() if math.isfinite(v)]
-        if not finite:
-            return None
-        return max(finite) if self.config.mode == "max" else min(finite)
+        return best_of((v for v in values.values() if math.isfinite(v)), self.config.mode)
 
     def _trial_key(self, number: int) -> int:
         return self.study.get_trials(deepcopy=False)[number]._trial_id

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .experiment import atomic_write_text
+from .outcome import best_of
 
 FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
 TELEMETRY_COLUMNS = (
@@ -62,9 +63,6 @@ class TrialsTable:
     def row(self, number: int) -> dict[str, Any]:
         return self.rows.setdefault(number, {"trial": number, "state": "PENDING", "reason": ""})
 
-    def better(self, a: float, b: float) -> bool:
-        return a > b if self.mode == "max" else a < b
-
     def best_row(self) -> dict[str, Any] | None:
         """The best finished trial; pruned trials count only when none completed."""
         def finite(row):
@@ -74,11 +72,7 @@ class TrialsTable:
         for states in (("COMPLETE",), ("COMPLETE", "PRUNED")):
             candidates = [r for r in self.rows.values() if r.get("state") in states and finite(r)]
             if candidates:
-                best = candidates[0]
-                for row in candidates[1:]:
-                    if self.better(_as_float(row["best"]), _as_float(best["best"])):
-                        best = row
-                return best
+                return best_of(candidates, self.mode, key=lambda row: _as_float(row["best"]))
         return None
 
     def counts(self) -> dict[str, int]:

@@ -143,15 +143,24 @@ def test_sigkill_then_resume_loses_nothing_and_falls_back_from_a_damaged_checkpo
     assert checkpoints[-1].with_suffix(".corrupt").exists()  # set aside, not loaded
 
 
-def test_ctrl_c_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
-    path = experiment(tmp_path, "interrupted", epoch_sleep=1.0)
-    exp_dir = tmp_path / "runs" / "interrupted"
+def interrupt_after_a_trial(tmp_path: Path, name: str, ctrl_c_presses: int) -> Path:
+    """Start a search, press Ctrl+C once its first trial finished, and check it stopped
+    with exit status 130 and the resume command; returns the experiment directory."""
+    path = experiment(tmp_path, name, epoch_sleep=1.0)
+    exp_dir = tmp_path / "runs" / name
     driver = start("run", path.name, cwd=tmp_path)
     wait_for(lambda: len(finished(exp_dir)) >= 1, what="a finished trial")
-    driver.send_signal(signal.SIGINT)
+    for press in range(ctrl_c_presses):
+        if press:
+            time.sleep(0.3)
+        driver.send_signal(signal.SIGINT)
     code, output = finish(driver, timeout=120)
-    assert code == 130, output
-    assert f"hpsearch resume {exp_dir}" in output
+    assert code == 130 and f"hpsearch resume {exp_dir}" in output, output
+    return exp_dir
+
+
+def test_ctrl_c_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
+    exp_dir = interrupt_after_a_trial(tmp_path, "interrupted", ctrl_c_presses=1)
     assert 1 <= len(finished(exp_dir)) < NUM_TRIALS
 
     first = start("resume", str(exp_dir), cwd=tmp_path)
@@ -235,15 +244,7 @@ def test_a_full_disk_is_reported_state_stays_loadable_and_resume_completes(tmp_p
 
 
 def test_ctrl_c_twice_stops_at_once_and_the_study_still_resumes(tmp_path):
-    path = experiment(tmp_path, "twice", epoch_sleep=1.0)
-    exp_dir = tmp_path / "runs" / "twice"
-    driver = start("run", path.name, cwd=tmp_path)
-    wait_for(lambda: len(finished(exp_dir)) >= 1, what="a finished trial")
-    driver.send_signal(signal.SIGINT)
-    time.sleep(0.3)
-    driver.send_signal(signal.SIGINT)
-    code, output = finish(driver, timeout=120)
-    assert code == 130 and f"hpsearch resume {exp_dir}" in output, output
+    exp_dir = interrupt_after_a_trial(tmp_path, "twice", ctrl_c_presses=2)
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
     assert code == 0, output
     assert_complete_study(exp_dir, "twice")
