@@ -23,7 +23,7 @@ from typing import Any
 from .config import ExperimentConfig
 from .config_loading import load_config
 from .errors import ConfigError, HpsearchError, Interrupted
-from .experiment import ExperimentDir, write_config
+from .experiment import ExperimentDir, record_session, write_config
 from .study_lock import study_lock
 from .trials_table import read_rows
 
@@ -136,15 +136,24 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     from .results import finalize
     from .tuner import run_session
 
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
+    record_session(exp, started_at, None, "running")
+    outcome = "crashed"
     try:
         with _sigterm_as_interrupt():
             complete = run_session(config, exp, verbose, concurrency, list(callbacks))
+        outcome = "complete" if complete else "interrupted"
     except KeyboardInterrupt:
         # A second Ctrl+C: Tune stopped at once. Everything finished is on disk.
+        outcome = "interrupted"
         raise Interrupted(exp.root) from None
     except Exception as exc:
         raise _user_error_in(exc) or exc
+    finally:
+        try:
+            record_session(exp, started_at, time.time(), outcome)
+        except HpsearchError:
+            pass  # a full disk: the error that caused it is the one to report
     best = finalize(config, exp) if exp.trials_csv.is_file() else None
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     return SearchResult(exp.root, complete, best, trials, time.monotonic() - started)

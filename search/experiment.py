@@ -5,7 +5,9 @@
       optuna.journal     the Optuna study (open with optuna-dashboard)
       trials.csv         one row per trial, rewritten atomically as trials progress
       best.json          the best trial, its checkpoint and test metrics
-      trials/<name>/     TensorBoard events and checkpoints of one trial
+      trials/<name>/     checkpoints of one trial
+      tensorboard/       TensorBoard: one run per trial (see tensorboard_layout.py)
+      sessions.json      when each run/resume session started and ended
       tune/              Ray Tune's own state, used by ``resume``
 
 Platform files are written to a temporary file and renamed into place, so a crash
@@ -46,6 +48,14 @@ class ExperimentDir:
     @property
     def trials_dir(self) -> Path:
         return self.root / "trials"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def sessions_json(self) -> Path:
+        return self.root / "sessions.json"
 
     @property
     def tune_dir(self) -> Path:
@@ -105,6 +115,23 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_sessions(exp: ExperimentDir) -> list[dict[str, Any]]:
+    """Every run/resume session of the study: start, end (None if it never ended cleanly),
+    seconds and how it ended; the study's wall time is their sum."""
+    try:
+        return json.loads(exp.sessions_json.read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None, outcome: str) -> None:
+    """Add or update (same ``started_at``) one session's entry in ``sessions.json``."""
+    sessions = [s for s in read_sessions(exp) if s.get("started_at") != started_at]
+    sessions.append({"started_at": started_at, "ended_at": ended_at, "outcome": outcome,
+                     "seconds": None if ended_at is None else round(ended_at - started_at, 3)})
+    write_json(exp.sessions_json, sessions)
 
 
 def write_config(exp: ExperimentDir, config_dump: dict[str, Any]) -> None:

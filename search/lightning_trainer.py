@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
+from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from .config import TrainerConfig
@@ -33,6 +33,7 @@ def build_trainer(
     mode: str,
     max_epochs: int,
     trial_dir: Path,
+    tensorboard_run: Path,
     callbacks: list[pl.Callback],
     strategy="auto",
     resume_step: int | None = None,
@@ -60,10 +61,11 @@ def build_trainer(
             min_delta=settings.early_stopping_min_delta, check_finite=True,
             check_on_train_epoch_end=False,
         ))
+    all_callbacks.append(LearningRateMonitor(logging_interval="epoch"))
     # A resumed trial redoes what came after its checkpoint: purge_step hides the events
     # an earlier attempt wrote past that step, so each curve keeps one point per step.
     purge = {"purge_step": resume_step + 1} if resume_step is not None else {}
-    logger = TensorBoardLogger(save_dir=str(trial_dir.parent), name="", version=trial_dir.name,
+    logger = TensorBoardLogger(save_dir=str(tensorboard_run.parent), name="", version=tensorboard_run.name,
                                default_hp_metric=False, **purge)
     return pl.Trainer(
         accelerator=device.accelerator,

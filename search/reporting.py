@@ -39,12 +39,8 @@ class TuneReporter(pl.Callback):
     """Reports the epoch's metrics, telemetry and stop decision through ``report``."""
 
     def __init__(self, metric: str, mode: str, max_epochs: int, report: Callable[[dict], None],
-                 static_fields: dict[str, Any], hparams: dict[str, Any] | None = None,
-                 report_on_every_rank: bool = False, started: float | None = None) -> None:
-        """``hparams``: the sampled values, written once to TensorBoard's HParams dashboard
-        together with the first value of the search metric (None when resuming: they are there)."""
+                 static_fields: dict[str, Any], report_on_every_rank: bool = False, started: float | None = None) -> None:
         self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
-        self.hparams = hparams
         self.report_on_every_rank = report_on_every_rank
         self.report = report
         self.static_fields = dict(static_fields)
@@ -139,6 +135,7 @@ class TuneReporter(pl.Callback):
               epoch_seconds: float) -> None:
         self.best = self._best_so_far(trainer, metrics[self.metric])
         reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if finished else "")
+        logged = ",".join(sorted(metrics))
         metrics.update(self.static_fields)
         busy = self._train_seconds + self._data_wait
         metrics.update({
@@ -146,6 +143,7 @@ class TuneReporter(pl.Callback):
             FINISHED: finished,
             STOP_REASON: reason,
             "hps_best": self.best,
+            "hps_logged_metrics": logged,  # the user's metric names, for TensorBoard's HParams columns
             "hps_epoch_time_s": epoch_seconds,
             "hps_train_time_s": self._train_seconds,
             "hps_val_time_s": self._val_seconds,
@@ -177,12 +175,7 @@ class TuneReporter(pl.Callback):
         one ``purge_step`` on resume (see ``lightning_trainer``) covers all of them."""
         if trainer.logger is None or self.best is None:
             return
-        values = {f"hp/{self.metric}": self.best}
-        if self.hparams is not None:
-            trainer.logger.log_hyperparams(self.hparams, metrics=values, step=trainer.global_step)
-            self.hparams = None
-        else:
-            trainer.logger.log_metrics(values, step=trainer.global_step)
+        trainer.logger.log_metrics({f"hp/{self.metric}": self.best}, step=trainer.global_step)
 
 
 def _is_scalar(value: Any) -> bool:

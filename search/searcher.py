@@ -165,7 +165,9 @@ class OptunaSearcher(Searcher):
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         number = self._numbers.get(trial_id)
-        if number is not None:
+        # A result can still arrive for a trial Tune already ended (e.g. when stopping it
+        # failed); the study keeps what it was told at the end.
+        if number is not None and not self.study.get_trials(deepcopy=False)[number].state.is_finished():
             self._record_intermediate(number, result)
 
     def _record_intermediate(self, number: int, result: dict[str, Any] | None) -> None:

@@ -10,16 +10,16 @@ from .experiment import ExperimentDir
 
 
 def logdir_spec(experiments: list[ExperimentDir]) -> list[str]:
-    """TensorBoard arguments: one experiment is its trials directory; several are named runs groups."""
+    """TensorBoard arguments: one experiment is its log directory; several are named run groups."""
     if len(experiments) == 1:
-        return ["--logdir", str(experiments[0].trials_dir)]
+        return ["--logdir", str(experiments[0].tensorboard_dir)]
     names: dict[str, int] = {}
     parts = []
     for exp in experiments:
         name = exp.root.name
         names[name] = names.get(name, 0) + 1
         label = name if names[name] == 1 else f"{name}-{names[name]}"
-        parts.append(f"{label}:{exp.trials_dir}")
+        parts.append(f"{label}:{exp.tensorboard_dir}")
     return ["--logdir_spec", ",".join(parts)]
 
 

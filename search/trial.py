@@ -1,7 +1,7 @@
 """One trial: build the user's DataModule and model with the sampled values, train, report.
 
-``train_trial`` is the Ray Tune function trainable. A trial keeps its own files in
-``EXP_DIR/trials/<trial name>/``: when it is started again (a retry after a failure,
+``train_trial`` is the Ray Tune function trainable. A trial keeps its checkpoints in
+``EXP_DIR/trials/<trial name>/`` and its TensorBoard run under ``EXP_DIR/tensorboard/``: when it is started again (a retry after a failure,
 or ``hpsearch resume``) it continues from its ``last.ckpt`` there, so the global step
 and epoch continue rather than restart.
 """
@@ -23,6 +23,7 @@ from .checkpoints import global_step_of, latest_good_checkpoint
 from .lightning_trainer import build_trainer, quiet_lightning
 from .outcome import EPOCH, FAILURE, FINISHED, TRIAL_NUMBER
 from .reporting import NonFiniteError, TuneReporter
+from .tensorboard_layout import run_dir
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,10 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     config = ExperimentConfig.model_validate(experiment)
     params: dict[str, Any] = trial_config["params"]
     number = int(trial_config[TRIAL_NUMBER])
-    trial_dir = ExperimentDir(Path(experiment_dir)).trial_dir(trial_name(number))
+    exp = ExperimentDir(Path(experiment_dir))
+    trial_dir = exp.trial_dir(trial_name(number))
     trial_dir.mkdir(parents=True, exist_ok=True)
+    tensorboard_run = run_dir(exp.tensorboard_dir, number, params)
     # User code may want to know which trial it is part of (e.g. to write files beside it).
     os.environ["HPSEARCH_TRIAL_NUMBER"], os.environ["HPSEARCH_TRIAL_DIR"] = str(number), str(trial_dir)
     quiet_lightning()
@@ -70,7 +73,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     model = build_model(config, resolve_class("model", config.model.class_path), params, datamodule)
     resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
     if resume_from is not None:
-        _after_earlier_event_files(trial_dir)
+        _after_earlier_event_files(tensorboard_run)
     static_fields = {
         TRIAL_NUMBER: number,
         "hps_trial_dir": str(trial_dir),
@@ -85,10 +88,10 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     }
     reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
                             report=_timed(report, started), static_fields=static_fields,
-                            hparams=None if resume_from else params,
                             report_on_every_rank=parallel.report_on_every_rank, started=started)
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
-                            max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir, callbacks=[reporter],
+                            max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
+                            tensorboard_run=tensorboard_run, callbacks=[reporter],
                             strategy=parallel.strategy,
                             resume_step=global_step_of(resume_from) if resume_from else None)
     try:
@@ -116,14 +119,14 @@ def _timed(report: Callable[[dict], None], started: float) -> Callable[[dict], N
     return timed_report
 
 
-def _after_earlier_event_files(trial_dir: Path) -> None:
+def _after_earlier_event_files(run: Path) -> None:
     """Wait, if need be, until the clock is past the newest event file's second.
 
     TensorBoard reads a run's event files in name order, and names start with the
     second they were opened in; a retry opened within the same second could sort before
     the attempt it continues, and the resumed curve would be read out of order.
     """
-    seconds = [int(p.name.split(".")[3]) for p in trial_dir.glob("events.out.tfevents.*")
+    seconds = [int(p.name.split(".")[3]) for p in run.glob("events.out.tfevents.*")
                if p.name.split(".")[3].isdigit()]
     while seconds and time.time() < max(seconds) + 1:
         time.sleep(0.05)

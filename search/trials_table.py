@@ -18,7 +18,7 @@ from .outcome import best_of
 
 FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
 TELEMETRY_COLUMNS = (
-    "epoch_time_s", "train_s", "val_s", "data_wait_s", "checkpoint_s", "report_s", "startup_s", "data_starved",
+    "compute_s", "epoch_time_s", "train_s", "val_s", "data_wait_s", "checkpoint_s", "report_s", "startup_s", "data_starved",
     "samples_per_s", "first_result_s", "device", "precision",
     "world_size", "strategy", "num_workers", "pin_memory", "resumed", "attempts", "error", "notes",
     "trial_dir", "ray_trial_id",

@@ -1,14 +1,17 @@
-"""Ray Tune callbacks in the driver: the trials table and the live progress display."""
+"""Ray Tune callbacks in the driver: the trials table, TensorBoard's HParams rows and the
+live progress display."""
 
 from __future__ import annotations
 
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
 
+from .config import ExperimentConfig
 from .outcome import EPOCH, FAILED, RUNNING, TRIAL_NUMBER, PruneLog, classify
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
@@ -56,6 +59,9 @@ class TrialsTableRecorder(Callback):
             row["best"] = result["hps_best"]
         if EPOCH in result:
             row["epochs"] = result[EPOCH]
+        # Compute spent, every attempt included: what the report's "compute" figures add up.
+        row["compute_s"] = float(row.get("compute_s") or 0.0) + float(result.get("hps_epoch_time_s") or 0.0) \
+            * int(result.get("hps_world_size") or 1)
         for key, column in RESULT_TO_COLUMN.items():
             if key in result:
                 row[column] = result[key]
@@ -83,6 +89,39 @@ class TrialsTableRecorder(Callback):
         if force or now - self._last_write >= self.min_interval_s:
             self.table.save(self.path)
             self._last_write = now
+
+
+class TensorBoardSessions(Callback):
+    """Adds each ended trial to TensorBoard's HParams table, with its state and epochs.
+
+    Runs after ``TrialsTableRecorder`` (whose row holds the final state). The study's
+    HParams columns are written with the first trial that ends, when the names of the
+    metrics the model logs are known.
+    """
+
+    def __init__(self, config: ExperimentConfig, table: TrialsTable, tensorboard_dir: Path) -> None:
+        self.config, self.table, self.tensorboard_dir = config, table, tensorboard_dir
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._write(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._write(trial)
+
+    def _write(self, trial) -> None:
+        """A failure here (a full disk, say) costs the HParams row, never the search: it is
+        written again at the next session (``backfill_trial_sessions``)."""
+        from .tensorboard_layout import write_hparams_columns, write_trial_session
+
+        number = int(trial.config[TRIAL_NUMBER])
+        row = self.table.row(number)
+        logged = str((trial.last_result or {}).get("hps_logged_metrics") or "").split(",")
+        try:
+            write_hparams_columns(self.tensorboard_dir, self.config, [name for name in logged if name])
+            write_trial_session(self.tensorboard_dir, self.config, number, trial.config.get("params", {}),
+                                row["state"], int(float(row.get("epochs") or 0)))
+        except Exception as exc:  # noqa: BLE001 - reported, and repaired at the next session
+            warnings.warn(f"TensorBoard HParams row of trial {number} not written: {exc}", stacklevel=2)
 
 
 def _last_error_line(trial) -> str:

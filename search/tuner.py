@@ -14,6 +14,7 @@ from .components import user_code_roots
 from .config import ExperimentConfig
 from .experiment import ExperimentDir
 from .outcome import PruneLog
+from .tensorboard_layout import backfill_trial_sessions
 from .trials_table import TrialsTable
 
 # Ray reads these in the driver and in every worker: no per-trial CSV/JSON/TensorBoard
@@ -76,7 +77,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     from .searcher import OptunaSearcher
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
-    from .tune_callbacks import ProgressDisplay, TrialsTableRecorder
+    from .tune_callbacks import ProgressDisplay, TensorBoardSessions, TrialsTableRecorder
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)
@@ -86,9 +87,12 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
     # trials.csv may lag the study (a crash or full disk between the two writes): the
     # study's finished trials win.
-    for fields in searcher.finished_trials():
+    finished = searcher.finished_trials()
+    for fields in finished:
         table.row(fields["trial"]).update(fields)
+    backfill_trial_sessions(exp.tensorboard_dir, config, finished)
     callbacks = [TrialsTableRecorder(table, exp.trials_csv, prunes),
+                 TensorBoardSessions(config, table, exp.tensorboard_dir),
                  ProgressDisplay(table, searcher.trial_limit), *(extra_callbacks or [])]
     if config.resources.distributed:
         function, resources = train_distributed_trial, driver_resources()

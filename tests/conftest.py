@@ -38,6 +38,13 @@ def shrunk_example(storage: Path, **overrides) -> dict:
     return config
 
 
+def tensorboard_run(exp_dir: Path, number: int) -> Path:
+    """The TensorBoard run directory of one trial (named by its number and values)."""
+    runs = [p for p in (exp_dir / "tensorboard").glob(f"trial_{number:04d}*") if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
 def write_yaml(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -65,20 +65,6 @@ def test_the_optuna_study_holds_every_trial_with_the_right_state(finished_search
     assert all(t.value == max(t.intermediate_values.values()) for t in completed)
 
 
-def test_every_trial_wrote_tensorboard_scalars_and_hparams(finished_search):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    exp_dir, config, _ = finished_search
-    trial_dirs = sorted((exp_dir / "trials").iterdir())
-    assert len(trial_dirs) == 6
-    for trial_dir in trial_dirs:
-        events = EventAccumulator(str(trial_dir))
-        events.Reload()
-        assert "val_acc" in events.Tags()["scalars"], trial_dir
-        plugins = events.PluginTagToContent("hparams")
-        assert "_hparams_/session_start_info" in plugins, trial_dir
-
-
 def test_best_json_is_valid_and_its_checkpoint_loads(finished_search):
     from hpsearch.models.cnn import CNNClassifier
 
@@ -140,31 +126,79 @@ def test_a_users_own_module_by_import_path(tmp_path):
     assert [r["state"] for r in rows_of(tmp_path / "runs" / "user-regression")] == ["COMPLETE", "COMPLETE"]
 
 
-def test_tensorboard_command_serves_every_trial_as_a_run(finished_search):
-    import json as _json
+def _get_json(url: str, body: dict | None = None):
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_tensorboard_shows_every_trial_with_its_curve_params_state_and_metric(finished_search):
+    """A real TensorBoard over the finished study, read through its HTTP data API."""
     import socket
     import subprocess
     import sys
     import time
-    import urllib.request
+    import urllib.parse
 
-    exp_dir, _, _ = finished_search
+    exp_dir, config, _ = finished_search
+    table = {int(r["trial"]): r for r in rows_of(exp_dir)}
+    trials = {t.number: t for t in study_of(exp_dir, config["name"]).trials}
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    base = f"http://127.0.0.1:{port}/data"
     process = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "tensorboard", str(exp_dir),
                                 "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    statuses = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
+    groups_request = {"experimentName": "", "allowedStatuses": statuses, "colParams": [],
+                      "startIndex": 0, "sliceSize": 100}
     try:
-        runs, deadline = [], time.monotonic() + 90
-        while time.monotonic() < deadline and len(runs) < 6:
+        groups, deadline = [], time.monotonic() + 120
+        while time.monotonic() < deadline and len(groups) < 6:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5) as response:
-                    runs = _json.loads(response.read())
+                groups = _get_json(f"{base}/plugin/hparams/session_groups", groups_request).get("sessionGroups", [])
             except OSError:
-                time.sleep(1)
-        assert sorted(runs) == [f"trial_{i:04d}" for i in range(6)]
+                pass
+            time.sleep(1)
+        runs = [r for r in _get_json(f"{base}/runs") if r.startswith("trial_")]
+        experiment = _get_json(f"{base}/plugin/hparams/experiment", {"experimentName": ""})
+        curves = {run: _get_json(f"{base}/plugin/scalars/scalars?" + urllib.parse.urlencode(
+            {"run": run, "tag": "val_acc"})) for run in runs}
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+    # One run per trial, named by its number and sampled values.
+    assert sorted(int(run[6:10]) for run in runs) == list(range(6))
+    for run in runs:
+        params = trials[int(run[6:10])].params
+        assert f"channels={params['model.channels']}" in run and "-lr=" in run, run
+    # The metric's curve: one point per epoch the trial ran, steps increasing.
+    for run, points in curves.items():
+        steps = [step for _, step, _ in points]
+        assert len(steps) == int(table[int(run[6:10])]["epochs"]) and steps == sorted(set(steps)), (run, steps)
+    # The HParams columns: typed, with the searched ranges, plus state and epochs.
+    infos = {info["name"]: info for info in experiment["hparamInfos"]}
+    assert set(infos) == set(config["space"]) | {"state", "epochs"}
+    lr = config["space"]["model.lr"]
+    assert infos["model.lr"]["type"] == "DATA_TYPE_FLOAT64"
+    assert infos["model.lr"]["domainInterval"] == {"minValue": lr["low"], "maxValue": lr["high"]}
+    assert sorted(infos["state"]["domainDiscrete"]) == ["COMPLETE", "FAILED", "PRUNED"]
+    metric_tags = {m["name"]["tag"] for m in experiment["metricInfos"]}
+    assert {"hp/val_acc", "val_acc", "val_loss"} <= metric_tags
+    # Every trial is a row, pruned ones included, with its values, state and best metric.
+    assert len(groups) == 6
+    for group in groups:
+        number = int(group["name"][6:10])
+        row, hparams = table[number], group["hparams"]
+        assert hparams["state"] == row["state"] and int(hparams["epochs"]) == int(row["epochs"])
+        assert hparams["model.lr"] == pytest.approx(trials[number].params["model.lr"])
+        assert hparams["model.channels"] == trials[number].params["model.channels"]
+        best = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}["hp/val_acc"]
+        assert best == pytest.approx(float(row["best"]), rel=1e-5)
+    assert {g["hparams"]["state"] for g in groups} == {r["state"] for r in table.values()} >= {"PRUNED"}
     with pytest.raises(OSError):  # stopping the command stopped TensorBoard too
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5)
+        _get_json(f"{base}/runs")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, write_yaml
+from conftest import FIXTURES, tensorboard_run, write_yaml
 
 pytestmark = pytest.mark.e2e
 NUM_TRIALS = 8
@@ -91,16 +91,18 @@ def study(exp_dir: Path, name: str):
 
 def snapshot(exp_dir: Path, numbers) -> dict:
     """Files of the given trials, to prove they were not touched (not re-run) later."""
-    return {n: sorted((p.name, p.stat().st_size) for p in (exp_dir / "trials" / f"trial_{n:04d}").rglob("*"))
+    return {n: sorted((p.name, p.stat().st_size) for folder in (exp_dir / "trials" / f"trial_{n:04d}",
+                                                                tensorboard_run(exp_dir, n))
+                      for p in folder.rglob("*"))
             for n in numbers}
 
 
-def tensorboard_steps(trial_dir: Path, tag: str = "val_acc") -> list[int]:
+def tensorboard_steps(run: Path, tag: str = "val_acc") -> list[int]:
     """The steps of one scalar as TensorBoard shows it: all of the trial's event files
     read in order, with what a resumed attempt purged left out."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    accumulator = EventAccumulator(str(trial_dir))
+    accumulator = EventAccumulator(str(run))
     accumulator.Reload()
     if tag not in accumulator.Tags()["scalars"]:
         return []
@@ -115,7 +117,7 @@ def assert_complete_study(exp_dir: Path, name: str) -> None:
     params = [tuple(sorted(t.params.items())) for t in trials]
     assert len(set(params)) == len(params), "a parameter set was sampled twice"
     for number in range(NUM_TRIALS):
-        steps = tensorboard_steps(exp_dir / "trials" / f"trial_{number:04d}")
+        steps = tensorboard_steps(tensorboard_run(exp_dir, number))
         assert steps == sorted(set(steps)) and len(steps) == 3, (number, steps)
 
 
@@ -185,7 +187,7 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     once = table[1]  # raised once at epoch 2, retried from its epoch-1 checkpoint
     assert (once["state"], once["attempts"], once["resumed"]) == ("COMPLETE", "2", "True")
     assert "injected failure (once)" in once["error"]
-    steps = tensorboard_steps(exp_dir / "trials" / "trial_0001")
+    steps = tensorboard_steps(tensorboard_run(exp_dir, 1))
     assert steps == sorted(set(steps)) and len(steps) == 3  # global step continued, epochs not redone
 
     always = table[2]

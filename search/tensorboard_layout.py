@@ -1,0 +1,159 @@
+"""Where a study's TensorBoard data lives and what the HParams dashboard is told.
+
+    EXP_DIR/tensorboard/                      the log directory (``hpsearch tensorboard``)
+      events...hparams                        the HParams columns: every searched parameter
+                                              with its type and range, the trial's state,
+                                              and the metrics to compare trials by
+      trial_0003-lr=0.0012-channels=16/       one run per trial, named by number and values
+
+A trial's scalars are written by its Lightning logger. Its HParams record (sampled
+values, final state, epochs) is written by the driver when the trial ends, because
+TensorBoard keeps only the first HParams record of a run and the state is known only
+then: a trial joins the HParams table when it is COMPLETE, PRUNED or FAILED.
+
+TensorBoard's own protobuf helpers are used (no TensorFlow needed).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
+
+STATES = ("COMPLETE", "PRUNED", "FAILED")
+STATE_HPARAM, EPOCHS_HPARAM = "state", "epochs"
+# Speed series every trial writes (see reporting.SPEED_KEYS), offered as HParams metrics.
+SPEED_METRICS = ("speed/samples_per_s", "speed/epoch_time_s")
+_RUN_NAME_LIMIT = 96
+
+
+def run_name(number: int, params: dict[str, Any]) -> str:
+    """``trial_0003-lr=0.0012-channels=16``: the trial number, then its values, shortest
+    unambiguous parameter names first (``model.lr`` -> ``lr``), cut to a readable length."""
+    short = _short_names(list(params))
+    parts = [f"trial_{number:04d}"]
+    for key, value in params.items():
+        parts.append(f"{short[key]}={_compact(value)}")
+    name = "-".join(parts)
+    return name if len(name) <= _RUN_NAME_LIMIT else name[:_RUN_NAME_LIMIT - 1] + "~"
+
+
+def run_dir(tensorboard_dir: Path, number: int, params: dict[str, Any]) -> Path:
+    return tensorboard_dir / run_name(number, params)
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    last = [key.rsplit(".", 1)[-1] for key in keys]
+    return {key: (tail if last.count(tail) == 1 else key) for key, tail in zip(keys, last)}
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, float):
+        text = f"{value:.3g}"
+    else:
+        text = str(value)
+    return re.sub(r"[^\w.+=-]", "_", text)
+
+
+def _as_hparam_value(param, value: Any) -> Any:
+    """The value as TensorBoard types it: numbers stay numbers, mixed choices become text."""
+    if isinstance(param, CategoricalParam) and not _uniform_choice_type(param.choices):
+        return str(value)
+    if value is None:
+        return "None"
+    return value
+
+
+def _uniform_choice_type(choices: list[Any]) -> bool:
+    kinds = {"bool" if isinstance(c, bool) else "number" if isinstance(c, (int, float)) else
+             "str" if isinstance(c, str) else "other" for c in choices}
+    return len(kinds) == 1 and "other" not in kinds
+
+
+def hparams_columns(config: ExperimentConfig, logged_metrics: list[str]) -> Any:
+    """The experiment-level HParams summary: typed parameters with their ranges, the
+    state and epochs columns, and the metrics (best and last search metric first)."""
+    from tensorboard.plugins.hparams import summary_v2 as hp
+
+    hparams = []
+    for key, param in config.space.items():
+        if isinstance(param, FloatParam):
+            domain = hp.RealInterval(float(param.low), float(param.high))
+        elif isinstance(param, IntParam):
+            domain = hp.IntInterval(int(param.low), int(param.high))
+        else:
+            domain = hp.Discrete([_as_hparam_value(param, c) for c in param.choices])
+        hparams.append(hp.HParam(key, domain))
+    hparams.append(hp.HParam(STATE_HPARAM, hp.Discrete(list(STATES))))
+    hparams.append(hp.HParam(EPOCHS_HPARAM, hp.IntInterval(0, config.scheduler.max_epochs)))
+    metric = config.metric
+    metrics = [hp.Metric(f"hp/{metric}", display_name=f"best {metric}"),
+               hp.Metric(metric, display_name=f"last {metric}")]
+    metrics += [hp.Metric(name) for name in sorted(set(logged_metrics) - {metric})]
+    metrics += [hp.Metric(name) for name in SPEED_METRICS]
+    return hp.hparams_config_pb(hparams=hparams, metrics=metrics, time_created_secs=time.time())
+
+
+def write_hparams_columns(tensorboard_dir: Path, config: ExperimentConfig, logged_metrics: list[str]) -> bool:
+    """Write the columns once per study (TensorBoard would ignore a second copy); True if written."""
+    if any(tensorboard_dir.glob("events.out.tfevents.*")):
+        return False
+    _write_summaries(tensorboard_dir, [hparams_columns(config, logged_metrics)])
+    return True
+
+
+def write_trial_session(tensorboard_dir: Path, config: ExperimentConfig, number: int, params: dict[str, Any],
+                        state: str, epochs: int) -> Path:
+    """The trial's row in the HParams table: its values, final state and epochs run."""
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from tensorboard.plugins.hparams import summary_v2 as hp
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    values = {key: _as_hparam_value(config.space[key], value) for key, value in params.items()
+              if key in config.space}
+    values[STATE_HPARAM] = state
+    values[EPOCHS_HPARAM] = int(epochs)
+    start = hp.hparams_pb(values, trial_id=run_name(number, params))
+    status = {"COMPLETE": api_pb2.STATUS_SUCCESS, "PRUNED": api_pb2.STATUS_SUCCESS}.get(state, api_pb2.STATUS_FAILURE)
+    end_content = plugin_data_pb2.HParamsPluginData(
+        version=metadata.PLUGIN_DATA_VERSION,
+        session_end_info=plugin_data_pb2.SessionEndInfo(status=status, end_time_secs=time.time()),
+    )
+    end = Summary(value=[Summary.Value(tag=metadata.SESSION_END_INFO_TAG,
+                                       metadata=metadata.create_summary_metadata(end_content),
+                                       tensor=metadata.NULL_TENSOR)])
+    directory = run_dir(tensorboard_dir, number, params)
+    _write_summaries(directory, [start, end])
+    return directory
+
+
+def backfill_trial_sessions(tensorboard_dir: Path, config: ExperimentConfig, finished: list[dict[str, Any]]) -> int:
+    """HParams rows for finished trials that have none (the driver died between the
+    trial's end and writing it); returns how many were written."""
+    written = 0
+    for fields in finished:
+        params = {key: fields[key] for key in config.space if key in fields}
+        directory = run_dir(tensorboard_dir, int(fields["trial"]), params)
+        if directory.is_dir() and not any(directory.glob("*.hparams")):
+            write_hparams_columns(tensorboard_dir, config, [])
+            write_trial_session(tensorboard_dir, config, int(fields["trial"]), params, fields["state"],
+                                int(fields.get("epochs") or 0))
+            written += 1
+    return written
+
+
+def _write_summaries(directory: Path, summaries: list[Any]) -> None:
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    directory.mkdir(parents=True, exist_ok=True)
+    writer = EventFileWriter(str(directory), filename_suffix=".hparams")
+    try:
+        for summary in summaries:
+            writer.add_event(Event(wall_time=time.time(), step=0, summary=summary))
+    finally:
+        writer.close()
+
