@@ -8,7 +8,10 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup demo test clean
+# The report test renders HTML in Debian's Chromium; installed here when apt-get exists.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup demo test browser clean
 
 setup: $(VENV)/.installed
 
@@ -21,8 +24,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/hpsearch run examples/digits-cnn.yaml
 
-test: setup
+test: setup browser
 	$(PY) -m pytest
+
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { command -v apt-get >/dev/null && $(SUDO) apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "warning: no Chromium; the report-rendering test will be skipped"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -45,6 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("experiment_dirs", nargs="+", metavar="EXP_DIR")
     board.add_argument("--port", type=int, default=6006)
     board.add_argument("--host", default="127.0.0.1", help="interface to bind (default: localhost only)")
+
+    report = commands.add_parser("report", help="write a self-contained HTML report (and PNGs) of a study")
+    report.add_argument("experiment_dir")
+    report.add_argument("--out", help="directory for report.html and the PNGs (default: EXP_DIR/report)")
+
+    compare = commands.add_parser("compare", help="one table of best results, trials, wall time and compute")
+    compare.add_argument("experiment_dirs", nargs="+", metavar="EXP_DIR")
+    compare.add_argument("--json", action="store_true", help="print the table as JSON")
     return parser
 
 
@@ -136,6 +144,25 @@ def cmd_tensorboard(args) -> int:
     return serve([_experiment(path) for path in args.experiment_dirs], host=args.host, port=args.port)
 
 
+def cmd_report(args) -> int:
+    from .report import write_report
+
+    page = write_report(_experiment(args.experiment_dir), Path(args.out) if args.out else None)
+    print(f"report: {page}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .study_summary import comparison_records, print_comparison, summarize
+
+    summaries = [summarize(_experiment(path)) for path in args.experiment_dirs]
+    if args.json:
+        print(json.dumps(comparison_records(summaries), indent=2))
+    else:
+        print_comparison(summaries)
+    return 0
+
+
 def _experiment(path: str):
     from .experiment import ExperimentDir
 
@@ -154,6 +181,8 @@ COMMANDS = {
     "status": cmd_status,
     "best": cmd_best,
     "tensorboard": cmd_tensorboard,
+    "report": cmd_report,
+    "compare": cmd_compare,
 }
 
 if __name__ == "__main__":

@@ -60,3 +60,17 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
 @pytest.fixture
 def example_config() -> dict:
     return example_dict()
+
+
+@pytest.fixture(scope="session")
+def finished_search(tmp_path_factory):
+    """One 6-trial ASHA + TPE search on digits through the CLI, shared by the tests that read a
+    finished study (end-to-end, TensorBoard, report, compare)."""
+    root = tmp_path_factory.mktemp("e2e")
+    config = shrunk_example(root / "runs", **{"search/num_trials": 6, "scheduler/max_epochs": 4,
+                                              "space/model.lr": {"type": "float", "low": 1e-5, "high": 0.1, "log": True}})
+    path = write_yaml(root / "exp.yaml", config)
+    result = run_cli("run", str(path), cwd=root, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    exp_dir = root / "runs" / config["name"]
+    return exp_dir, config, result

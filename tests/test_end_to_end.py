@@ -20,19 +20,6 @@ def study_of(exp_dir: Path, name: str):
     return open_study(exp_dir, name, "max")
 
 
-@pytest.fixture(scope="module")
-def finished_search(tmp_path_factory):
-    """One 6-trial ASHA + TPE search on digits, shared by the assertions below."""
-    root = tmp_path_factory.mktemp("e2e")
-    config = shrunk_example(root / "runs", **{"search/num_trials": 6, "scheduler/max_epochs": 4,
-                                              "space/model.lr": {"type": "float", "low": 1e-5, "high": 0.1, "log": True}})
-    path = write_yaml(root / "exp.yaml", config)
-    result = run_cli("run", str(path), cwd=root, timeout=400)
-    assert result.returncode == 0, result.stdout + result.stderr
-    exp_dir = root / "runs" / config["name"]
-    return exp_dir, config, result
-
-
 def rows_of(exp_dir: Path) -> list[dict]:
     with (exp_dir / "trials.csv").open() as handle:
         return list(csv.DictReader(handle))

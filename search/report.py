@@ -1,0 +1,232 @@
+"""``hpsearch report``: one self-contained HTML page a person can read, PNGs beside it.
+
+    EXP_DIR/report/report.html    the page; its images are embedded, so it can be mailed
+    EXP_DIR/report/*.png          the same plots as files, for slides and papers
+
+Plots are drawn by matplotlib, the parameter plots by Optuna's own visualization
+module (``optuna.visualization.matplotlib``). Those Optuna plots use only COMPLETE
+trials, and under ASHA most trials are pruned; so they are drawn from a copy of the
+study in which every scored trial counts with the best value it reached, and the page
+says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .experiment import ExperimentDir
+from .study_summary import StudySummary, summarize
+
+SPEED_COLUMNS = (("trial", "trial"), ("state", "state"), ("epochs", "epochs"), ("samples_per_s", "samples/s"),
+                 ("epoch_time_s", "epoch s"), ("startup_s", "start-up s"), ("data_wait_s", "data wait s"),
+                 ("compute_s", "compute s"), ("precision", "precision"), ("strategy", "strategy"),
+                 ("world_size", "world size"), ("device", "device"), ("num_workers", "loader workers"),
+                 ("data_starved", "data-starved"))
+STATE_STYLE = {"COMPLETE": ("tab:blue", "-"), "PRUNED": ("tab:gray", "--"), "FAILED": ("tab:red", ":"),
+               "RUNNING": ("tab:green", "-")}
+
+
+def write_report(exp: ExperimentDir, out_dir: Path | None = None) -> Path:
+    """Write the report and its PNGs; returns the HTML file's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out = out_dir or exp.root / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(exp)
+    study = _open_study(exp, summary)
+    figures = {
+        "learning_curves": _learning_curves(study, summary),
+        "parallel_coordinates": _optuna_plot("plot_parallel_coordinate", study, summary),
+        "param_importances": _optuna_plot("plot_param_importances", study, summary),
+        "rungs": _rungs_plot(summary),
+        "compute": _compute_plot(summary),
+    }
+    images = {}
+    for name, figure in figures.items():
+        if figure is None:
+            continue
+        path = out / f"{name}.png"
+        figure.savefig(path, dpi=110, bbox_inches="tight")
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+        images[name] = path
+    page = out / "report.html"
+    page.write_text(_html(summary, images))
+    return page
+
+
+def _open_study(exp: ExperimentDir, summary: StudySummary):
+    from .searcher import STUDY_FILE, open_study
+
+    if not (exp.root / STUDY_FILE).is_file():
+        return None
+    return open_study(exp.root, summary.name, summary.mode)
+
+
+def _learning_curves(study, summary: StudySummary):
+    """The search metric per epoch, one line per trial; pruned trials end in an ``x``
+    at the rung where ASHA cut them; the rungs are the dotted verticals."""
+    import matplotlib.pyplot as plt
+
+    states = {int(r["trial"]): r.get("state", "") for r in summary.rows}
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for trial in (study.trials if study is not None else []):
+        curve = sorted(trial.intermediate_values.items())
+        if not curve:
+            continue
+        state = states.get(trial.number, trial.state.name)
+        color, style = STATE_STYLE.get(state, ("black", "-"))
+        epochs, values = zip(*curve)
+        axes.plot(epochs, values, linestyle=style, color=color, alpha=0.8, linewidth=1.2)
+        if state in ("PRUNED", "FAILED"):
+            axes.plot(epochs[-1], values[-1], marker="x", color=color, markersize=7)
+    for rung in summary.rungs:
+        axes.axvline(rung.epoch, color="tab:orange", linestyle=":", linewidth=1)
+    handles = [plt.Line2D([], [], color=c, linestyle=s, label=state) for state, (c, s) in STATE_STYLE.items()
+               if state in states.values()]
+    if summary.rungs:
+        handles.append(plt.Line2D([], [], color="tab:orange", linestyle=":", label="ASHA rung"))
+    axes.legend(handles=handles, loc="best", fontsize=8)
+    axes.set_xlabel("epoch")
+    axes.set_ylabel(summary.metric)
+    axes.set_title(f"{summary.metric} per epoch, every trial")
+    return figure
+
+
+def _scored_copy(study, summary: StudySummary):
+    """An in-memory study in which each COMPLETE or PRUNED trial with a value counts as
+    complete, valued at the best it reached (a pruned trial: at the rung it stopped)."""
+    import optuna
+
+    if study is None:
+        return None
+    copy = optuna.create_study(direction="maximize" if summary.mode == "max" else "minimize")
+    pick = max if summary.mode == "max" else min
+    for trial in study.trials:
+        values = [v for v in trial.intermediate_values.values() if math.isfinite(v)]
+        if trial.state.name not in ("COMPLETE", "PRUNED") or not values or not trial.params:
+            continue
+        copy.add_trial(optuna.trial.create_trial(params=trial.params, distributions=trial.distributions,
+                                                 value=pick(values), state=optuna.trial.TrialState.COMPLETE))
+    return copy if len(copy.trials) >= 2 else None
+
+
+def _optuna_plot(name: str, study, summary: StudySummary):
+    import optuna
+    import optuna.visualization.matplotlib as optuna_plots
+
+    scored = _scored_copy(study, summary)
+    if scored is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            axes = getattr(optuna_plots, name)(scored, target_name=summary.metric)
+        except (ValueError, RuntimeError) as exc:  # e.g. importances with a single distinct value
+            warnings.warn(f"report: {name} skipped: {exc}", stacklevel=2)
+            return None
+    axes = axes.flat[0] if hasattr(axes, "flat") else axes
+    figure = axes.figure
+    figure.set_size_inches(8, 4.5)
+    return figure
+
+
+def _rungs_plot(summary: StudySummary):
+    import matplotlib.pyplot as plt
+
+    if not summary.rungs:
+        return None
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    labels = [f"epoch {r.epoch}" for r in summary.rungs]
+    positions = range(len(labels))
+    axes.bar([p - 0.2 for p in positions], [r.reached for r in summary.rungs], width=0.4, label="reached the rung")
+    axes.bar([p + 0.2 for p in positions], [r.kept for r in summary.rungs], width=0.4, label="trained past it")
+    axes.set_xticks(list(positions), labels)
+    axes.set_ylabel("trials")
+    axes.set_title("ASHA rungs: trials reached and kept")
+    axes.legend(fontsize=8)
+    return figure
+
+
+def _compute_plot(summary: StudySummary):
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    labels = ["spent", "saved by pruning", "saved by early stopping"]
+    values = [summary.compute_s, summary.saved_by_pruning_s, summary.saved_by_early_stopping_s]
+    axes.bar(labels, values, color=["tab:blue", "tab:gray", "tab:green"])
+    axes.set_ylabel("trial-seconds")
+    axes.set_title("compute spent vs saved")
+    return figure
+
+
+def _cell(value: Any) -> str:
+    """A table cell whose raw value stays machine-readable in ``data-value``."""
+    raw = "" if value is None else str(value)
+    if isinstance(value, float):
+        shown = f"{value:.4g}"
+    else:
+        shown = raw
+    return f'<td data-value="{html.escape(raw, quote=True)}">{html.escape(shown)}</td>'
+
+
+def _table(table_id: str, header: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _image(images: dict[str, Path], name: str, caption: str) -> str:
+    if name not in images:
+        return f'<p class="missing">No {html.escape(name.replace("_", " "))} plot: too few scored trials.</p>'
+    data = base64.b64encode(images[name].read_bytes()).decode()
+    return (f'<figure><img id="{name}" alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _html(summary: StudySummary, images: dict[str, Path]) -> str:
+    best = summary.best or {}
+    best_rows = [["value", best.get("value")], ["trial", best.get("trial")], ["epochs", best.get("epochs")]]
+    best_rows += [[f"param {k}", v] for k, v in (best.get("params") or {}).items()]
+    best_rows += [[f"test {k}", v] for k, v in (best.get("test_metrics") or {}).items()]
+    counts = [[state, count] for state, count in summary.counts.items()]
+    rungs = [[r.epoch, r.reached, r.kept] for r in summary.rungs]
+    compute = [["spent", round(summary.compute_s, 3)], ["saved by pruning", round(summary.saved_by_pruning_s, 3)],
+               ["saved by early stopping", round(summary.saved_by_early_stopping_s, 3)],
+               ["study wall time", round(summary.wall_s, 3)]]
+    speed = [[row.get(key) for key, _ in SPEED_COLUMNS] for row in summary.rows]
+    sections = [
+        f"<h1>hpsearch report: {html.escape(summary.name)}</h1>",
+        f'<p>{html.escape(summary.experiment_dir)} · {summary.trials} trials · metric '
+        f'<b>{html.escape(summary.metric)}</b> ({summary.mode}) · written {time.strftime("%Y-%m-%d %H:%M:%S")}</p>',
+        "<h2>Best configuration</h2>",
+        _table("best", ["", "value"], best_rows) if best else "<p>No trial has a result yet.</p>",
+        "<h2>Trials</h2>", _table("counts", ["state", "trials"], counts),
+        "<h2>Learning curves</h2>",
+        _image(images, "learning_curves", f"{summary.metric} per epoch; pruned trials (dashed) end in x at their rung"),
+        "<h2>Parameters vs metric</h2>",
+        _image(images, "parallel_coordinates", "parallel coordinates; pruned trials count with the best value "
+                                               "they reached before ASHA stopped them"),
+        _image(images, "param_importances", "parameter importances (Optuna's fANOVA), same trials"),
+        "<h2>ASHA rungs</h2>",
+        _table("rungs", ["rung epoch", "trials reached", "trials kept"], rungs) if rungs else
+        "<p>No ASHA scheduler in this study.</p>",
+        _image(images, "rungs", "trials that reached each rung and trials that trained past it") if rungs else "",
+        "<h2>Compute</h2>", _table("compute", ["", "trial-seconds"], compute),
+        _image(images, "compute", "compute spent, and compute not spent because trials stopped early"),
+        "<h2>Speed per trial</h2>", _table("speed", [label for _, label in SPEED_COLUMNS], speed),
+    ]
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
+             "text-align:right}th{background:#f3f3f3}img{max-width:100%}figcaption{font-size:90%;color:#555}")
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>hpsearch report: {html.escape(summary.name)}</title><style>{style}</style></head><body>"
+            + "\n".join(sections) + "</body></html>\n")

@@ -1,0 +1,141 @@
+"""The numbers a person compares studies by, computed from the experiment's files.
+
+Read from ``trials.csv``, ``sessions.json``, ``best.json`` and ``experiment.yaml``
+only (no torch, Ray or Optuna), so ``hpsearch compare`` is instant; ``hpsearch report``
+adds the plots on top of the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from .experiment import ExperimentDir, read_sessions
+from .trials_table import read_rows
+
+FINISHED_STATES = ("COMPLETE", "PRUNED", "FAILED")
+
+
+def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> list[int]:
+    """The epochs at which ASHA may stop a trial (Ray's ``_Bracket`` milestones, s=0, short
+    of ``max_epochs``, where every trial stops anyway)."""
+    count = int(math.log(max_epochs / grace_period) / math.log(reduction_factor) + 1)
+    milestones = {int(grace_period * reduction_factor ** k) for k in range(count)}
+    return sorted(m for m in milestones if m < max_epochs)
+
+
+@dataclass
+class RungCount:
+    epoch: int
+    reached: int  # trials that ran at least this many epochs
+    kept: int  # of those, trials that trained past it
+
+
+@dataclass
+class StudySummary:
+    name: str
+    experiment_dir: str
+    metric: str
+    mode: str
+    max_epochs: int
+    best: dict[str, Any] | None
+    rows: list[dict[str, Any]]
+    counts: dict[str, int]
+    wall_s: float  # sum of the sessions' durations (a killed session counts to its last trial end)
+    compute_s: float  # trial-seconds spent training and validating, every attempt included
+    saved_by_pruning_s: float  # epochs ASHA cut, at each pruned trial's own epoch time
+    saved_by_early_stopping_s: float
+    rungs: list[RungCount] = field(default_factory=list)
+
+    @property
+    def trials(self) -> int:
+        return len(self.rows)
+
+
+def summarize(exp: ExperimentDir) -> StudySummary:
+    config = yaml.safe_load(exp.config_file.read_text())
+    scheduler = config.get("scheduler", {})
+    max_epochs = int(scheduler.get("max_epochs", 20))
+    rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
+    best = json.loads(exp.best_json.read_text()) if exp.best_json.is_file() else None
+    counts = {state: sum(1 for r in rows if r.get("state") == state) for state in (*FINISHED_STATES, "RUNNING")}
+    pruning = stopping = 0.0
+    for row in rows:
+        epochs = _number(row.get("epochs"))
+        spent = _number(row.get("compute_s"))
+        if not epochs or row.get("state") not in ("PRUNED", "COMPLETE") or epochs >= max_epochs:
+            continue
+        saved = (max_epochs - epochs) * spent / epochs
+        if row["state"] == "PRUNED":
+            pruning += saved
+        elif "early_stopping" in str(row.get("reason", "")):
+            stopping += saved
+    rungs = []
+    if scheduler.get("type", "asha") == "asha":
+        for epoch in asha_rungs(int(scheduler.get("grace_period", 1)), float(scheduler.get("reduction_factor", 3)),
+                                max_epochs):
+            ran = [_number(r.get("epochs")) for r in rows if r.get("state") in FINISHED_STATES]
+            rungs.append(RungCount(epoch, sum(1 for e in ran if e >= epoch), sum(1 for e in ran if e > epoch)))
+    return StudySummary(
+        name=config.get("name", exp.root.name), experiment_dir=str(exp.root), metric=config["metric"],
+        mode=config.get("mode", "max"), max_epochs=max_epochs, best=best, rows=rows, counts=counts,
+        wall_s=_wall_seconds(exp), compute_s=sum(_number(r.get("compute_s")) for r in rows),
+        saved_by_pruning_s=pruning, saved_by_early_stopping_s=stopping, rungs=rungs,
+    )
+
+
+def _wall_seconds(exp: ExperimentDir) -> float:
+    """Sessions' durations; one that never ended cleanly (SIGKILL) counts until trials.csv
+    was last written, the last moment it is known to have worked."""
+    total = 0.0
+    for session in read_sessions(exp):
+        if session.get("seconds") is not None:
+            total += float(session["seconds"])
+        elif exp.trials_csv.is_file():
+            total += max(0.0, exp.trials_csv.stat().st_mtime - float(session["started_at"]))
+    return total
+
+
+def _number(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return number if math.isfinite(number) else 0.0
+
+
+def print_comparison(summaries: list[StudySummary]) -> None:
+    """One row per study: best result, trials by state, wall time and compute."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="hpsearch compare")
+    for column in ("experiment", "metric", "best", "best trial", "test metrics", "trials", "complete", "pruned",
+                   "failed", "wall s", "compute s", "saved s"):
+        table.add_column(column, justify="left" if column in ("experiment", "metric", "test metrics") else "right")
+    for s in summaries:
+        best = s.best or {}
+        tests = ", ".join(f"{k}={v:.4g}" for k, v in (best.get("test_metrics") or {}).items())
+        table.add_row(
+            s.name, f"{s.metric} ({s.mode})", f"{best['value']:.4g}" if best.get("value") is not None else "-",
+            str(best.get("trial", "-")), tests or "-", str(s.trials), str(s.counts["COMPLETE"]),
+            str(s.counts["PRUNED"]), str(s.counts["FAILED"]), f"{s.wall_s:.1f}", f"{s.compute_s:.1f}",
+            f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
+        )
+    Console(width=200).print(table)
+
+
+def comparison_records(summaries: list[StudySummary]) -> list[dict[str, Any]]:
+    """The comparison as plain data (``hpsearch compare --json``)."""
+    return [{
+        "experiment": s.name, "experiment_dir": s.experiment_dir, "metric": s.metric, "mode": s.mode,
+        "best_value": (s.best or {}).get("value"), "best_trial": (s.best or {}).get("trial"),
+        "test_metrics": (s.best or {}).get("test_metrics", {}), "trials": s.trials, **s.counts,
+        "wall_s": round(s.wall_s, 3), "compute_s": round(s.compute_s, 3),
+        "saved_by_pruning_s": round(s.saved_by_pruning_s, 3),
+        "saved_by_early_stopping_s": round(s.saved_by_early_stopping_s, 3),
+    } for s in summaries]

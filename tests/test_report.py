@@ -1,0 +1,113 @@
+"""``hpsearch report`` rendered in a real headless Chromium, and ``hpsearch compare``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli, shrunk_example, write_yaml
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PLOTS = {"learning_curves", "parallel_coordinates", "param_importances", "rungs", "compute"}
+
+
+def trials_csv(exp_dir: Path) -> dict[int, dict]:
+    with (exp_dir / "trials.csv").open() as handle:
+        return {int(r["trial"]): r for r in csv.DictReader(handle)}
+
+
+def table_values(page, table_id: str) -> list[list[str]]:
+    """The raw values (``data-value``) of a report table, row by row."""
+    return page.eval_on_selector_all(
+        f"#{table_id} tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.dataset.value))")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_report_renders_in_headless_chromium_and_agrees_with_trials_csv(finished_search, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    exp_dir, config, _ = finished_search
+    result = run_cli("report", str(exp_dir), "--out", str(tmp_path / "report"), cwd=tmp_path, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    page_path = tmp_path / "report" / "report.html"
+    assert {p.stem for p in (tmp_path / "report").glob("*.png")} == PLOTS  # the PNGs beside the page
+
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+            page.on("pageerror", lambda error: problems.append(str(error)))
+            page.goto(page_path.as_uri())
+            page.wait_for_load_state("load")
+            images = page.eval_on_selector_all(
+                "img", "imgs => imgs.map(i => [i.id, i.complete, i.naturalWidth, i.naturalHeight])")
+            speed, counts = table_values(page, "speed"), dict(table_values(page, "counts"))
+            best, rungs = dict(table_values(page, "best")), table_values(page, "rungs")
+            compute = dict(table_values(page, "compute"))
+        finally:
+            browser.close()
+
+    assert problems == []
+    assert {name for name, *_ in images} == PLOTS
+    assert all(complete and width > 100 and height > 100 for _, complete, width, height in images), images
+
+    table = trials_csv(exp_dir)
+    # Per-trial speed rows are trials.csv's numbers.
+    assert sorted(int(row[0]) for row in speed) == sorted(table)
+    for trial, state, epochs, samples_per_s, *_ in speed:
+        row = table[int(trial)]
+        assert (state, epochs) == (row["state"], row["epochs"])
+        assert float(samples_per_s) == pytest.approx(float(row["samples_per_s"]))
+    for state in ("COMPLETE", "PRUNED", "FAILED"):
+        assert int(counts[state]) == sum(r["state"] == state for r in table.values())
+    assert float(compute["spent"]) == pytest.approx(sum(float(r["compute_s"]) for r in table.values()), abs=1e-3)
+    assert float(compute["saved by pruning"]) > 0  # ASHA pruned some trials in this study
+    # ASHA's rungs (grace 1, factor 2, 4 epochs: 1 and 2): trials that reached and passed each.
+    epochs = [int(r["epochs"]) for r in table.values()]
+    assert [[int(v) for v in row] for row in rungs] == [
+        [rung, sum(e >= rung for e in epochs), sum(e > rung for e in epochs)] for rung in (1, 2)]
+    stored_best = json.loads((exp_dir / "best.json").read_text())
+    assert float(best["value"]) == pytest.approx(stored_best["value"])
+    assert int(best["trial"]) == stored_best["trial"]
+    assert float(best["test test_acc"]) == pytest.approx(stored_best["test_metrics"]["test_acc"])
+
+
+def test_compare_puts_two_studies_side_by_side(finished_search, tmp_path):
+    exp_dir, _, _ = finished_search
+    other = shrunk_example(tmp_path / "runs", **{"name": "random-2", "search/num_trials": 2,
+                                                 "search/sampler": "random", "scheduler/type": "none",
+                                                 "scheduler/max_epochs": 1})
+    path = write_yaml(tmp_path / "other.yaml", other)
+    result = run_cli("run", str(path), cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    other_dir = tmp_path / "runs" / "random-2"
+
+    result = run_cli("compare", str(exp_dir), str(other_dir), "--json", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    records = json.loads(result.stdout)
+    assert [r["experiment_dir"] for r in records] == [str(exp_dir), str(other_dir)]
+    for record, directory in zip(records, (exp_dir, other_dir)):
+        best = json.loads((directory / "best.json").read_text())
+        table = trials_csv(directory)
+        assert record["best_value"] == pytest.approx(best["value"]) and record["best_trial"] == best["trial"]
+        assert record["test_metrics"] == pytest.approx(best["test_metrics"])
+        assert record["trials"] == len(table)
+        assert record["COMPLETE"] + record["PRUNED"] + record["FAILED"] == len(table)
+        assert record["compute_s"] == pytest.approx(sum(float(r["compute_s"]) for r in table.values()), abs=1e-3)
+        sessions = json.loads((directory / "sessions.json").read_text())
+        assert record["wall_s"] == pytest.approx(sum(s["seconds"] for s in sessions), abs=1e-3)
+        assert 0 < record["compute_s"] < record["wall_s"] * 2  # two trial slots at most
+    assert records[1]["PRUNED"] == 0 and records[1]["saved_by_pruning_s"] == 0  # no scheduler there
+
+    table_view = run_cli("compare", str(exp_dir), str(other_dir), cwd=tmp_path, timeout=60)
+    assert table_view.returncode == 0 and "random-2" in table_view.stdout and "digits-cnn" in table_view.stdout
