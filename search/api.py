@@ -24,6 +24,7 @@ from .config import ExperimentConfig
 from .config_loading import load_config
 from .errors import ConfigError, HpsearchError, Interrupted
 from .experiment import ExperimentDir, record_session, write_config
+from .storage import Mirror, StudyHome
 from .study_lock import study_lock
 from .trials_table import read_rows
 
@@ -66,14 +67,15 @@ def run(
         extra["storage"] = storage
     config = load_config(source, extra)
     prepare(config)
+    home = StudyHome.new(config.storage, config.name)  # a URI is checked for writing here
     from .tuner import start_ray
 
     start_ray(config, address, verbose)
     concurrency = _plan(config)
-    exp = ExperimentDir.create(config.storage, config.name)
+    exp = home.create()
     with study_lock(exp):
         write_config(exp, config.model_dump(mode="json"))
-        return _search(config, exp, verbose, concurrency, callbacks)
+        return _search(config, exp, verbose, concurrency, callbacks, home.mirror)
 
 
 def resume(
@@ -85,13 +87,17 @@ def resume(
     callbacks: Iterable[Any] = (),
 ) -> SearchResult:
     """Continue an interrupted study: finished trials stay, interrupted ones continue from
-    their checkpoints, and the sampler continues from the study's history."""
-    exp = ExperimentDir.existing(experiment_dir)
+    their checkpoints, and the sampler continues from the study's history.
+
+    ``experiment_dir`` may be the study's URI (``s3://bucket/exps/name``): a study
+    survives the cluster it ran on and resumes on another."""
+    exp, mirror = StudyHome.existing(experiment_dir)
     with study_lock(exp):
-        return _resume_locked(exp, overrides, address, verbose, callbacks)
+        return _resume_locked(exp, overrides, address, verbose, callbacks, mirror)
 
 
-def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool, callbacks) -> SearchResult:
+def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool, callbacks,
+                   mirror: Mirror | None) -> SearchResult:
     stored = load_config(exp.config_file)
     config = load_config(exp.config_file, overrides)
     changed = [k for k in FROZEN_ON_RESUME if getattr(stored, k) != getattr(config, k)]
@@ -104,7 +110,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     start_ray(config, address, verbose)
     concurrency = _plan(config)
     write_config(exp, config.model_dump(mode="json"))
-    return _search(config, exp, verbose, concurrency, callbacks)
+    return _search(config, exp, verbose, concurrency, callbacks, mirror)
 
 
 def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
@@ -132,16 +138,18 @@ def _plan(config: ExperimentConfig) -> int:
 
 
 def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int,
-            callbacks: Iterable[Any] = ()) -> SearchResult:
+            callbacks: Iterable[Any] = (), mirror: Mirror | None = None) -> SearchResult:
     from .results import finalize
     from .tuner import run_session
 
     started, started_at = time.monotonic(), time.time()
     record_session(exp, started_at, None, "running")
+    if mirror is not None:
+        mirror.push_study_files()
     outcome = "crashed"
     try:
         with _sigterm_as_interrupt():
-            complete = run_session(config, exp, verbose, concurrency, list(callbacks))
+            complete = run_session(config, exp, verbose, concurrency, list(callbacks), mirror)
         outcome = "complete" if complete else "interrupted"
     except KeyboardInterrupt:
         # A second Ctrl+C: Tune stopped at once. Everything finished is on disk.
@@ -152,9 +160,13 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     finally:
         try:
             record_session(exp, started_at, time.time(), outcome)
+            if mirror is not None:
+                mirror.push_study_files()
         except HpsearchError:
             pass  # a full disk: the error that caused it is the one to report
-    best = finalize(config, exp) if exp.trials_csv.is_file() else None
+    best = finalize(config, exp, mirror) if exp.trials_csv.is_file() else None
+    if mirror is not None:
+        mirror.push_study_files()
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     return SearchResult(exp.root, complete, best, trials, time.monotonic() - started)
 

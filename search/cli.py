@@ -141,7 +141,8 @@ def cmd_best(args) -> int:
 def cmd_tensorboard(args) -> int:
     from .tensorboard import serve
 
-    return serve([_experiment(path) for path in args.experiment_dirs], host=args.host, port=args.port)
+    return serve([_experiment(path, "tensorboard") for path in args.experiment_dirs], host=args.host,
+                 port=args.port)
 
 
 def cmd_report(args) -> int:
@@ -163,10 +164,12 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def _experiment(path: str):
-    from .experiment import ExperimentDir
+def _experiment(location: str, *parts: str):
+    """An experiment from its directory, or from its URI (its files, and ``parts``, are
+    fetched into the local working copy first)."""
+    from .storage import StudyHome
 
-    return ExperimentDir.existing(Path(path))
+    return StudyHome.existing(location, *parts)[0]
 
 
 def _version() -> str:

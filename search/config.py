@@ -22,6 +22,8 @@ NOT_SEARCHABLE = {
     "deepspeed_stage": "the ZeRO stage changes memory use, not results; set trainer.deepspeed_stage instead",
 }
 Scalar = Union[None, bool, int, float, str]
+# URI schemes pyarrow.fs opens (see storage.py); "file" is a local or shared directory.
+STORAGE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs", "file")
 
 
 class StrictModel(BaseModel):
@@ -196,7 +198,17 @@ class ExperimentConfig(StrictModel):
     loader: LoaderConfig = Field(default_factory=LoaderConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     failure: FailureConfig = Field(default_factory=FailureConfig)
-    storage: str = "./runs"
+    storage: str = Field("./runs", min_length=1, description="a directory (shared on a cluster) or a cloud URI")
+
+    @field_validator("storage")
+    @classmethod
+    def _known_storage_scheme(cls, value: str) -> str:
+        if "://" in value:
+            scheme = value.split("://", 1)[0].lower()
+            if scheme not in STORAGE_SCHEMES:
+                raise ValueError(f"unsupported storage scheme {scheme!r}; use a path or one of "
+                                 f"{', '.join(s + '://' for s in STORAGE_SCHEMES)}")
+        return value
 
     # Where each key came from (YAML line, or 0 for --set), so that later checks that
     # need the user's classes can still point at the line at fault.

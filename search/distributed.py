@@ -22,6 +22,7 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .errors import ConfigError
+from .storage import study_root
 from .trial import Parallelism, fit_trial
 
 # The Tune trial that drives a Train run asks for this much memory and no CPU
@@ -64,7 +65,7 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
                                      resources_per_worker=per_worker, placement_strategy="PACK"),
         run_config=RunConfig(
             name=f"trial_{int(trial_config['hps_trial_number']):04d}",
-            storage_path=f"{experiment_dir}/tune/train",
+            storage_path=str(study_root(experiment_dir) / "tune" / "train"),
             callbacks=[TuneReportCallback()],
             # Retries belong to Tune's FailureConfig (failure.max_retries), once, not twice.
             failure_config=FailureConfig(max_failures=0),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .components import build_datamodule, build_model, resolve_class
 from .config import ExperimentConfig
 from .devices import trial_device
 from .lightning_trainer import quiet_lightning
+from .storage import Mirror
 
 
 def has_test_split(model, datamodule) -> bool:
@@ -19,8 +21,10 @@ def has_test_split(model, datamodule) -> bool:
     )
 
 
-def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], checkpoint: str) -> dict[str, float]:
-    """Test metrics of ``checkpoint`` ({} when the model or data has no test split).
+def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], checkpoint: str,
+                        study_uri: str | None = None) -> dict[str, float]:
+    """Test metrics of ``checkpoint`` ({} when the model or data has no test split);
+    ``study_uri``: fetch the checkpoint from the study's storage if it is not on this node.
 
     Runs under ``torch.inference_mode()``: no autograd state is kept, so evaluation is
     cheaper and can use larger batches than training.
@@ -28,6 +32,9 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     import pytorch_lightning as pl
     import torch
 
+    if study_uri is not None and not Path(checkpoint).is_file():
+        mirror = Mirror.for_uri(study_uri)
+        mirror.pull(str(Path(checkpoint).relative_to(mirror.local)))
     quiet_lightning()
     config = ExperimentConfig.model_validate(experiment)
     device = trial_device(config.with_trainer_params(params), config.loader, config.resources)

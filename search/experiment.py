@@ -74,19 +74,28 @@ class ExperimentDir:
 
     @classmethod
     def create(cls, storage: str, name: str) -> "ExperimentDir":
-        """A new directory ``storage/name``; a timestamp is appended if that name is taken,
-        so a second run of the same file never mixes with, or overwrites, the first."""
+        """A new directory ``storage/name`` (see ``free_name``)."""
         base = Path(storage).expanduser().resolve()
-        root = base / name
-        if root.exists():
-            root = base / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            suffix = 1
-            while root.exists():
-                suffix += 1
-                root = base / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{suffix}"
+        return cls.make(base / free_name(name, lambda candidate: (base / candidate).exists()))
+
+    @classmethod
+    def make(cls, root: Path) -> "ExperimentDir":
         root.mkdir(parents=True)
         (root / "trials").mkdir()
         return cls(root)
+
+
+def free_name(name: str, taken) -> str:
+    """``name``, or ``name-<date>-<time>[-N]`` if ``taken(name)``: a second run of the same
+    file never mixes with, or overwrites, the first."""
+    if not taken(name):
+        return name
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate, suffix = f"{name}-{stamp}", 1
+    while taken(candidate):
+        suffix += 1
+        candidate = f"{name}-{stamp}-{suffix}"
+    return candidate
 
 
 def trial_name(number: int) -> str:

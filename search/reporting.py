@@ -39,8 +39,13 @@ class TuneReporter(pl.Callback):
     """Reports the epoch's metrics, telemetry and stop decision through ``report``."""
 
     def __init__(self, metric: str, mode: str, max_epochs: int, report: Callable[[dict], None],
-                 static_fields: dict[str, Any], report_on_every_rank: bool = False, started: float | None = None) -> None:
+                 static_fields: dict[str, Any], before_report: Callable[[], Any] | None = None,
+                 report_on_every_rank: bool = False, started: float | None = None) -> None:
+        """``before_report``: called on rank 0 once the epoch's files are written and before
+        the report (with URI storage it uploads them: the study must never know of an epoch
+        whose checkpoint is not in storage)."""
         self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
+        self.before_report = before_report
         self.report_on_every_rank = report_on_every_rank
         self.report = report
         self.static_fields = dict(static_fields)
@@ -163,6 +168,8 @@ class TuneReporter(pl.Callback):
                 # Events reach disk before the report: a driver killed right after it
                 # must not leave TensorBoard missing epochs the study has.
                 trainer.logger.experiment.flush()
+            if self.before_report is not None:
+                self.before_report()
         if trainer.global_rank == 0 or self.report_on_every_rank:
             reporting = time.perf_counter()
             self.report(metrics)

@@ -7,18 +7,22 @@ from typing import Any
 from .config import ExperimentConfig
 from .experiment import ExperimentDir, trial_name, write_json
 from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
+from .storage import Mirror, join_uri
 from .trials_table import TrialsTable
 
 
-def finalize(config: ExperimentConfig, exp: ExperimentDir) -> dict[str, Any] | None:
-    """Evaluate the best trial's best checkpoint and write ``best.json``; None if no trial scored."""
+def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None = None) -> dict[str, Any] | None:
+    """Evaluate the best trial's best checkpoint and write ``best.json``; None if no trial scored.
+    With URI storage the checkpoint is fetched first (another node may have written it)."""
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
     row = table.best_row()
     if row is None:
         return None
     params = {name: row[name] for name in config.space if name in row}
+    if mirror is not None:
+        mirror.pull(f"trials/{trial_name(int(row['trial']))}/checkpoints/{BEST_CHECKPOINT}")
     checkpoint = checkpoint_dir(exp.trial_dir(trial_name(int(row["trial"])))) / BEST_CHECKPOINT
-    test_metrics = evaluate_on_cluster(config, params, str(checkpoint)) if checkpoint.is_file() else {}
+    test_metrics = evaluate_on_cluster(config, params, str(checkpoint), mirror) if checkpoint.is_file() else {}
     best = {
         "experiment": config.name,
         "experiment_dir": str(exp.root),
@@ -31,6 +35,8 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir) -> dict[str, Any] | N
         "params": params,
         "config": resolved_config(config, params),
         "checkpoint": str(checkpoint) if checkpoint.is_file() else None,
+        "checkpoint_uri": join_uri(mirror.uri, str(checkpoint.relative_to(exp.root)))
+        if mirror is not None and checkpoint.is_file() else None,
         "test_metrics": test_metrics,
     }
     write_json(exp.best_json, best)
@@ -46,9 +52,11 @@ def resolved_config(config: ExperimentConfig, params: dict[str, Any]) -> dict[st
     return resolved
 
 
-def evaluate_on_cluster(config: ExperimentConfig, params: dict[str, Any], checkpoint: str) -> dict[str, float]:
+def evaluate_on_cluster(config: ExperimentConfig, params: dict[str, Any], checkpoint: str,
+                        mirror: Mirror | None = None) -> dict[str, float]:
     """The test evaluation: in the driver for CPU trials (it has torch loaded already, and a
-    new worker process would cost seconds), as a Ray task with a trial's GPUs otherwise."""
+    new worker process would cost seconds), as a Ray task with a trial's GPUs otherwise
+    (which fetches the checkpoint from URI storage if its node lacks it)."""
     from .evaluation import evaluate_checkpoint
 
     if config.resources.gpus_per_trial == 0:
@@ -58,4 +66,5 @@ def evaluate_on_cluster(config: ExperimentConfig, params: dict[str, Any], checkp
     task = ray.remote(num_cpus=config.resources.cpus_per_trial, num_gpus=config.resources.gpus_per_trial)(
         evaluate_checkpoint
     )
-    return ray.get(task.remote(config.model_dump(mode="json"), params, checkpoint))
+    return ray.get(task.remote(config.model_dump(mode="json"), params, checkpoint,
+                               mirror.uri if mirror is not None else None))

@@ -23,6 +23,7 @@ from .checkpoints import global_step_of, latest_good_checkpoint
 from .lightning_trainer import build_trainer, quiet_lightning
 from .outcome import EPOCH, FAILURE, FINISHED, TRIAL_NUMBER
 from .reporting import NonFiniteError, TuneReporter
+from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
 
 
@@ -50,10 +51,16 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     config = ExperimentConfig.model_validate(experiment)
     params: dict[str, Any] = trial_config["params"]
     number = int(trial_config[TRIAL_NUMBER])
-    exp = ExperimentDir(Path(experiment_dir))
+    exp = ExperimentDir(study_root(experiment_dir))
     trial_dir = exp.trial_dir(trial_name(number))
-    trial_dir.mkdir(parents=True, exist_ok=True)
     tensorboard_run = run_dir(exp.tensorboard_dir, number, params)
+    # With URI storage this trial's files travel through the study's storage: it may
+    # resume on another node, or after the cluster that started it is gone.
+    mirror = Mirror.for_uri(experiment_dir) if is_uri(experiment_dir) else None
+    own_files = [str(p.relative_to(exp.root)) for p in (trial_dir, tensorboard_run)]
+    if mirror is not None:
+        mirror.pull(*own_files)
+    trial_dir.mkdir(parents=True, exist_ok=True)
     # User code may want to know which trial it is part of (e.g. to write files beside it).
     os.environ["HPSEARCH_TRIAL_NUMBER"], os.environ["HPSEARCH_TRIAL_DIR"] = str(number), str(trial_dir)
     quiet_lightning()
@@ -86,8 +93,9 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         "hps_resumed": resume_from is not None,
         "hps_notes": "; ".join(checkpoint_notes),
     }
+    publish = (lambda: mirror.push(*own_files)) if mirror is not None else None
     reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
-                            report=_timed(report, started), static_fields=static_fields,
+                            report=_timed(report, started), static_fields=static_fields, before_report=publish,
                             report_on_every_rank=parallel.report_on_every_rank, started=started)
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
@@ -103,6 +111,8 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         if reason is None:
             raise  # Tune retries it from the last checkpoint (failure.max_retries)
         # Not worth a retry: end the trial as failed, with the reason, and let the search go on.
+        if publish is not None and trainer.global_rank == 0:
+            publish()
         report({**static_fields, FAILURE: reason, FINISHED: True, EPOCH: trainer.current_epoch})
 
 

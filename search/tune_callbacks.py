@@ -124,6 +124,39 @@ class TensorBoardSessions(Callback):
             warnings.warn(f"TensorBoard HParams row of trial {number} not written: {exc}", stacklevel=2)
 
 
+class PushStudyFiles(Callback):
+    """With URI storage: the study's own files go to storage whenever a trial ends, at
+    most every ``min_interval_s`` while results arrive, and at the end of the session."""
+
+    def __init__(self, mirror, min_interval_s: float = 30.0) -> None:
+        self.mirror, self.min_interval_s = mirror, min_interval_s
+        self._last = time.monotonic()
+
+    def _push(self, force: bool) -> None:
+        """A failed upload (a network blip) costs nothing but a warning: the local copy has
+        everything and the next push sends it."""
+        if force or time.monotonic() - self._last >= self.min_interval_s:
+            try:
+                self.mirror.push_study_files()
+                if force:
+                    self.mirror.push("tensorboard")  # the HParams rows this driver wrote
+            except Exception as exc:  # noqa: BLE001
+                warnings.warn(f"storage upload failed, will retry: {exc}", stacklevel=2)
+            self._last = time.monotonic()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self._push(force=False)
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._push(force=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._push(force=True)
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self._push(force=True)
+
+
 def _last_error_line(trial) -> str:
     """The exception line of a failed trial's traceback, e.g. 'ValueError: bad lr'."""
     path = getattr(trial, "error_file", None)

@@ -14,6 +14,7 @@ from .components import user_code_roots
 from .config import ExperimentConfig
 from .experiment import ExperimentDir
 from .outcome import PruneLog
+from .storage import Mirror
 from .tensorboard_layout import backfill_trial_sessions
 from .trials_table import TrialsTable
 
@@ -69,15 +70,18 @@ def plan_concurrency(config: ExperimentConfig, nodes: list[dict]) -> int:
 
 
 def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int,
-                extra_callbacks: list | None = None) -> bool:
-    """Run trials until the study is complete or the user interrupts; True if complete."""
+                extra_callbacks: list | None = None, mirror: Mirror | None = None) -> bool:
+    """Run trials until the study is complete or the user interrupts; True if complete.
+
+    Trials get the study's location: its URI when it has one (they sync their own files
+    through it), else its directory."""
     from ray import tune
 
     from .scheduler import StudyASHA, make_scheduler
     from .searcher import OptunaSearcher
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
-    from .tune_callbacks import ProgressDisplay, TensorBoardSessions, TrialsTableRecorder
+    from .tune_callbacks import ProgressDisplay, PushStudyFiles, TensorBoardSessions, TrialsTableRecorder
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)
@@ -94,13 +98,16 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     callbacks = [TrialsTableRecorder(table, exp.trials_csv, prunes),
                  TensorBoardSessions(config, table, exp.tensorboard_dir),
                  ProgressDisplay(table, searcher.trial_limit), *(extra_callbacks or [])]
+    if mirror is not None:
+        callbacks.insert(2, PushStudyFiles(mirror))
     if config.resources.distributed:
         function, resources = train_distributed_trial, driver_resources()
     else:
         function = train_trial
         resources = {"cpu": config.resources.cpus_per_trial, "gpu": config.resources.gpus_per_trial}
     trainable = tune.with_resources(
-        tune.with_parameters(function, experiment=config.model_dump(mode="json"), experiment_dir=str(exp.root)),
+        tune.with_parameters(function, experiment=config.model_dump(mode="json"),
+                             experiment_dir=mirror.uri if mirror is not None else str(exp.root)),
         resources,
     )
     exp.tune_dir.mkdir(exist_ok=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, run_cli, shrunk_example, write_yaml
+from conftest import FIXTURES, run_cli, write_yaml
 
 pytestmark = pytest.mark.e2e
 

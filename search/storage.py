@@ -1,0 +1,232 @@
+"""Where a study lives: a local or shared directory, or a cloud URI.
+
+A plain path (or ``file://``) is the experiment directory itself; on a cluster it must
+be a filesystem every node mounts (NFS, EFS, Lustre...). A cloud URI (``s3://``,
+``gs://``, ``abfs://``, ``hdfs://``; any filesystem ``pyarrow.fs`` opens from a URI) is
+the study's home, and every process works in a local working copy of it:
+
+* the driver pulls the study's own files (config, Optuna journal, trials.csv...) at
+  the start of a session and pushes them whenever a trial ends and at the end;
+* each trial pulls its own checkpoints and TensorBoard run when it starts (a trial
+  resumed on another node, or after the cluster was torn down) and pushes them after
+  every validated epoch, before it reports; so a checkpoint the study knows of is in
+  storage even if the node that wrote it is gone.
+
+Object stores write whole objects, so a reader sees an old or a new file, never a mix.
+``pyarrow.fs`` is used because Ray already depends on it and it reads credentials the
+standard way (``AWS_*`` variables, ``AWS_ENDPOINT_URL`` for S3-compatible servers,
+instance roles, gcloud's application-default credentials).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .errors import ExperimentError, HpsearchError
+from .experiment import ExperimentDir, free_name
+
+# The study's own files: small, and what ``status``/``best``/``report``/``resume`` read.
+STUDY_FILES = ("experiment.yaml", "optuna.journal", "trials.csv", "sessions.json", "best.json", "driver.json")
+
+
+class StorageError(HpsearchError):
+    """The storage location cannot be reached or written."""
+
+
+def is_uri(location: str | os.PathLike) -> bool:
+    """True for a remote URI; plain paths and ``file://`` are local directories."""
+    text = str(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def local_path(location: str) -> Path:
+    """A local or shared directory, from a path or a ``file://`` URI."""
+    text = str(location)
+    return Path(urlsplit(text).path if text.startswith("file://") else text).expanduser().resolve()
+
+
+def join_uri(base: str, name: str) -> str:
+    """``s3://bucket/exps`` + ``name`` (a query string, e.g. endpoint options, stays at the end)."""
+    parts = urlsplit(base)
+    path = parts.path.rstrip("/") + "/" + name
+    return parts._replace(path=path).geturl()
+
+
+def working_copy(uri: str) -> Path:
+    """The local directory that mirrors ``uri``: the same path on every node of a cluster
+    (``HPSEARCH_CACHE``, default ``~/.cache/hpsearch``), readable by a person."""
+    parts = urlsplit(uri)
+    root = Path(os.environ.get("HPSEARCH_CACHE", "~/.cache/hpsearch")).expanduser()
+    tag = hashlib.sha1(uri.encode()).hexdigest()[:8]  # two endpoints with the same bucket name stay apart
+    return (root / parts.scheme / f"{parts.netloc}-{tag}" / parts.path.strip("/")).resolve()
+
+
+def study_root(location: str) -> Path:
+    """The directory a process works in for the study at ``location`` (a path or URI):
+    the same on the driver and on every worker."""
+    return working_copy(location) if is_uri(location) else local_path(location)
+
+
+@dataclass
+class Mirror:
+    """A remote directory and its local working copy, synced file by file.
+
+    ``push`` uploads files that changed since this process last pushed them and deletes
+    remote files it had pushed that are gone locally (checkpoints rotated away); ``pull``
+    downloads remote files that are missing locally or newer than the local copy.
+    """
+
+    uri: str
+    local: Path
+    _pushed: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def for_uri(cls, uri: str) -> "Mirror":
+        return cls(uri, working_copy(uri))
+
+    def _fs(self):
+        import pyarrow.fs as pafs
+
+        try:
+            filesystem, base = pafs.FileSystem.from_uri(self.uri)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad URI
+            raise StorageError(f"cannot open storage {self.uri!r}: {exc}") from None
+        return filesystem, base.rstrip("/")
+
+    def exists(self, relative: str = "experiment.yaml") -> bool:
+        import pyarrow.fs as pafs
+
+        filesystem, base = self._fs()
+        try:
+            return filesystem.get_file_info(f"{base}/{relative}").type != pafs.FileType.NotFound
+        except OSError as exc:
+            raise StorageError(f"cannot read storage {self.uri!r}: {exc}") from None
+
+    def check_writable(self) -> None:
+        """Write and delete a probe object, so a wrong bucket or missing credentials is an
+        error before Ray starts, naming the location."""
+        filesystem, base = self._fs()
+        probe = f"{base}/.hpsearch-probe"
+        try:
+            with filesystem.open_output_stream(probe) as handle:
+                handle.write(b"ok")
+            filesystem.delete_file(probe)
+        except OSError as exc:
+            raise StorageError(f"cannot write to storage {self.uri!r}: {exc}") from None
+
+    def push(self, *relatives: str) -> int:
+        """Upload the given files or directories (relative to the study); returns files sent."""
+        filesystem, base = self._fs()
+        sent = 0
+        for relative in relatives:
+            source = self.local / relative
+            files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file()) \
+                if source.is_dir() else []
+            present = set()
+            for path in files:
+                key = path.relative_to(self.local).as_posix()
+                if path.name.startswith(".") and path.name.endswith(".tmp"):
+                    continue  # an atomic write in progress
+                present.add(key)
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:
+                    continue  # rotated away while we walked
+                signature = (stat.st_size, stat.st_mtime_ns)
+                if self._pushed.get(key) == signature:
+                    continue
+                try:
+                    with path.open("rb") as reader, filesystem.open_output_stream(f"{base}/{key}") as writer:
+                        shutil.copyfileobj(reader, writer, 1 << 20)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise StorageError(f"cannot upload {key} to {self.uri!r}: {exc}") from None
+                self._pushed[key] = signature
+                sent += 1
+            prefix = relative.rstrip("/") + "/"
+            for key in [k for k in self._pushed if (k == relative or k.startswith(prefix)) and k not in present]:
+                try:
+                    filesystem.delete_file(f"{base}/{key}")
+                except (FileNotFoundError, OSError):
+                    pass
+                del self._pushed[key]
+        return sent
+
+    def pull(self, *relatives: str) -> int:
+        """Download the given files or directories that are missing or older here."""
+        import pyarrow.fs as pafs
+
+        filesystem, base = self._fs()
+        received = 0
+        for relative in relatives:
+            remote = f"{base}/{relative}"
+            info = filesystem.get_file_info(remote)
+            if info.type == pafs.FileType.NotFound:
+                continue
+            infos = [info] if info.type == pafs.FileType.File else [
+                i for i in filesystem.get_file_info(pafs.FileSelector(remote, recursive=True))
+                if i.type == pafs.FileType.File]
+            for item in infos:
+                key = item.path[len(base) + 1:]
+                target = self.local / key
+                if target.is_file() and item.mtime_ns is not None and \
+                        target.stat().st_mtime_ns >= item.mtime_ns and target.stat().st_size == item.size:
+                    continue
+                if target.is_file() and item.mtime_ns is not None and target.stat().st_mtime_ns > item.mtime_ns:
+                    continue  # written here after the upload: not pushed yet, keep it
+                target.parent.mkdir(parents=True, exist_ok=True)
+                temporary = target.with_name(f".{target.name}.pull.tmp")
+                with filesystem.open_input_stream(item.path) as reader, temporary.open("wb") as writer:
+                    shutil.copyfileobj(reader, writer, 1 << 20)
+                os.replace(temporary, target)
+                stat = target.stat()
+                self._pushed[key] = (stat.st_size, stat.st_mtime_ns)  # in sync: no need to send it back
+                received += 1
+        return received
+
+    def push_study_files(self) -> int:
+        return self.push(*[name for name in STUDY_FILES if (self.local / name).exists()])
+
+
+@dataclass(frozen=True)
+class StudyHome:
+    """Where a new or existing study's files are: ``root`` is the directory hpsearch
+    works in, ``mirror`` its remote home when the storage is a URI (else None)."""
+
+    root: Path
+    mirror: Mirror | None = None
+
+    @classmethod
+    def new(cls, storage: str, name: str) -> "StudyHome":
+        """Choose the new study's place without creating it; for a URI, check now that it
+        can be written, so a wrong bucket or credentials fail before Ray starts."""
+        if not is_uri(storage):
+            base = local_path(storage)
+            return cls(base / free_name(name, lambda candidate: (base / candidate).exists()))
+        chosen = free_name(name, lambda candidate: Mirror.for_uri(join_uri(storage, candidate)).exists())
+        mirror = Mirror.for_uri(join_uri(storage, chosen))
+        mirror.check_writable()
+        return cls(mirror.local, mirror)
+
+    def create(self) -> ExperimentDir:
+        if self.mirror is not None and self.root.exists():
+            shutil.rmtree(self.root)  # a stale working copy of a study no longer in storage
+        return ExperimentDir.make(self.root)
+
+    @classmethod
+    def existing(cls, location: str | os.PathLike, *parts: str) -> tuple[ExperimentDir, "Mirror | None"]:
+        """An existing study, from its directory or URI; for a URI, the study's files (and
+        the given ``parts``, e.g. ``tensorboard``) are pulled into the working copy first."""
+        if not is_uri(location):
+            return ExperimentDir.existing(local_path(str(location))), None
+        mirror = Mirror.for_uri(str(location))
+        if not mirror.exists():
+            raise ExperimentError(f"{location!r} holds no hpsearch study (no experiment.yaml)")
+        mirror.pull(*STUDY_FILES, *parts)
+        return ExperimentDir.existing(mirror.local), mirror

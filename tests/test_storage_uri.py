@@ -1,0 +1,158 @@
+"""Studies whose home is a cloud URI, against a real S3-compatible server (moto's server
+mode on loopback): nothing here mocks hpsearch's own code."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from test_fault_tolerance import experiment, finish, wait_for, wait_until_quiet
+
+BUCKET = "hpsearch-test"
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A moto S3 server on a free port; yields the environment a client needs."""
+    pytest.importorskip("moto")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_EC2_METADATA_DISABLED": "true"}
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        client(env).create_bucket(Bucket=BUCKET)
+        yield env
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def client(env: dict):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_DEFAULT_REGION"])
+
+
+def keys(env: dict, prefix: str) -> set[str]:
+    """Object keys under ``prefix``, less pyarrow's empty directory markers (``dir/``)."""
+    pages = client(env).get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return {item["Key"] for page in pages for item in page.get("Contents", []) if not item["Key"].endswith("/")}
+
+
+def read_object(env: dict, key: str) -> bytes:
+    return client(env).get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+
+def test_mirror_pushes_changes_deletes_rotated_files_and_pulls_into_a_fresh_copy(s3_server, tmp_path, monkeypatch):
+    from hpsearch.search.storage import Mirror
+
+    for name, value in s3_server.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HPSEARCH_CACHE", str(tmp_path / "node-a"))
+    uri = f"s3://{BUCKET}/unit/study"
+    first = Mirror.for_uri(uri)
+    checkpoints = first.local / "trials" / "trial_0000" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "epoch-0000.ckpt").write_bytes(b"a" * 1000)
+    (checkpoints / "epoch-0001.ckpt").write_bytes(b"b" * 2000)
+    assert first.push("trials/trial_0000") == 2
+    assert first.push("trials/trial_0000") == 0  # nothing changed: nothing sent
+    (checkpoints / "epoch-0000.ckpt").unlink()  # rotated away
+    (checkpoints / "epoch-0002.ckpt").write_bytes(b"c" * 3000)
+    assert first.push("trials/trial_0000") == 1
+    assert keys(s3_server, "unit/study/") == {"unit/study/trials/trial_0000/checkpoints/epoch-0001.ckpt",
+                                              "unit/study/trials/trial_0000/checkpoints/epoch-0002.ckpt"}
+
+    monkeypatch.setenv("HPSEARCH_CACHE", str(tmp_path / "node-b"))  # another machine
+    second = Mirror.for_uri(uri)
+    assert second.local != first.local
+    assert second.pull("trials/trial_0000") == 2
+    assert (second.local / "trials/trial_0000/checkpoints/epoch-0002.ckpt").read_bytes() == b"c" * 3000
+    (second.local / "trials/trial_0000/checkpoints/epoch-0002.ckpt").write_bytes(b"newer, not pushed yet")
+    assert second.pull("trials/trial_0000") == 0  # a file written here after the upload is kept
+    assert second.pull("trials/trial_9999") == 0  # absent remotely: nothing, no error
+
+
+def test_a_bad_storage_uri_is_refused_before_ray_starts(s3_server, tmp_path, example_config):
+    config = {**example_config, "storage": f"s3://no-such-bucket-{os.getpid()}/exps"}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(config))
+    result = run_cli("run", "exp.yaml", cwd=tmp_path, timeout=120, env={**s3_server, "HPSEARCH_CACHE": str(tmp_path)})
+    assert result.returncode == 1 and "cannot write to storage" in result.stderr and "no-such-bucket" in result.stderr
+    assert "Ray" not in result.stderr  # refused before Ray started
+
+
+@pytest.mark.e2e
+def test_a_study_in_s3_survives_its_machine_and_resumes_from_a_fresh_process(s3_server, tmp_path):
+    """SIGKILL the driver mid-trial, delete its local working copy (the cluster is gone),
+    resume from the URI in a fresh process with an empty cache: nothing is lost and the
+    interrupted trial continues from the checkpoint it had uploaded."""
+    path = experiment(tmp_path, "cloud", epoch_sleep=1.5)
+    config = yaml.safe_load(path.read_text())
+    config["storage"] = f"s3://{BUCKET}/exps"
+    config["search"]["num_trials"] = 4
+    path.write_text(yaml.safe_dump(config))
+    uri, prefix = f"s3://{BUCKET}/exps/cloud", "exps/cloud/"
+    cache_a, cache_b = tmp_path / "machine-a", tmp_path / "machine-b"
+    local_a = None
+
+    env = {**os.environ, **s3_server, "PYTHONUNBUFFERED": "1", "HPSEARCH_CACHE": str(cache_a)}
+    driver = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "run", path.name], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def a_trial_is_mid_way_in_storage() -> bool:
+        stored = keys(s3_server, prefix)
+        done = "exps/cloud/trials.csv" in stored and any(
+            r["state"] == "COMPLETE" for r in csv.DictReader(io.StringIO(read_object(s3_server, prefix + "trials.csv")
+                                                                          .decode())))
+        return done and any(k.endswith("epoch-0000.ckpt") for k in stored)
+
+    wait_for(a_trial_is_mid_way_in_storage, what="a finished trial and an uploaded checkpoint")
+    local_a = next(cache_a.rglob("experiment.yaml")).parent
+    driver.send_signal(signal.SIGKILL)
+    driver.communicate(timeout=60)
+    wait_until_quiet(local_a)
+    shutil.rmtree(cache_a)  # the machine and its disk are gone; only the bucket remains
+
+    result = run_cli("resume", uri, cwd=tmp_path, timeout=400, env={**s3_server, "HPSEARCH_CACHE": str(cache_b)})
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    table = list(csv.DictReader(io.StringIO(read_object(s3_server, prefix + "trials.csv").decode())))
+    assert [r["state"] for r in table] == ["COMPLETE"] * 4, table
+    assert any(r["resumed"] == "True" for r in table), table  # continued from a checkpoint pulled from S3
+    stored = keys(s3_server, prefix)
+    for number in range(4):
+        assert f"{prefix}trials/trial_{number:04d}/checkpoints/best.ckpt" in stored
+        assert any(k.startswith(f"{prefix}tensorboard/trial_{number:04d}") for k in stored)
+    best = json.loads(read_object(s3_server, prefix + "best.json"))
+    assert best["checkpoint_uri"].startswith(uri) and best["test_metrics"]
+    sessions = json.loads(read_object(s3_server, prefix + "sessions.json"))
+    assert [s["outcome"] for s in sessions] == ["running", "complete"]  # the killed one never ended
+
+    status = run_cli("status", uri, cwd=tmp_path, timeout=60,
+                     env={**s3_server, "HPSEARCH_CACHE": str(tmp_path / "laptop")})
+    assert status.returncode == 0 and status.stdout.count("COMPLETE") >= 4, status.stdout + status.stderr
+    assert not Path(cache_a).exists()
