@@ -21,7 +21,7 @@ from .devices import trial_device
 from .experiment import ExperimentDir, trial_name
 from .checkpoints import global_step_of, latest_good_checkpoint
 from .lightning_trainer import build_trainer, quiet_lightning
-from .outcome import EPOCH, FAILURE, FINISHED, TRIAL_NUMBER
+from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, TRIAL_NUMBER
 from .reporting import NonFiniteError, TuneReporter
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
@@ -51,6 +51,10 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     config = ExperimentConfig.model_validate(experiment)
     params: dict[str, Any] = trial_config["params"]
     number = int(trial_config[TRIAL_NUMBER])
+    if trial_config.get(GIVE_UP):
+        # Out of retries for its own faults (see RetryPolicy): end as failed, with the reason.
+        report({TRIAL_NUMBER: number, FAILURE: str(trial_config[GIVE_UP]), FINISHED: True})
+        return
     exp = ExperimentDir(study_root(experiment_dir))
     trial_dir = exp.trial_dir(trial_name(number))
     tensorboard_run = run_dir(exp.tensorboard_dir, number, params)
@@ -92,6 +96,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         "hps_pin_memory": device.loader_options["pin_memory"],
         "hps_resumed": resume_from is not None,
         "hps_notes": "; ".join(checkpoint_notes),
+        **_placement(),
     }
     publish = (lambda: mirror.push(*own_files)) if mirror is not None else None
     reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
@@ -114,6 +119,15 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         if publish is not None and trainer.global_rank == 0:
             publish()
         report({**static_fields, FAILURE: reason, FINISHED: True, EPOCH: trainer.current_epoch})
+
+
+def _placement() -> dict[str, str]:
+    """The Ray node this process runs on (rank 0's, for a distributed trial)."""
+    import ray
+
+    if not ray.is_initialized():
+        return {}
+    return {"hps_node_id": ray.get_runtime_context().get_node_id(), "hps_node_ip": ray.util.get_node_ip_address()}
 
 
 def _timed(report: Callable[[dict], None], started: float) -> Callable[[dict], None]:

@@ -20,7 +20,7 @@ FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
 TELEMETRY_COLUMNS = (
     "compute_s", "epoch_time_s", "train_s", "val_s", "data_wait_s", "checkpoint_s", "report_s", "startup_s", "data_starved",
     "samples_per_s", "first_result_s", "device", "precision",
-    "world_size", "strategy", "num_workers", "pin_memory", "resumed", "attempts", "error", "notes",
+    "world_size", "strategy", "num_workers", "pin_memory", "resumed", "attempts", "node_losses", "node_id", "node_ip", "error", "notes",
     "trial_dir", "ray_trial_id",
 )
 # Result keys reported by the trial, by the column they fill.
@@ -44,6 +44,8 @@ RESULT_TO_COLUMN = {
     "hps_resumed": "resumed",
     "hps_trial_dir": "trial_dir",
     "hps_notes": "notes",
+    "hps_node_id": "node_id",
+    "hps_node_ip": "node_ip",
 }
 
 

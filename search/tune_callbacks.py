@@ -12,7 +12,7 @@ from typing import Any
 from ray.tune import Callback
 
 from .config import ExperimentConfig
-from .outcome import EPOCH, FAILED, RUNNING, TRIAL_NUMBER, PruneLog, classify
+from .outcome import EPOCH, FAILED, GIVE_UP, RUNNING, TRIAL_NUMBER, PruneLog, classify
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
 
@@ -43,10 +43,9 @@ class TrialsTableRecorder(Callback):
         self._write(force=True)
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
-        """A failed trial about to be retried from its last checkpoint."""
-        row = self._row(trial)
-        row["attempts"] = int(row.get("attempts") or 1) + 1
-        row["error"] = _last_error_line(trial)
+        """A failed trial about to be retried from its last checkpoint (``RetryPolicy``
+        has counted the attempt or the node loss in the row)."""
+        self._row(trial)["error"] = _last_error_line(trial)
         self._write(force=True)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -89,6 +88,57 @@ class TrialsTableRecorder(Callback):
         if force or now - self._last_write >= self.min_interval_s:
             self.table.save(self.path)
             self._last_write = now
+
+
+class RetryPolicy(Callback):
+    """``failure.max_retries`` counts the trial's own faults only; a node that dies under a
+    trial (a lost or pre-empted machine) is retried from the last checkpoint on another
+    node without using up a retry.
+
+    Ray Tune counts every failure against ``FailureConfig.max_failures``, so Tune is given
+    one more than ``max_retries`` and this callback, which runs before the retry starts,
+    (a) takes a node loss back off Tune's count (``Trial.run_metadata.num_failures``, a
+    Ray internal this relies on; tested by the node-loss test), and (b) when the trial's
+    own faults exceed ``max_retries``, marks its config so the restarted trial ends at
+    once as FAILED with the last error.
+    """
+
+    def __init__(self, table: TrialsTable, max_retries: int) -> None:
+        self.table, self.max_retries = table, max_retries
+
+    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
+        row = self.table.row(int(trial.config[TRIAL_NUMBER]))
+        if node_was_lost(trial):
+            trial.run_metadata.num_failures = max(0, trial.run_metadata.num_failures - 1)
+            row["node_losses"] = int(row.get("node_losses") or 0) + 1
+            return
+        faults = int(row.get("attempts") or 1)  # attempts so far, each ended by a fault
+        if faults > self.max_retries:
+            trial.config[GIVE_UP] = f"failed {faults} times: {_last_error_line(trial)}"
+        else:
+            row["attempts"] = faults + 1
+
+
+def node_was_lost(trial) -> bool:
+    """True when the trial's worker died because its node died (not an error of its own)."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    error = _pickled_error(trial)
+    if error is None or isinstance(error, RayTaskError) or not isinstance(error, RayActorError):
+        return False
+    text = str(error).lower()
+    return bool(getattr(error, "preempted", False)) or ("node" in text and ("died" in text or "dead" in text))
+
+
+def _pickled_error(trial):
+    import cloudpickle
+
+    path = getattr(trial, "pickled_error_file", None)
+    try:
+        with open(path, "rb") as handle:
+            return cloudpickle.load(handle)
+    except Exception:  # noqa: BLE001 - no error file, or an error that cannot unpickle here
+        return None
 
 
 class TensorBoardSessions(Callback):

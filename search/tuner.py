@@ -28,7 +28,9 @@ RAY_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": 
 
 
 def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> None:
-    """Start a local Ray (no address) or join a cluster; ship the user's code to workers."""
+    """Join the cluster at ``address`` (or at ``RAY_ADDRESS``, which ``ray job submit``
+    sets), else start a private local Ray: never an unrelated Ray that happens to run on
+    this machine. Ship the user's code to the workers."""
     import ray
 
     os.environ.update(RAY_ENV)
@@ -39,7 +41,7 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> N
     if ray.is_initialized():
         return
     ray.init(
-        address=address,
+        address=address or os.environ.get("RAY_ADDRESS") or "local",
         runtime_env=runtime_env,
         include_dashboard=False,
         logging_level=logging.INFO if verbose else logging.WARNING,
@@ -81,7 +83,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     from .searcher import OptunaSearcher
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
-    from .tune_callbacks import ProgressDisplay, PushStudyFiles, TensorBoardSessions, TrialsTableRecorder
+    from .tune_callbacks import ProgressDisplay, PushStudyFiles, RetryPolicy, TensorBoardSessions, TrialsTableRecorder
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)
@@ -95,11 +97,12 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     for fields in finished:
         table.row(fields["trial"]).update(fields)
     backfill_trial_sessions(exp.tensorboard_dir, config, finished)
-    callbacks = [TrialsTableRecorder(table, exp.trials_csv, prunes),
+    callbacks = [RetryPolicy(table, config.failure.max_retries),
+                 TrialsTableRecorder(table, exp.trials_csv, prunes),
                  TensorBoardSessions(config, table, exp.tensorboard_dir),
                  ProgressDisplay(table, searcher.trial_limit), *(extra_callbacks or [])]
     if mirror is not None:
-        callbacks.insert(2, PushStudyFiles(mirror))
+        callbacks.insert(3, PushStudyFiles(mirror))
     if config.resources.distributed:
         function, resources = train_distributed_trial, driver_resources()
     else:
@@ -129,7 +132,9 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
             storage_path=str(exp.tune_dir),
             callbacks=callbacks,
             verbose=2 if verbose else 0,
-            failure_config=tune.FailureConfig(max_failures=config.failure.max_retries),
+            # One more than max_retries: RetryPolicy ends a trial whose own faults used them up,
+            # and keeps node losses off the count.
+            failure_config=tune.FailureConfig(max_failures=config.failure.max_retries + 1),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         ),
     )

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from conftest import run_cli
-from test_fault_tolerance import experiment, finish, wait_for, wait_until_quiet
+from test_fault_tolerance import experiment, wait_for, wait_until_quiet
 
 BUCKET = "hpsearch-test"
 
