@@ -35,6 +35,9 @@ class TrialTimer(Callback):
             "wall_s": wall,
             "first_result_s": min(self.first_result_at.values()) - started if self.first_result_at else float("nan"),
             "slot_efficiency": sum(self.epoch_seconds) / (wall * concurrency),
+            # The wall time a perfect scheduler would need for the same epochs: no start-up,
+            # no idle slot. What no amount of overhead removal can beat.
+            "compute_floor_s": sum(self.epoch_seconds) / concurrency,
             "startup_s": sum(startups) / len(startups) if startups else float("nan"),
             "epochs": len(self.epoch_seconds),
         }

@@ -120,14 +120,26 @@ class RetryPolicy(Callback):
 
 
 def node_was_lost(trial) -> bool:
-    """True when the trial's worker died because its node died (not an error of its own)."""
-    from ray.exceptions import RayActorError, RayTaskError
+    """True when the trial's worker died with its node (not of an error of its own): the
+    worker's actor is gone or unreachable and, by Ray's message or by the cluster's
+    view, the node it last ran on is dead."""
+    from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
     error = _pickled_error(trial)
     if error is None or isinstance(error, RayTaskError) or not isinstance(error, RayActorError):
         return False
     text = str(error).lower()
-    return bool(getattr(error, "preempted", False)) or ("node" in text and ("died" in text or "dead" in text))
+    if getattr(error, "preempted", False) or isinstance(error, ActorUnavailableError) \
+            or ("node" in text and ("died" in text or "dead" in text)):
+        return True
+    node = (trial.last_result or {}).get("hps_node_id")
+    return node is not None and node not in _alive_nodes()
+
+
+def _alive_nodes() -> set[str]:
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
 def _pickled_error(trial):

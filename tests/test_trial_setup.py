@@ -57,7 +57,7 @@ def test_bf16_mixed_trains_on_cpu(tmp_path, example_config):
     dm = build_datamodule(config, data_class, {}, device.loader_options)
     model = build_model(config, model_class, {}, dm)
     trainer = build_trainer(config.trainer, device=device, metric="val_acc", mode="max", max_epochs=1,
-                            trial_dir=tmp_path / "trial", callbacks=[])
+                            trial_dir=tmp_path / "trial", tensorboard_run=tmp_path / "tb" / "trial", callbacks=[])
     trainer.fit(model, datamodule=dm)
     assert device.precision == "bf16-mixed" and str(trainer.precision) == "bf16-mixed"
     assert (tmp_path / "trial" / "checkpoints" / "epoch-0000.ckpt").is_file()
