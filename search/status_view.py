@@ -28,14 +28,19 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
         console.print(f"{exp.root}: no trial has started yet")
         return
     rows = read_rows(exp.trials_csv)
+    # Where each trial ran, once the study spans more than one node.
+    nodes = {row.get("node_id") for row in rows if row.get("node_id")}
+    node_column = ("node",) if len(nodes) > 1 else ()
     table = Table(title=f"{config['name']} — {len(rows)} trials, {metric} ({config['mode']})")
-    for column in ("trial", "state", *params, metric, "epochs", "tries", "s/epoch", "start-up s", "why it stopped"):
+    for column in ("trial", "state", *params, metric, "epochs", "tries", *node_column, "s/epoch", "start-up s",
+                   "why it stopped"):
         table.add_column(column, justify="right" if column not in ("state", "why it stopped") else "left")
     for row in rows:
         state = str(row.get("state", ""))
         reason = row.get("reason") or ""
         if row.get("error") and row["error"] != reason:
-            reason = f"{reason}: {row['error']}"
+            finished_anyway = state in ("COMPLETE", "PRUNED")
+            reason = f"{reason} (retried after: {row['error']})" if finished_anyway else f"{reason}: {row['error']}"
         if row.get("data_starved") is True:
             reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
         if row.get("notes"):
@@ -46,7 +51,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
             *(_fmt(row.get(p)) for p in params),
             _fmt(row.get("best")),
             _fmt(row.get("epochs")),
-            _fmt(row.get("attempts")),
+            _fmt(row.get("attempts")) + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else ""),
+            *((f"{row.get('node_ip', '')} {str(row.get('node_id', ''))[:8]}",) if node_column else ()),
             _fmt(row.get("epoch_time_s")),
             _fmt(row.get("startup_s")),
             str(reason),

@@ -130,7 +130,7 @@ def node_was_lost(trial) -> bool:
         return False
     text = str(error).lower()
     if getattr(error, "preempted", False) or isinstance(error, ActorUnavailableError) \
-            or ("node" in text and ("died" in text or "dead" in text)):
+            or ("node" in text and any(word in text for word in ("died", "dead", "terminated"))):
         return True
     node = (trial.last_result or {}).get("hps_node_id")
     return node is not None and node not in _alive_nodes()
