@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -118,22 +119,32 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--max-epochs", type=int, default=10)
     parser.add_argument("--only", choices=["hpsearch", "recipe", "reuse"], action="append")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every way this many times (interleaved) and report medians: "
+                             "asynchronous sampling makes single runs differ in epochs run")
     args = parser.parse_args()
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0")
     ways = args.only or ["hpsearch", "recipe", "reuse"]
-    results = {}
+    runs: dict[str, list[dict]] = {way: [] for way in ways}
     with tempfile.TemporaryDirectory(prefix="hpsearch-overhead-") as storage:
-        for way in ways:
-            if way == "hpsearch":
-                results[way] = run_hpsearch(args.trials, args.max_epochs, storage)
-            else:
-                results[way] = run_recipe(args.trials, args.max_epochs, way == "reuse", storage)
+        for repeat in range(args.repeat):
+            for way in ways:
+                where = f"{storage}/{repeat}"
+                if way == "hpsearch":
+                    runs[way].append(run_hpsearch(args.trials, args.max_epochs, where))
+                else:
+                    runs[way].append(run_recipe(args.trials, args.max_epochs, way == "reuse", where))
+    results = {way: {key: statistics.median(r[key] for r in results_of_way) for key in results_of_way[0]}
+               for way, results_of_way in runs.items()}
+    if args.repeat > 1:
+        print(f"\nmedians of {args.repeat} runs per way; wall s of each run: "
+              + "; ".join(way + " " + ", ".join(f"{r['wall_s']:.1f}" for r in rs) for way, rs in runs.items()))
     names = {"hpsearch": "hpsearch", "recipe": "Ray docs recipe", "reuse": "recipe + reuse_actors"}
     print(f"\n{'way':<24}{'wall s':>9}{'first result s':>16}{'slot eff.':>11}{'startup s':>11}{'epochs':>8}"
           f"{'floor s':>9}")
     for way, r in results.items():
         print(f"{names[way]:<24}{r['wall_s']:>9.1f}{r['first_result_s']:>16.1f}{r['slot_efficiency']:>10.0%}"
-              f"{r['startup_s']:>11.2f}{r['epochs']:>8}{r['compute_floor_s']:>9.1f}")
+              f"{r['startup_s']:>11.2f}{r['epochs']:>8.0f}{r['compute_floor_s']:>9.1f}")
     print("floor s: the epochs' own train+validation time over the slots (a perfect scheduler's wall time)")
     if "hpsearch" in results:
         ratios = [f"{names[w]} / hpsearch wall time = {r['wall_s'] / results['hpsearch']['wall_s']:.2f}x"

@@ -1,9 +1,10 @@
 """The Lightning callback that reports each validated epoch to Ray Tune.
 
-It runs at ``on_train_epoch_end``: by then validation has logged its metrics,
-ModelCheckpoint has written best/last, and EarlyStopping has decided whether to stop,
-so the report can say truthfully whether this epoch was the trial's last
-(``hps_finished``). Only rank 0 reports to Tune directly; under Ray Train every rank
+The report is composed at ``on_train_epoch_end``: by then validation has logged its
+metrics, ModelCheckpoint has written best/last, and EarlyStopping has decided whether
+to stop, so it can say truthfully whether this epoch was the trial's last
+(``hps_finished``). It is sent a moment later, once Lightning has logged the epoch's
+training metrics (see ``_deliver_pending``). Only rank 0 reports to Tune directly; under Ray Train every rank
 reports (Train waits for all of them and forwards rank 0's metrics), and metrics logged
 with ``sync_dist`` are the same on every rank.
 """
@@ -51,6 +52,7 @@ class TuneReporter(pl.Callback):
         self.static_fields = dict(static_fields)
         self.best: float | None = None
         self.reported = False
+        self._pending: dict[str, Any] | None = None  # composed at an epoch's end, sent just after
         self._validated = False
         self.started = started if started is not None else time.perf_counter()  # the trial's start
         self._startup_s: float | None = None
@@ -64,6 +66,7 @@ class TuneReporter(pl.Callback):
             self._startup_s = time.perf_counter() - self.started
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._deliver_pending(trainer)
         self._epoch_started = self._last_batch_end = time.perf_counter()
         self._train_samples, self._train_seconds, self._data_wait = 0, 0.0, 0.0
         self._val_seconds = self._checkpoint_started = 0.0
@@ -102,14 +105,27 @@ class TuneReporter(pl.Callback):
             return
         epoch = trainer.current_epoch + 1
         finished = bool(trainer.should_stop) or epoch >= self.max_epochs
-        self._send(trainer, metrics, epoch, finished, time.perf_counter() - self._epoch_started)
+        self._pending = self._compose(trainer, metrics, epoch, finished, time.perf_counter() - self._epoch_started)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._deliver_pending(trainer)
+
+    def _deliver_pending(self, trainer: pl.Trainer) -> None:
+        """Send the last epoch's report, composed at its end. It goes out only now (the next
+        epoch's start, or the end of training) because Lightning logs the epoch's training
+        metrics, and runs the model's own ``on_train_epoch_end``, after every callback's
+        ``on_train_epoch_end``; Tune may stop the trial at the report, and a trial pruned
+        there would otherwise never have that epoch's ``train_loss`` in TensorBoard."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._deliver(trainer, pending)
 
     def report_restored(self, trainer: pl.Trainer, validation_metrics) -> None:
         """Report a resumed trial that had nothing left to train (its last checkpoint was
         its final epoch), from a fresh validation of the restored weights."""
         metrics = self._checked(trainer, validation_metrics)
         if metrics is not None:
-            self._send(trainer, metrics, trainer.current_epoch, True, 0.0)
+            self._deliver(trainer, self._compose(trainer, metrics, trainer.current_epoch, True, 0.0))
 
     def _checked(self, trainer: pl.Trainer, logged) -> dict[str, float] | None:
         """The logged scalars, after checking the search metric is there and finite."""
@@ -136,8 +152,10 @@ class TuneReporter(pl.Callback):
             candidates.append(float(callback.best_model_score))
         return best_of(candidates, self.mode)
 
-    def _send(self, trainer: pl.Trainer, metrics: dict[str, float], epoch: int, finished: bool,
-              epoch_seconds: float) -> None:
+    def _compose(self, trainer: pl.Trainer, metrics: dict[str, float], epoch: int, finished: bool,
+                 epoch_seconds: float) -> dict[str, Any]:
+        """The epoch's report: the logged metrics, the stop decision and the telemetry,
+        measured now (the counters restart with the next epoch)."""
         self.best = self._best_so_far(trainer, metrics[self.metric])
         reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if finished else "")
         logged = ",".join(sorted(metrics))
@@ -165,6 +183,11 @@ class TuneReporter(pl.Callback):
             if trainer.logger is not None:
                 trainer.logger.log_metrics({f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS},
                                            step=trainer.global_step)
+        return metrics
+
+    def _deliver(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
+        if trainer.global_rank == 0:
+            if trainer.logger is not None:
                 # Events reach disk before the report: a driver killed right after it
                 # must not leave TensorBoard missing epochs the study has.
                 trainer.logger.experiment.flush()

@@ -24,9 +24,12 @@ def test_only_ssh_is_open_and_the_dashboard_binds_to_localhost():
     assert [(p["FromPort"], p["ToPort"]) for p in permissions] == [(22, 22)]
     head = " ".join(config["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head
+    # Ray's token authentication stays on: nothing in the file turns it off.
+    assert "RAY_AUTH_MODE" not in (REPO / "cluster.yaml").read_text()
 
 
 def test_gpu_workers_install_a_cuda_torch_and_the_head_runs_no_trials():
     config = load()
     assert any("download.pytorch.org/whl/cu" in c for c in config["setup_commands"])
+    assert any("hpsearch[cluster]" in c for c in config["setup_commands"])  # + the job API
     assert config["available_node_types"]["head"]["resources"] == {"CPU": 0}

@@ -154,6 +154,7 @@ def test_tensorboard_shows_every_trial_with_its_curve_params_state_and_metric(fi
         experiment = _get_json(f"{base}/plugin/hparams/experiment", {"experimentName": ""})
         curves = {run: _get_json(f"{base}/plugin/scalars/scalars?" + urllib.parse.urlencode(
             {"run": run, "tag": "val_acc"})) for run in runs}
+        scalar_tags = _get_json(f"{base}/plugin/scalars/tags")
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -167,6 +168,10 @@ def test_tensorboard_shows_every_trial_with_its_curve_params_state_and_metric(fi
     for run, points in curves.items():
         steps = [step for _, step, _ in points]
         assert len(steps) == int(table[int(run[6:10])]["epochs"]) and steps == sorted(set(steps)), (run, steps)
+    # Every run has the learning rate and speed series beside the model's own metrics.
+    for run in runs:
+        assert {"val_loss", "train_loss", "hp/val_acc", "speed/samples_per_s", "speed/epoch_time_s"} \
+            <= set(scalar_tags[run]) and any(tag.startswith("lr-") for tag in scalar_tags[run]), scalar_tags[run]
     # The HParams columns: typed, with the searched ranges, plus state and epochs.
     infos = {info["name"]: info for info in experiment["hparamInfos"]}
     assert set(infos) == set(config["space"]) | {"state", "epochs"}

@@ -109,6 +109,17 @@ def tensorboard_steps(run: Path, tag: str = "val_acc") -> list[int]:
     return [e.step for e in accumulator.Scalars(tag)]
 
 
+def hparams_state(run: Path) -> str:
+    """The ``state`` a trial's HParams record gives, read as TensorBoard reads it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    accumulator = EventAccumulator(str(run))
+    accumulator.Reload()
+    content = accumulator.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_START_INFO_TAG]
+    return metadata.parse_session_start_info_plugin_data(content).hparams["state"].string_value
+
+
 def assert_complete_study(exp_dir: Path, name: str) -> None:
     table = rows(exp_dir)
     assert len(table) == NUM_TRIALS and all(r["state"] == "COMPLETE" for r in table), table
@@ -201,6 +212,8 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
 
     states = {t.number: t.state.name for t in study(exp_dir, "faults").trials}
     assert [states[n] for n in (1, 2, 3, 4)] == ["COMPLETE", "FAIL", "FAIL", "FAIL"]
+    # Failed trials are rows of TensorBoard's HParams table too, with their state.
+    assert [hparams_state(tensorboard_run(exp_dir, n)) for n in (1, 2, 3, 4)] == ["COMPLETE"] + ["FAILED"] * 3
     best = json.loads((exp_dir / "best.json").read_text())
     assert best["trial"] not in (2, 3, 4) and 0 <= best["value"] <= 1
     status = subprocess.run([sys.executable, "-m", "hpsearch.search.cli", "status", str(exp_dir)],
