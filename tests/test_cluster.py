@@ -30,14 +30,25 @@ def start_cluster(*workers: dict):
     return cluster, nodes
 
 
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def rows(exp_dir: Path) -> dict[int, dict]:
     path = exp_dir / "trials.csv"
     return {int(r["trial"]): r for r in csv.DictReader(path.open())} if path.is_file() else {}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def two_node_cluster():
-    """One 2-CPU node, and one 1-CPU node that advertises a (fake) GPU."""
+    """One 2-CPU node, and one 1-CPU node that advertises a (fake) GPU. One cluster at a
+    time: two on one machine fight over Ray's fixed ports (metrics, agents)."""
     cluster, (cpu_node, gpu_node) = start_cluster({"num_cpus": 2}, {"num_cpus": 1, "num_gpus": 1})
     yield cluster, cpu_node, gpu_node
     cluster.shutdown()
@@ -45,10 +56,11 @@ def two_node_cluster():
 
 def test_trials_spread_over_nodes_and_gpu_trials_run_only_on_the_gpu_node(two_node_cluster, tmp_path):
     cluster, cpu_node, gpu_node = two_node_cluster
+    # Three trials at once need both nodes: the CPU node holds two, the GPU node one.
     spread = shrunk_example(tmp_path / "runs", **{"name": "spread", "search/num_trials": 6,
                                                   "search/max_concurrent": 3, "scheduler/type": "none",
                                                   "scheduler/max_epochs": 2})
-    gpu = shrunk_example(tmp_path / "runs", **{"name": "on-gpu", "search/num_trials": 3, "search/max_concurrent": 3,
+    gpu = shrunk_example(tmp_path / "runs", **{"name": "on-gpu", "search/num_trials": 2, "search/max_concurrent": 2,
                                                "scheduler/type": "none", "scheduler/max_epochs": 1,
                                                "resources/gpus_per_trial": 1})
     for config in (spread, gpu):
@@ -60,7 +72,7 @@ def test_trials_spread_over_nodes_and_gpu_trials_run_only_on_the_gpu_node(two_no
     assert len(spread_rows) == 6 and all(r["state"] == "COMPLETE" for r in spread_rows.values())
     assert {r["node_id"] for r in spread_rows.values()} == {cpu_node.node_id, gpu_node.node_id}
     gpu_rows = rows(tmp_path / "runs" / "on-gpu")
-    assert len(gpu_rows) == 3 and all(r["state"] == "COMPLETE" for r in gpu_rows.values())
+    assert len(gpu_rows) == 2 and all(r["state"] == "COMPLETE" for r in gpu_rows.values())
     assert {r["node_id"] for r in gpu_rows.values()} == {gpu_node.node_id}  # never the CPU-only node
 
 
@@ -124,19 +136,27 @@ def test_a_search_submitted_as_a_ray_job_joins_the_cluster(tmp_path):
     try:
         worker = cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/api/version"), timeout=120,
+                 what="the job API (the dashboard starts after the nodes)")
         config = shrunk_example(tmp_path / "runs", **{"name": "as-a-job", "search/num_trials": 2,
                                                       "scheduler/type": "none", "scheduler/max_epochs": 1})
         job_dir = tmp_path / "job"
         job_dir.mkdir()
         write_yaml(job_dir / "exp.yaml", config)
         ray_cli = Path(sys.executable).parent / "ray"
-        result = subprocess.run(
-            # No --working-dir here: with it, the job driver's working directory (the upload,
-            # unpacked under /tmp/ray, which these loopback "nodes" share) vanished mid-run
-            # and Tune failed in os.getcwd(). Most likely a worker node cleaning up its copy
-            # of the shared path, which separate machines would not share; not seen on one.
-            [str(ray_cli), "job", "submit", "--address", f"http://127.0.0.1:{port}", "--", sys.executable, "-m", "hpsearch.search.cli", "run", str(job_dir / "exp.yaml")],
-            capture_output=True, text=True, timeout=400)
+        submit = [str(ray_cli), "job", "submit", "--address", f"http://127.0.0.1:{port}", "--",
+                  sys.executable, "-m", "hpsearch.search.cli", "run", str(job_dir / "exp.yaml")]
+        # No --working-dir here: with it, the job driver's working directory (the upload,
+        # unpacked under /tmp/ray, which these loopback "nodes" share) vanished mid-run
+        # and Tune failed in os.getcwd(). Most likely a worker node cleaning up its copy
+        # of the shared path, which separate machines would not share; not seen on one.
+        deadline = time.monotonic() + 120
+        while True:
+            result = subprocess.run(submit, capture_output=True, text=True, timeout=400)
+            # The head's job agent starts after the dashboard; Ray says to try again.
+            if "No available agent" not in result.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(3)
         assert result.returncode == 0 and "succeeded" in result.stdout, result.stdout + result.stderr
     finally:
         cluster.shutdown()
