@@ -1,9 +1,10 @@
 """One trial: build the user's DataModule and model with the sampled values, train, report.
 
 ``train_trial`` is the Ray Tune function trainable. A trial keeps its checkpoints in
-``EXP_DIR/trials/<trial name>/`` and its TensorBoard run under ``EXP_DIR/tensorboard/``: when it is started again (a retry after a failure,
-or ``hpsearch resume``) it continues from its ``last.ckpt`` there, so the global step
-and epoch continue rather than restart.
+``EXP_DIR/trials/<trial name>/`` and its TensorBoard run under ``EXP_DIR/tensorboard/``.
+When it is started again (a retry after a failure, a lost node, or ``hpsearch resume``)
+it continues from its newest readable checkpoint there, so the global step and epoch
+continue rather than restart.
 """
 
 from __future__ import annotations
