@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 COMPLETE, PRUNED, FAILED, RUNNING, PENDING = "COMPLETE", "PRUNED", "FAILED", "RUNNING", "PENDING"
+FINISHED_STATES = (COMPLETE, PRUNED, FAILED)
 
 # Result keys the trial reports besides the user's own metrics.
 EPOCH = "epoch"

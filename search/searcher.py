@@ -90,6 +90,7 @@ class OptunaSearcher(Searcher):
         self._study: optuna.Study | None = None
         self._numbers: dict[str, int] = {}
         self._to_resume: list[int] = []
+        self._told: set[int] = set()  # trials this searcher ended in the study
 
     # The study holds an open file; it is reopened lazily after unpickling (Tune pickles
     # the searcher with the Tuner), never pickled itself.
@@ -98,6 +99,7 @@ class OptunaSearcher(Searcher):
         state["_study"] = None
         state["_numbers"] = {}
         state["_to_resume"] = []
+        state["_told"] = set()
         return state
 
     @property
@@ -166,8 +168,9 @@ class OptunaSearcher(Searcher):
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         number = self._numbers.get(trial_id)
         # A result can still arrive for a trial Tune already ended (e.g. when stopping it
-        # failed); the study keeps what it was told at the end.
-        if number is not None and not self.study.get_trials(deepcopy=False)[number].state.is_finished():
+        # failed); the study keeps what it was told at the end. A set, not a study read:
+        # this runs for every result.
+        if number is not None and number not in self._told:
             self._record_intermediate(number, result)
 
     def _record_intermediate(self, number: int, result: dict[str, Any] | None) -> None:
@@ -190,6 +193,7 @@ class OptunaSearcher(Searcher):
         if result and EPOCH in result:
             storage.set_trial_user_attr(key, EPOCH, int(result[EPOCH]))
         best = self._best_intermediate(frozen.intermediate_values)
+        self._told.add(number)
         if outcome.state == COMPLETE and best is not None:
             self.study.tell(number, best, state=TrialState.COMPLETE)
         elif outcome.state == PRUNED:
@@ -211,5 +215,6 @@ class OptunaSearcher(Searcher):
         self._study = None
         self._numbers = {}
         self._to_resume = []
+        self._told = set()
 
 

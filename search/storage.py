@@ -175,11 +175,11 @@ class Mirror:
             for item in infos:
                 key = item.path[len(base) + 1:]
                 target = self.local / key
-                if target.is_file() and item.mtime_ns is not None and \
-                        target.stat().st_mtime_ns >= item.mtime_ns and target.stat().st_size == item.size:
+                here = target.stat() if target.is_file() else None
+                if here is not None and item.mtime_ns is not None and (
+                        here.st_mtime_ns > item.mtime_ns  # written here after the upload: keep it
+                        or (here.st_mtime_ns == item.mtime_ns and here.st_size == item.size)):  # in sync
                     continue
-                if target.is_file() and item.mtime_ns is not None and target.stat().st_mtime_ns > item.mtime_ns:
-                    continue  # written here after the upload: not pushed yet, keep it
                 target.parent.mkdir(parents=True, exist_ok=True)
                 temporary = target.with_name(f".{target.name}.pull.tmp")
                 with filesystem.open_input_stream(item.path) as reader, temporary.open("wb") as writer:

@@ -15,9 +15,8 @@ from typing import Any
 import yaml
 
 from .experiment import ExperimentDir, read_sessions
+from .outcome import FINISHED_STATES
 from .trials_table import read_rows
-
-FINISHED_STATES = ("COMPLETE", "PRUNED", "FAILED")
 
 
 def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> list[int]:
@@ -76,9 +75,9 @@ def summarize(exp: ExperimentDir) -> StudySummary:
             stopping += saved
     rungs = []
     if scheduler.get("type", "asha") == "asha":
+        ran = [_number(r.get("epochs")) for r in rows if r.get("state") in FINISHED_STATES]
         for epoch in asha_rungs(int(scheduler.get("grace_period", 1)), float(scheduler.get("reduction_factor", 3)),
                                 max_epochs):
-            ran = [_number(r.get("epochs")) for r in rows if r.get("state") in FINISHED_STATES]
             rungs.append(RungCount(epoch, sum(1 for e in ran if e >= epoch), sum(1 for e in ran if e > epoch)))
     return StudySummary(
         name=config.get("name", exp.root.name), experiment_dir=str(exp.root), metric=config["metric"],

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
-
-STATES = ("COMPLETE", "PRUNED", "FAILED")
+from .outcome import FINISHED_STATES
 STATE_HPARAM, EPOCHS_HPARAM = "state", "epochs"
 # Speed series every trial writes (see reporting.SPEED_KEYS), offered as HParams metrics.
 SPEED_METRICS = ("speed/samples_per_s", "speed/epoch_time_s")
@@ -87,7 +86,7 @@ def hparams_columns(config: ExperimentConfig, logged_metrics: list[str]) -> Any:
         else:
             domain = hp.Discrete([_as_hparam_value(param, c) for c in param.choices])
         hparams.append(hp.HParam(key, domain))
-    hparams.append(hp.HParam(STATE_HPARAM, hp.Discrete(list(STATES))))
+    hparams.append(hp.HParam(STATE_HPARAM, hp.Discrete(list(FINISHED_STATES))))
     hparams.append(hp.HParam(EPOCHS_HPARAM, hp.IntInterval(0, config.scheduler.max_epochs)))
     metric = config.metric
     metrics = [hp.Metric(f"hp/{metric}", display_name=f"best {metric}"),

@@ -12,7 +12,7 @@ from typing import Any
 from ray.tune import Callback
 
 from .config import ExperimentConfig
-from .outcome import EPOCH, FAILED, GIVE_UP, RUNNING, TRIAL_NUMBER, PruneLog, classify
+from .outcome import EPOCH, FAILED, FINISHED_STATES, GIVE_UP, RUNNING, TRIAL_NUMBER, PruneLog, classify
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
 
@@ -257,7 +257,7 @@ class ProgressDisplay(Callback):
 
     def summary(self) -> str:
         counts = self.table.counts()
-        done = sum(counts.get(s, 0) for s in ("COMPLETE", "PRUNED", "FAILED"))
+        done = sum(counts.get(s, 0) for s in FINISHED_STATES)
         best = self.table.best_row()
         best_text = f"best {self.table.metric}={best['best']:.4g} (trial {best['trial']})" if best else "no result yet"
         return (f"[{time.monotonic() - self.started:6.1f}s] {done}/{self.num_trials} done · "
