@@ -1,17 +1,28 @@
 """Loader benchmark (issue 5): images/s through the DataLoader hpsearch builds.
 
-    python benchmarks/loader.py [--images 2000] [--size 96] [--cpus 2]
+    python benchmarks/loader.py [--images 2000] [--size 96] [--cpus 2] [--rounds 10]
 
-Generates a folder of JPEGs, then measures (1) one process decoding as fast as it can
-(the same decode code the dataset uses), and (2) the ``image-folder`` DataLoader with
-the options hpsearch gives a trial of ``--cpus`` CPUs, both for a GPU trial (every CPU
-decodes) and a CPU trial (one CPU is left to training). Target: the GPU-trial loader
-reaches 85% of single-process rate x CPUs.
+Generates a folder of JPEGs, then measures, in interleaved rounds (this machine's speed
+drifts by +-15% within seconds, so every way is measured in every round and each
+round's ratio is taken against that round's baseline; the table shows medians):
+
+* the baseline: one process decoding as fast as it can, with the dataset's own decode code;
+* ``--cpus`` processes decoding independently: what the machine itself gives for that
+  many CPUs, with no loader at all (the ceiling any loader can reach here);
+* the ``image-folder`` DataLoader with the options hpsearch gives a GPU trial of
+  ``--cpus`` CPUs (every CPU decodes) and a CPU trial (one CPU is left to training),
+  with hpsearch's batch hand-over (``loader.sharing_strategy``, shared-memory names);
+* the GPU-trial loader with torch's default hand-over (a file descriptor per tensor),
+  to show what that setting buys.
+
+Target: the GPU-trial loader reaches 85% of single-process rate x CPUs.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import statistics
 import sys
 import tempfile
 import time
@@ -22,7 +33,9 @@ from PIL import Image
 
 from hpsearch.models.image_folder import ImageFolderDataModule
 from hpsearch.search.config import LoaderConfig, ResourcesConfig
-from hpsearch.search.devices import loader_options
+from hpsearch.search.devices import loader_options, use_sharing_strategy
+
+BATCH_SIZE = 64
 
 
 def make_images(root: Path, count: int, size: int, classes: int = 10) -> None:
@@ -34,34 +47,49 @@ def make_images(root: Path, count: int, size: int, classes: int = 10) -> None:
         Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=90)
 
 
-def single_process_rate(dm: ImageFolderDataModule, repeats: int = 3) -> float:
-    """The best of a few passes: one process decoding as fast as it can."""
-    dataset = dm._splits["train"]
-    best = 0.0
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for i in range(len(dataset)):
-            dataset[i]
-        best = max(best, len(dataset) / (time.perf_counter() - started))
-    return best
+def train_split(root: Path, size: int):
+    probe = ImageFolderDataModule(str(root), image_size=size)
+    probe.setup()
+    return probe._splits["train"]
 
 
-def loader_rate(root: Path, size: int, options: dict, epochs: int = 3) -> tuple[float, float]:
-    """(steady-state images/s over epochs after the first, images/s including worker start-up)."""
-    dm = ImageFolderDataModule(str(root), image_size=size, batch_size=64, **options)
+def decode_pass(dataset) -> float:
+    """Images/s of one process decoding the whole split."""
+    started = time.perf_counter()
+    for i in range(len(dataset)):
+        dataset[i]
+    return len(dataset) / (time.perf_counter() - started)
+
+
+_POOL_SPLIT = None
+
+
+def _pool_init(root: str, size: int) -> None:
+    global _POOL_SPLIT
+    _POOL_SPLIT = train_split(Path(root), size)
+
+
+def _pool_decode(_: int) -> None:
+    for i in range(len(_POOL_SPLIT)):
+        _POOL_SPLIT[i]
+
+
+def epoch_rate(loader, count: int) -> float:
+    started = time.perf_counter()
+    for _ in loader:
+        pass
+    return count / (time.perf_counter() - started)
+
+
+def build_loader(root: Path, size: int, options: dict, sharing: str):
+    """A persistent-worker loader whose workers were forked under ``sharing``."""
+    use_sharing_strategy(LoaderConfig(sharing_strategy=sharing))
+    dm = ImageFolderDataModule(str(root), image_size=size, batch_size=BATCH_SIZE, **options)
     dm.setup()
     loader = dm.train_dataloader()
-    count = len(dm._splits["train"])
     started = time.perf_counter()
-    first_epoch_end = None
-    for epoch in range(epochs):
-        for _ in loader:
-            pass
-        if epoch == 0:
-            first_epoch_end = time.perf_counter()
-    total = time.perf_counter() - started
-    steady = (epochs - 1) * count / (time.perf_counter() - first_epoch_end)
-    return steady, epochs * count / total
+    epoch_rate(loader, 1)  # starts the workers; their start-up is reported separately
+    return loader, time.perf_counter() - started
 
 
 def main() -> int:
@@ -69,25 +97,53 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--size", type=int, default=96)
     parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
+    hpsearch_sharing = LoaderConfig().sharing_strategy
+    resources = ResourcesConfig(cpus_per_trial=args.cpus)
     with tempfile.TemporaryDirectory(prefix="hpsearch-loader-") as tmp:
         root = Path(tmp)
         make_images(root, args.images, args.size)
-        probe = ImageFolderDataModule(str(root), image_size=args.size)
-        probe.setup()
-        single = single_process_rate(probe)
-        resources = ResourcesConfig(cpus_per_trial=args.cpus)
-        rows = [("single process decode", 0, single, single, 1.0)]
-        for label, on_gpu in (("hpsearch loader, GPU trial", True), ("hpsearch loader, CPU trial", False)):
+        split = train_split(root, args.size)
+        count = len(split)
+        ways: dict[str, tuple] = {}  # label -> (loader, workers, first-epoch seconds)
+        for label, on_gpu, sharing in (("hpsearch loader, GPU trial", True, hpsearch_sharing),
+                                       ("hpsearch loader, CPU trial", False, hpsearch_sharing),
+                                       ("GPU trial, torch's fd hand-over", True, "file_descriptor")):
             options = loader_options(LoaderConfig(), resources, on_gpu=on_gpu)
             options["pin_memory"] = False  # no GPU here; pinning is a copy cost, not decode
-            steady, with_startup = loader_rate(root, args.size, options)
-            rows.append((label, options["num_workers"], steady, with_startup, steady / (single * args.cpus)))
-    print(f"\n{'way':<30}{'workers':>8}{'img/s':>9}{'img/s incl. start':>19}{'of target':>11}")
-    for label, workers, steady, start, share in rows:
-        print(f"{label:<30}{workers:>8}{steady:>9.0f}{start:>19.0f}{share:>10.0%}")
-    print(f"ratios: GPU-trial loader = {rows[1][4]:.2f} of single x {args.cpus} CPUs (target 0.85); "
-          f"CPU-trial loader = {rows[2][4]:.2f}")
+            loader, first_epoch_s = build_loader(root, args.size, options, sharing)
+            ways[label] = (loader, options["num_workers"], first_epoch_s)
+        ceiling = f"{args.cpus} processes, no loader"
+        shares: dict[str, list[float]] = {label: [] for label in [ceiling, *ways]}
+        singles: list[float] = []
+        rates: dict[str, list[float]] = {label: [] for label in shares}
+        with multiprocessing.get_context("fork").Pool(args.cpus, _pool_init, (str(root), args.size)) as pool:
+            for _ in range(args.rounds):
+                single = decode_pass(split)
+                singles.append(single)
+                started = time.perf_counter()
+                pool.map(_pool_decode, range(args.cpus))
+                measured = {ceiling: args.cpus * count / (time.perf_counter() - started)}
+                for label, (loader, _, _) in ways.items():
+                    measured[label] = epoch_rate(loader, count)
+                for label, rate in measured.items():
+                    rates[label].append(rate)
+                    shares[label].append(rate / (single * args.cpus))
+    print(f"\n{args.images} JPEGs of {args.size}x{args.size}, batch {BATCH_SIZE}, {args.cpus} CPUs, "
+          f"{args.rounds} interleaved rounds (medians); hpsearch hand-over: {hpsearch_sharing}")
+    print(f"{'way':<34}{'workers':>8}{'img/s':>9}{'1st epoch s':>13}{'of target':>11}")
+    print(f"{'single process decode':<34}{0:>8}{statistics.median(singles):>9.0f}{'':>13}{'100%':>11}")
+    print(f"{ceiling:<34}{args.cpus:>8}{statistics.median(rates[ceiling]):>9.0f}{'':>13}"
+          f"{statistics.median(shares[ceiling]):>10.0%}")
+    for label, (_, workers, first_epoch_s) in ways.items():
+        print(f"{label:<34}{workers:>8}{statistics.median(rates[label]):>9.0f}{first_epoch_s:>13.2f}"
+              f"{statistics.median(shares[label]):>10.0%}")
+    gpu = statistics.median(shares["hpsearch loader, GPU trial"])
+    print(f"ratios: GPU-trial loader = {gpu:.2f} of single x {args.cpus} CPUs (target 0.85); "
+          f"machine ceiling = {statistics.median(shares[ceiling]):.2f}; "
+          f"torch's fd hand-over = {statistics.median(shares[list(ways)[2]]):.2f}; "
+          f"CPU-trial loader = {statistics.median(shares['hpsearch loader, CPU trial']):.2f}")
     return 0
 
 

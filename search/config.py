@@ -148,6 +148,9 @@ class LoaderConfig(StrictModel):
     pin_memory: Literal["auto"] | bool = "auto"
     persistent_workers: bool = True
     prefetch_factor: PositiveInt | None = None
+    # How loader workers hand batches to the trial process (set for the whole trial
+    # process, so the user's own DataLoaders get it too); see devices.use_sharing_strategy.
+    sharing_strategy: Literal["file_system", "file_descriptor"] = "file_system"
 
 
 class ResourcesConfig(StrictModel):

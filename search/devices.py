@@ -64,6 +64,20 @@ def loader_options(loader: LoaderConfig, resources: ResourcesConfig, on_gpu: boo
     }
 
 
+def use_sharing_strategy(loader: LoaderConfig) -> str:
+    """Make this process's DataLoader workers hand batches over by shared-memory file name
+    ('file_system') rather than torch's Linux default, a file descriptor sent over a socket
+    for every tensor ('file_descriptor'): on 2 CPUs the default's per-batch cost in the
+    trial process measured 5-15 points of the loader's efficiency (``benchmarks/loader.py``).
+    Process-wide, so it is set in the trial's own worker process; returns the strategy in use
+    (the platform's own where the requested one does not exist, e.g. on macOS)."""
+    import torch.multiprocessing as torch_mp
+
+    if loader.sharing_strategy in torch_mp.get_all_sharing_strategies():
+        torch_mp.set_sharing_strategy(loader.sharing_strategy)
+    return torch_mp.get_sharing_strategy()
+
+
 def trial_device(trainer: TrainerConfig, loader: LoaderConfig, resources: ResourcesConfig) -> TrialDevice:
     on_gpu = resources.worker_gpus > 0 and torch.cuda.is_available()
     return TrialDevice(

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from .components import build_datamodule, build_model, resolve_class
 from .config import ExperimentConfig
-from .devices import trial_device
+from .devices import trial_device, use_sharing_strategy
 from .experiment import ExperimentDir, trial_name
 from .checkpoints import global_step_of, latest_good_checkpoint
 from .lightning_trainer import build_trainer, quiet_lightning
@@ -74,6 +74,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     import torch
 
     torch.set_num_threads(max(1, int(config.resources.worker_cpus)))
+    sharing = use_sharing_strategy(config.loader)
     if config.search.seed is not None:
         # Each trial's weights and shuffling are reproducible, and differ between trials;
         # every rank of a trial starts from the same weights.
@@ -95,6 +96,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         "hps_strategy": parallel.strategy_name,
         "hps_num_workers": getattr(datamodule, "effective_num_workers", device.loader_options["num_workers"]),
         "hps_pin_memory": device.loader_options["pin_memory"],
+        "hps_loader_sharing": sharing,
         "hps_resumed": resume_from is not None,
         "hps_notes": "; ".join(checkpoint_notes),
         **_placement(),

@@ -61,6 +61,8 @@ BAD_SCHEMA = [
     ("grid float without step", _set("search/sampler", "grid"), "", "needs a 'step' on float parameter space.model.lr"),
     ("bad class path", _set("model/class_path", "my.module:"), "model.class_path", "package.module:ClassName"),
     ("bad name", _set("name", "my experiment/1"), "name", "pattern"),
+    ("unknown loader hand-over", _set("loader", {"sharing_strategy": "pipes"}), "loader.sharing_strategy",
+     "'file_system' or 'file_descriptor'"),
 ]
 
 

@@ -77,6 +77,31 @@ def test_image_folder_decodes_lazily_in_worker_processes(tmp_path):
     assert floats.dtype == torch.float32 and 0.0 <= floats.min() and floats.max() <= 1.0
 
 
+def test_loader_workers_hand_batches_over_by_shared_memory_name(tmp_path):
+    """hpsearch's default hand-over (see devices.use_sharing_strategy) delivers the same
+    batches as decoding in one process would."""
+    import torch.multiprocessing as torch_mp
+
+    from hpsearch.search.config import LoaderConfig
+    from hpsearch.search.devices import use_sharing_strategy
+
+    root = make_image_folder(tmp_path / "images")
+    previous = torch_mp.get_sharing_strategy()  # process-wide: put back for the other tests
+    try:
+        assert use_sharing_strategy(LoaderConfig()) == "file_system" == torch_mp.get_sharing_strategy()
+        dm = ImageFolderDataModule(str(root), image_size=8, batch_size=4, num_workers=2, persistent_workers=False)
+        dm.setup()
+        dataset = dm._splits["val"]
+        loader = dm._loader("val", batch_size=len(dataset), shuffle=False)
+        images, labels = next(iter(loader))
+        expected = [dataset[i] for i in range(len(dataset))]
+        assert torch.equal(images, torch.stack([image for image, _ in expected]))
+        assert labels.tolist() == [label for _, label in expected]
+        assert use_sharing_strategy(LoaderConfig(sharing_strategy="file_descriptor")) == "file_descriptor"
+    finally:
+        torch_mp.set_sharing_strategy(previous)
+
+
 def test_image_folder_rejects_a_missing_root(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a directory"):
         ImageFolderDataModule(str(tmp_path / "nope"))
