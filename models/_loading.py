@@ -21,6 +21,7 @@ def make_loader(
     persistent_workers: bool,
     prefetch_factor: int | None,
     seed_generator=None,
+    collate_fn=None,
 ) -> DataLoader:
     """A DataLoader whose worker options are only passed where they are valid."""
     options = {}
@@ -35,6 +36,7 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         generator=seed_generator,
+        collate_fn=collate_fn,
         **options,
     )
 
@@ -64,13 +66,14 @@ class SplitLoaders:
     """
 
     _splits: dict | None
+    collate_batch = None  # a DataModule's own batch assembly; None: torch's default_collate
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
         assert self._splits is not None, "setup() must run before the loaders are asked for"
         return make_loader(
             self._splits[split], batch_size, shuffle=shuffle, num_workers=self.effective_num_workers,
             pin_memory=self.pin_memory, persistent_workers=self.persistent_workers,
-            prefetch_factor=self.prefetch_factor,
+            prefetch_factor=self.prefetch_factor, collate_fn=self.collate_batch,
         )
 
     def train_dataloader(self) -> DataLoader:

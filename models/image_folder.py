@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from ._loading import SplitLoaders, split_sizes
 
@@ -37,12 +38,25 @@ class ImageFileDataset(Dataset):
         return tensor.contiguous(), self.labels[index]  # uint8; see on_after_batch_transfer
 
 
+def collate_images(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, np.ndarray]:
+    """A batch as ``(uint8 images, int64 labels)``. The images are stacked by torch (into
+    shared memory when a loader worker builds the batch); the labels stay a small numpy
+    array that travels inside the batch message, because as a tensor they would cost a
+    shared-memory segment of their own per batch: 3-6 points of loader throughput on
+    2 CPUs (``benchmarks/loader.py``). ``on_after_batch_transfer`` makes them a tensor."""
+    images = default_collate([image for image, _ in samples])
+    labels = np.fromiter((label for _, label in samples), dtype=np.int64, count=len(samples))
+    return images, labels
+
+
 class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
     """``root/<class name>/<image file>``; classes are the sorted subfolder names.
 
     Files are split into train/val/test with a fixed ``split_seed``. Decoding happens in
     ``num_workers`` loader processes (hpsearch sizes them to the trial's CPUs).
     """
+
+    collate_batch = staticmethod(collate_images)
 
     def __init__(
         self,
@@ -106,6 +120,9 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Images travel from the loader workers as uint8 (4x less to copy between
-        processes and to the GPU) and become float in [0, 1] on the training device."""
+        processes and to the GPU) and become float in [0, 1] on the training device;
+        labels become a tensor there (see ``collate_images``)."""
         images, labels = batch
+        if not isinstance(labels, torch.Tensor):
+            labels = torch.from_numpy(labels).to(images.device)
         return images.float().div_(255.0), labels

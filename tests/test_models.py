@@ -73,8 +73,9 @@ def test_image_folder_decodes_lazily_in_worker_processes(tmp_path):
     assert loader.num_workers == 2
     images, labels = next(iter(loader))
     assert images.shape == (4, 3, 8, 8) and images.dtype == torch.uint8 and labels.max() <= 2
-    floats, _ = dm.on_after_batch_transfer((images, labels), 0)
+    floats, label_tensor = dm.on_after_batch_transfer((images, labels), 0)
     assert floats.dtype == torch.float32 and 0.0 <= floats.min() and floats.max() <= 1.0
+    assert label_tensor.dtype == torch.long and label_tensor.tolist() == list(labels)
 
 
 def test_loader_workers_hand_batches_over_by_shared_memory_name(tmp_path):
@@ -100,6 +101,19 @@ def test_loader_workers_hand_batches_over_by_shared_memory_name(tmp_path):
         assert use_sharing_strategy(LoaderConfig(sharing_strategy="file_descriptor")) == "file_descriptor"
     finally:
         torch_mp.set_sharing_strategy(previous)
+
+
+def test_the_cnn_trains_on_an_image_folder_read_by_loader_workers(tmp_path):
+    import pytorch_lightning as pl
+
+    root = make_image_folder(tmp_path / "images")
+    dm = ImageFolderDataModule(str(root), image_size=8, batch_size=4, num_workers=2, persistent_workers=False)
+    model = CNNClassifier(input_shape=dm.input_shape, num_classes=dm.num_classes, channels=4)
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=dm)
+    metrics = trainer.callback_metrics
+    assert torch.isfinite(metrics["val_loss"]) and 0.0 <= float(metrics["val_acc"]) <= 1.0
 
 
 def test_image_folder_rejects_a_missing_root(tmp_path):
