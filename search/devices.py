@@ -68,7 +68,7 @@ def use_sharing_strategy(loader: LoaderConfig) -> str:
     """Make this process's DataLoader workers hand batches over by shared-memory file name
     ('file_system') rather than torch's Linux default, a file descriptor sent over a socket
     for every tensor ('file_descriptor'): on 2 CPUs the default's per-batch cost in the
-    trial process measured 5-15 points of the loader's efficiency (``benchmarks/loader.py``).
+    trial process measured 4-10 points of the loader's efficiency (``benchmarks/loader.py``).
     Process-wide, so it is set in the trial's own worker process; returns the strategy in use
     (the platform's own where the requested one does not exist, e.g. on macOS)."""
     import torch.multiprocessing as torch_mp
