@@ -1,4 +1,4 @@
-"""Driver-side timing shared by the benchmarks: when each trial started and reported."""
+"""Driver-side timing shared by the benchmarks: when each trial started, reported and ended."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from ray.tune import Callback
 
 
 class TrialTimer(Callback):
-    """Wall-clock of each trial's start and results, and the epoch times they report."""
+    """Wall-clock of each trial's start, results and end, and the epoch times they report."""
 
     def __init__(self, epoch_time_key: str) -> None:
         self.epoch_time_key = epoch_time_key
         self.started_at: dict[str, float] = {}
         self.first_result_at: dict[str, float] = {}
         self.first_epoch_s: dict[str, float] = {}
+        self.ended_at: dict[str, float] = {}
         self.epoch_seconds: list[float] = []
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
@@ -27,6 +28,9 @@ class TrialTimer(Callback):
             self.first_result_at[trial.trial_id] = now
             self.first_epoch_s[trial.trial_id] = seconds
         self.epoch_seconds.append(seconds)
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self.ended_at[trial.trial_id] = time.monotonic()
 
     def summary(self, started: float, wall: float, concurrency: int) -> dict[str, float]:
         startups = [self.first_result_at[t] - self.started_at[t] - self.first_epoch_s[t]

@@ -31,27 +31,7 @@ HERE = Path(__file__).resolve().parent
 SLOTS = 2
 
 
-class TrialSpan:
-    """Driver-side: when the first trial started and the last one ended (a Tune callback)."""
-
-    def __init__(self) -> None:
-        from ray.tune import Callback
-
-        span = self
-
-        class _Callback(Callback):
-            def on_trial_start(self, iteration, trials, trial, **info):
-                span.first_start = span.first_start or time.monotonic()
-
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                span.last_end = time.monotonic()
-
-        self.callback = _Callback()
-        self.first_start: float | None = None
-        self.last_end: float | None = None
-
-
-def run_hpsearch(trials: int, seconds: float, storage: str, span: TrialSpan) -> None:
+def run_hpsearch(trials: int, seconds: float, storage: str, timer) -> None:
     import hpsearch
 
     hpsearch.run({
@@ -63,10 +43,10 @@ def run_hpsearch(trials: int, seconds: float, storage: str, span: TrialSpan) -> 
         "search": {"num_trials": trials, "max_concurrent": SLOTS, "sampler": "random", "preflight": False},
         "scheduler": {"type": "none", "max_epochs": 1},
         "trainer": {"early_stopping_patience": None},
-    }, callbacks=[span.callback])
+    }, callbacks=[timer])
 
 
-def run_plain_tune(trials: int, seconds: float, storage: str, span: TrialSpan) -> None:
+def run_plain_tune(trials: int, seconds: float, storage: str, timer) -> None:
     import ray
     from ray import tune
 
@@ -80,19 +60,22 @@ def run_plain_tune(trials: int, seconds: float, storage: str, span: TrialSpan) -
         param_space={"x": tune.uniform(0.0, 1.0)},
         tune_config=tune.TuneConfig(num_samples=trials, max_concurrent_trials=SLOTS, reuse_actors=True,
                                     metric="loss", mode="min"),
-        run_config=tune.RunConfig(storage_path=storage, callbacks=[span.callback], verbose=0),
+        run_config=tune.RunConfig(storage_path=storage, callbacks=[timer], verbose=0),
     ).fit()
 
 
 def child(way: str, trials: int, seconds: float) -> None:
     started = time.monotonic()
-    span = TrialSpan()
+    from _timing import TrialTimer
+
+    timer = TrialTimer("hps_epoch_time_s")
     with tempfile.TemporaryDirectory(prefix="hpsearch-bookkeeping-") as storage:
-        (run_hpsearch if way == "hpsearch" else run_plain_tune)(trials, seconds, storage, span)
+        (run_hpsearch if way == "hpsearch" else run_plain_tune)(trials, seconds, storage, timer)
         wall = time.monotonic() - started
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    first_start, last_end = min(timer.started_at.values()), max(timer.ended_at.values())
     print(json.dumps({"way": way, "trials": trials, "wall_s": wall, "peak_rss_mb": peak_mb,
-                      "start_s": span.first_start - started, "span_s": span.last_end - span.first_start}))
+                      "start_s": first_start - started, "span_s": last_end - first_start}))
 
 
 def measure(way: str, trials: int, seconds: float) -> dict:
