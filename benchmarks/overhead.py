@@ -55,8 +55,11 @@ def recipe_trainable(config):
 
     data = DigitsDataModule(batch_size=config["batch_size"])
     model = CNNClassifier(lr=config["lr"], channels=config["channels"])
+    # Lightning writes its logs under the working directory: Tune's default makes that the
+    # trial's folder, which this process tree turns off for hpsearch (RAY_CHDIR_TO_TRIAL_DIR).
     trainer = pl.Trainer(
         max_epochs=config["max_epochs"], enable_progress_bar=False, logger=True,
+        default_root_dir=tune.get_context().get_trial_dir(),
         callbacks=[EpochTimer(), TuneReportCheckpointCallback(on="validation_end")],
     )
     trainer.fit(model, datamodule=data)
