@@ -110,50 +110,47 @@ def main() -> int:
     args = parser.parse_args()
     hpsearch_sharing = LoaderConfig().sharing_strategy
     resources = ResourcesConfig(cpus_per_trial=args.cpus)
+    gpu, cpu, fd = "hpsearch loader, GPU trial", "hpsearch loader, CPU trial", "GPU trial, torch's fd hand-over"
+    ceiling = f"{args.cpus} processes, no loader"
     with tempfile.TemporaryDirectory(prefix="hpsearch-loader-") as tmp:
         root = Path(tmp)
         make_images(root, args.images, args.size)
         split = train_split(root, args.size)
         count = len(split)
         ways: dict[str, tuple] = {}  # label -> (loader, workers, first-epoch seconds)
-        for label, on_gpu, sharing in (("hpsearch loader, GPU trial", True, hpsearch_sharing),
-                                       ("hpsearch loader, CPU trial", False, hpsearch_sharing),
-                                       ("GPU trial, torch's fd hand-over", True, "file_descriptor")):
+        for label, on_gpu, sharing in ((gpu, True, hpsearch_sharing), (cpu, False, hpsearch_sharing),
+                                       (fd, True, "file_descriptor")):
             options = loader_options(LoaderConfig(), resources, on_gpu=on_gpu)
             options["pin_memory"] = False  # no GPU here; pinning is a copy cost, not decode
             loader, first_epoch_s = build_loader(root, args.size, options, sharing)
             ways[label] = (loader, options["num_workers"], first_epoch_s)
-        ceiling = f"{args.cpus} processes, no loader"
-        shares: dict[str, list[float]] = {label: [] for label in [ceiling, *ways]}
         singles: list[float] = []
-        rates: dict[str, list[float]] = {label: [] for label in shares}
-        of_ceiling: dict[str, list[float]] = {label: [] for label in ways}
+        rates: dict[str, list[float]] = {label: [] for label in [ceiling, *ways]}
         for _ in range(args.rounds):
-            single = decode_pass(split)
-            singles.append(single)
-            measured = {ceiling: independent_rate(split, args.cpus)}
+            singles.append(decode_pass(split))
+            rates[ceiling].append(independent_rate(split, args.cpus))
             for label, (loader, _, _) in ways.items():
-                measured[label] = epoch_rate(loader, count)
-            for label, rate in measured.items():
-                rates[label].append(rate)
-                shares[label].append(rate / (single * args.cpus))
-                if label in ways:
-                    of_ceiling[label].append(rate / measured[ceiling])
+                rates[label].append(epoch_rate(loader, count))
+
+    def of_target(label: str) -> float:
+        """Median over rounds of the way's rate against that round's single rate x CPUs."""
+        return statistics.median(rate / (single * args.cpus) for rate, single in zip(rates[label], singles))
+
+    def of_ceiling(label: str) -> float:
+        """Median over rounds of the way's rate against that round's independent processes."""
+        return statistics.median(rate / top for rate, top in zip(rates[label], rates[ceiling]))
+
     print(f"\n{args.images} JPEGs of {args.size}x{args.size}, batch {BATCH_SIZE}, {args.cpus} CPUs, "
           f"{args.rounds} interleaved rounds (medians); hpsearch hand-over: {hpsearch_sharing}")
     print(f"{'way':<34}{'workers':>8}{'img/s':>9}{'1st epoch s':>13}{'of target':>11}{'of ceiling':>12}")
     print(f"{'single process decode':<34}{0:>8}{statistics.median(singles):>9.0f}{'':>13}{'100%':>11}")
-    print(f"{ceiling:<34}{args.cpus:>8}{statistics.median(rates[ceiling]):>9.0f}{'':>13}"
-          f"{statistics.median(shares[ceiling]):>10.0%}")
+    print(f"{ceiling:<34}{args.cpus:>8}{statistics.median(rates[ceiling]):>9.0f}{'':>13}{of_target(ceiling):>10.0%}")
     for label, (_, workers, first_epoch_s) in ways.items():
         print(f"{label:<34}{workers:>8}{statistics.median(rates[label]):>9.0f}{first_epoch_s:>13.2f}"
-              f"{statistics.median(shares[label]):>10.0%}{statistics.median(of_ceiling[label]):>11.0%}")
-    gpu = statistics.median(shares["hpsearch loader, GPU trial"])
-    print(f"ratios: GPU-trial loader = {gpu:.2f} of single x {args.cpus} CPUs (target 0.85); "
-          f"machine ceiling = {statistics.median(shares[ceiling]):.2f}, GPU-trial loader / ceiling = "
-          f"{statistics.median(of_ceiling['hpsearch loader, GPU trial']):.2f}; "
-          f"torch's fd hand-over = {statistics.median(shares[list(ways)[2]]):.2f}; "
-          f"CPU-trial loader = {statistics.median(shares['hpsearch loader, CPU trial']):.2f}")
+              f"{of_target(label):>10.0%}{of_ceiling(label):>11.0%}")
+    print(f"ratios: GPU-trial loader = {of_target(gpu):.2f} of single x {args.cpus} CPUs (target 0.85); "
+          f"machine ceiling = {of_target(ceiling):.2f}, GPU-trial loader / ceiling = {of_ceiling(gpu):.2f}; "
+          f"torch's fd hand-over = {of_target(fd):.2f}; CPU-trial loader = {of_target(cpu):.2f}")
     return 0
 
 
