@@ -32,11 +32,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
-
 from hpsearch.models.image_folder import ImageFolderDataModule
 from hpsearch.search.config import LoaderConfig, ResourcesConfig
 from hpsearch.search.devices import loader_options, use_sharing_strategy
+from PIL import Image
 
 BATCH_SIZE = 64
 
