@@ -13,7 +13,8 @@ round's ratio is taken against that round's baseline; the table shows medians):
   ``--cpus`` CPUs (every CPU decodes) and a CPU trial (one CPU is left to training),
   with hpsearch's batch hand-over (``loader.sharing_strategy``, shared-memory names);
 * the GPU-trial loader with torch's default hand-over (a file descriptor per tensor),
-  to show what that setting buys.
+  and with a new shared-memory segment per batch instead of reused batch slots
+  (``reuse_batch_buffers=False``), to show what each of those buys.
 
 "of target" is against single-process rate x CPUs, as the issue sets it; "of ceiling" is
 against what the independent processes reached in the same round.
@@ -89,10 +90,11 @@ def epoch_rate(loader, count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-def build_loader(root: Path, size: int, options: dict, sharing: str):
+def build_loader(root: Path, size: int, options: dict, sharing: str, reuse_buffers: bool):
     """A persistent-worker loader whose workers were forked under ``sharing``."""
     use_sharing_strategy(LoaderConfig(sharing_strategy=sharing))
-    dm = ImageFolderDataModule(str(root), image_size=size, batch_size=BATCH_SIZE, **options)
+    dm = ImageFolderDataModule(str(root), image_size=size, batch_size=BATCH_SIZE,
+                               reuse_batch_buffers=reuse_buffers, **options)
     dm.setup()
     loader = dm.train_dataloader()
     started = time.perf_counter()
@@ -109,7 +111,8 @@ def main() -> int:
     args = parser.parse_args()
     hpsearch_sharing = LoaderConfig().sharing_strategy
     resources = ResourcesConfig(cpus_per_trial=args.cpus)
-    gpu, cpu, fd = "hpsearch loader, GPU trial", "hpsearch loader, CPU trial", "GPU trial, torch's fd hand-over"
+    gpu, cpu = "hpsearch loader, GPU trial", "hpsearch loader, CPU trial"
+    fd, fresh = "GPU trial, torch's fd hand-over", "GPU trial, new segment per batch"
     ceiling = f"{args.cpus} processes, no loader"
     with tempfile.TemporaryDirectory(prefix="hpsearch-loader-") as tmp:
         root = Path(tmp)
@@ -117,11 +120,13 @@ def main() -> int:
         split = train_split(root, args.size)
         count = len(split)
         ways: dict[str, tuple] = {}  # label -> (loader, workers, first-epoch seconds)
-        for label, on_gpu, sharing in ((gpu, True, hpsearch_sharing), (cpu, False, hpsearch_sharing),
-                                       (fd, True, "file_descriptor")):
+        for label, on_gpu, sharing, reuse_buffers in (
+            (gpu, True, hpsearch_sharing, True), (cpu, False, hpsearch_sharing, True),
+            (fd, True, "file_descriptor", True), (fresh, True, hpsearch_sharing, False),
+        ):
             options = loader_options(LoaderConfig(), resources, on_gpu=on_gpu)
             options["pin_memory"] = False  # no GPU here; pinning is a copy cost, not decode
-            loader, first_epoch_s = build_loader(root, args.size, options, sharing)
+            loader, first_epoch_s = build_loader(root, args.size, options, sharing, reuse_buffers)
             ways[label] = (loader, options["num_workers"], first_epoch_s)
         singles: list[float] = []
         rates: dict[str, list[float]] = {label: [] for label in [ceiling, *ways]}
@@ -149,7 +154,8 @@ def main() -> int:
               f"{of_target(label):>10.0%}{of_ceiling(label):>11.0%}")
     print(f"ratios: GPU-trial loader = {of_target(gpu):.2f} of single x {args.cpus} CPUs (target 0.85); "
           f"machine ceiling = {of_target(ceiling):.2f}, GPU-trial loader / ceiling = {of_ceiling(gpu):.2f}; "
-          f"torch's fd hand-over = {of_target(fd):.2f}; CPU-trial loader = {of_target(cpu):.2f}")
+          f"torch's fd hand-over = {of_target(fd):.2f}; new segment per batch = {of_target(fresh):.2f}; "
+          f"CPU-trial loader = {of_target(cpu):.2f}")
     return 0
 
 

@@ -8,7 +8,7 @@ larger batches.
 
 from __future__ import annotations
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 
 def make_loader(
@@ -66,14 +66,17 @@ class SplitLoaders:
     """
 
     _splits: dict | None
-    collate_batch = None  # a DataModule's own batch assembly; None: torch's default_collate
+
+    def collate_for(self, batch_size: int):
+        """How loaders of ``batch_size`` assemble a batch; a DataModule may override it."""
+        return default_collate
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
         assert self._splits is not None, "setup() must run before the loaders are asked for"
         return make_loader(
             self._splits[split], batch_size, shuffle=shuffle, num_workers=self.effective_num_workers,
             pin_memory=self.pin_memory, persistent_workers=self.persistent_workers,
-            prefetch_factor=self.prefetch_factor, collate_fn=self.collate_batch,
+            prefetch_factor=self.prefetch_factor, collate_fn=self.collate_for(batch_size),
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -9,6 +9,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from ._batch_slots import BatchSlots, batch_slots_if_room
 from ._loading import SplitLoaders, split_sizes
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
@@ -38,25 +39,34 @@ class ImageFileDataset(Dataset):
         return tensor.contiguous(), self.labels[index]  # uint8; see on_after_batch_transfer
 
 
-def collate_images(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, np.ndarray]:
-    """A batch as ``(uint8 images, int64 labels)``. The images are stacked by torch (into
-    shared memory when a loader worker builds the batch); the labels stay a small numpy
-    array that travels inside the batch message, because as a tensor they would cost a
-    shared-memory segment of their own per batch: 3-6 points of loader throughput on
-    2 CPUs (``benchmarks/loader.py``). ``on_after_batch_transfer`` makes them a tensor."""
-    images = default_collate([image for image, _ in samples])
-    labels = np.fromiter((label for _, label in samples), dtype=np.int64, count=len(samples))
-    return images, labels
+class ImageBatches:
+    """A batch as ``(uint8 images, int64 labels)``.
+
+    The images go into one of the loader worker's reused shared-memory slots where
+    ``slots`` is given (``BatchSlots``: no new segment per batch), else torch stacks them.
+    The labels stay a small numpy array that travels inside the batch message, because as
+    a tensor they would cost a shared-memory segment of their own per batch: 3-6 points
+    of loader throughput on 2 CPUs (``benchmarks/loader.py``). ``on_after_batch_transfer``
+    makes them a tensor."""
+
+    def __init__(self, slots: BatchSlots | None = None) -> None:
+        self.slots = slots
+
+    def __call__(self, samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, np.ndarray]:
+        images = [image for image, _ in samples]
+        stacked = self.slots.stack(images) if self.slots is not None else default_collate(images)
+        labels = np.fromiter((label for _, label in samples), dtype=np.int64, count=len(samples))
+        return stacked, labels
 
 
 class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
     """``root/<class name>/<image file>``; classes are the sorted subfolder names.
 
     Files are split into train/val/test with a fixed ``split_seed``. Decoding happens in
-    ``num_workers`` loader processes (hpsearch sizes them to the trial's CPUs).
+    ``num_workers`` loader processes (hpsearch sizes them to the trial's CPUs), which
+    stack their batches into reused shared-memory slots unless ``reuse_batch_buffers``
+    is off (see ``collate_for``).
     """
-
-    collate_batch = staticmethod(collate_images)
 
     def __init__(
         self,
@@ -72,6 +82,7 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         pin_memory: bool = False,
         persistent_workers: bool = True,
         prefetch_factor: int | None = None,
+        reuse_batch_buffers: bool = True,
     ) -> None:
         super().__init__()
         self.root = Path(root).expanduser()
@@ -89,6 +100,7 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         self.effective_num_workers = int(num_workers)
         self.pin_memory, self.persistent_workers = bool(pin_memory), bool(persistent_workers)
         self.prefetch_factor = prefetch_factor
+        self.reuse_batch_buffers = bool(reuse_batch_buffers)
         self.input_shape = (self.channels, self.image_size, self.image_size)
         self.num_classes = len(self.classes)
         self._splits: dict[str, ImageFileDataset] | None = None
@@ -118,10 +130,21 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
                 [files[i] for i in picked], [labels[i] for i in picked], self.image_size, self.channels
             )
 
+    def collate_for(self, batch_size: int) -> ImageBatches:
+        """Loader workers stack into reused shared-memory slots (``BatchSlots``), one more
+        per worker than the batches the DataLoader keeps in flight for it: 5-6 points of
+        loader throughput on 2 CPUs (``benchmarks/loader.py``)."""
+        if not self.reuse_batch_buffers or self.effective_num_workers < 1:
+            return ImageBatches()
+        in_flight = self.prefetch_factor if self.prefetch_factor is not None else 2  # torch's default
+        return ImageBatches(batch_slots_if_room(
+            self.effective_num_workers, in_flight + 1, (batch_size, *self.input_shape), torch.uint8
+        ))
+
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Images travel from the loader workers as uint8 (4x less to copy between
         processes and to the GPU) and become float in [0, 1] on the training device;
-        labels become a tensor there (see ``collate_images``)."""
+        labels become a tensor there (see ``ImageBatches``)."""
         images, labels = batch
         if not isinstance(labels, torch.Tensor):
             labels = torch.from_numpy(labels).to(images.device)

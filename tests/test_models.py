@@ -70,7 +70,7 @@ def test_image_folder_decodes_lazily_in_worker_processes(tmp_path):
     assert dm.classes == ["cat", "dog", "eel"] and dm.num_classes == 3
     assert sum(split_lengths(dm)) == 18
     loader = dm.train_dataloader()
-    assert loader.num_workers == 2
+    assert loader.num_workers == 2 and loader.collate_fn.slots is not None  # workers reuse batch slots
     images, labels = next(iter(loader))
     assert images.shape == (4, 3, 8, 8) and images.dtype == torch.uint8 and labels.max() <= 2
     floats, label_tensor = dm.on_after_batch_transfer((images, labels), 0)
@@ -90,7 +90,8 @@ def test_loader_workers_hand_batches_over_by_shared_memory_name(tmp_path):
     previous = torch_mp.get_sharing_strategy()  # process-wide: put back for the other tests
     try:
         assert use_sharing_strategy(LoaderConfig()) == "file_system" == torch_mp.get_sharing_strategy()
-        dm = ImageFolderDataModule(str(root), image_size=8, batch_size=4, num_workers=2, persistent_workers=False)
+        dm = ImageFolderDataModule(str(root), image_size=8, batch_size=4, num_workers=2, persistent_workers=False,
+                                   reuse_batch_buffers=False)  # images, too, go by the hand-over
         dm.setup()
         dataset = dm._splits["val"]
         loader = dm._loader("val", batch_size=len(dataset), shuffle=False)

@@ -1,0 +1,126 @@
+"""Shared-memory batch buffers that loader workers reuse instead of allocating per batch.
+
+torch's DataLoader gives every batch a new shared-memory segment: the worker creates it
+(a round trip to torch's shared-memory manager and fresh pages to fault in), the trial
+process maps it, and the last user unlinks it. When every CPU of a trial is decoding,
+those round trips wait for a CPU. Here each worker writes its batches into a few
+segments made once per DataLoader; the trial process copies a batch out of its slot
+while it unpickles the batch message and hands the slot straight back. So what the
+trial receives is an ordinary tensor of its own: a batch that user code keeps (for
+logging, say) is never overwritten, and a batch the DataLoader drops (an epoch cut
+short) still frees its slot. When a worker finds none of its slots free, or the batch
+does not fit one, it falls back to torch's own collation.
+
+Slots stay allocated while their DataLoader lives, where torch's own segments last one
+batch, so they are only made where they take a small share of the shared memory that
+is free (a container's /dev/shm is often 64 MB).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import uuid
+import weakref
+from collections.abc import Sequence
+
+import torch
+from torch.utils.data import default_collate, get_worker_info
+
+# The trial process's slot sets by key, so that unpickling a batch message finds its
+# slots; weak, so a set lives exactly as long as the DataLoader that made it.
+_SLOT_SETS: weakref.WeakValueDictionary[str, BatchSlots] = weakref.WeakValueDictionary()
+
+
+SHARED_MEMORY = "/dev/shm"
+LARGEST_SHARE_OF_FREE_SHARED_MEMORY = 0.25
+
+
+def free_shared_memory_bytes() -> int | None:
+    """Bytes free in the shared-memory filesystem; None where it cannot be asked (macOS)."""
+    try:
+        stats = os.statvfs(SHARED_MEMORY)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def batch_slots_if_room(workers: int, slots_per_worker: int, batch_shape: Sequence[int],
+                        dtype: torch.dtype) -> BatchSlots | None:
+    """``BatchSlots``, or None where they would take more than a quarter of the free
+    shared memory (then workers allocate per batch, as torch does)."""
+    needed = workers * slots_per_worker * torch.Size(batch_shape).numel() * torch.empty(0, dtype=dtype).element_size()
+    free = free_shared_memory_bytes()
+    if free is not None and needed > LARGEST_SHARE_OF_FREE_SHARED_MEMORY * free:
+        return None
+    return BatchSlots(workers, slots_per_worker, batch_shape, dtype)
+
+
+class BatchSlots:
+    """``slots_per_worker`` buffers of ``batch_shape`` for each of ``workers`` loader
+    workers, made in the trial process before the workers start; ``dtype`` is one that
+    numpy also has (the trial process copies batches out with numpy)."""
+
+    def __init__(self, workers: int, slots_per_worker: int, batch_shape: Sequence[int],
+                 dtype: torch.dtype, context=None) -> None:
+        if workers < 1 or slots_per_worker < 1:
+            raise ValueError(f"need at least one worker and one slot, got {workers} and {slots_per_worker}")
+        torch.empty(0, dtype=dtype).numpy()  # raises TypeError for a dtype numpy lacks (bfloat16)
+        context = context or multiprocessing.get_context()
+        self.key = uuid.uuid4().hex
+        self.slots_per_worker = slots_per_worker
+        self.buffers = torch.empty((workers * slots_per_worker, *batch_shape), dtype=dtype).share_memory_()
+        self.free = [context.SimpleQueue() for _ in range(workers)]  # slot numbers, one queue per worker
+        for worker, queue in enumerate(self.free):
+            for slot in range(worker * slots_per_worker, (worker + 1) * slots_per_worker):
+                queue.put(slot)
+        _SLOT_SETS[self.key] = self
+
+    def stack(self, tensors: Sequence[torch.Tensor]):
+        """In a loader worker: the tensors stacked into one of its free slots, as a
+        message that becomes a tensor when the trial process unpickles it. Elsewhere,
+        or with no slot free, or a batch that does not fit: torch's ``default_collate``."""
+        worker = get_worker_info()
+        if worker is None or worker.id >= len(self.free) or not self._fits(tensors) or self.free[worker.id].empty():
+            return default_collate(list(tensors))
+        slot = self.free[worker.id].get()  # this worker is its queue's only reader: no wait
+        torch.stack(tuple(tensors), out=self.buffers[slot, : len(tensors)])
+        return _BatchInSlot(self.key, slot, len(tensors))
+
+    def _fits(self, tensors: Sequence[torch.Tensor]) -> bool:
+        first = tensors[0] if tensors else None
+        return (
+            first is not None and len(tensors) <= self.buffers.shape[1]
+            and first.dtype == self.buffers.dtype and tuple(first.shape) == tuple(self.buffers.shape[2:])
+        )
+
+    def take(self, slot: int, count: int) -> torch.Tensor:
+        """In the trial process: the batch in ``slot`` copied out, and the slot handed
+        back to the worker that owns it."""
+        # numpy's copy is one plain memcpy; torch's clone splits it over intra-op threads,
+        # which on CPUs busy with loader workers waited 5 ms a batch for each other.
+        batch = torch.from_numpy(self.buffers[slot, :count].numpy().copy())
+        self.free[slot // self.slots_per_worker].put(slot)
+        return batch
+
+
+class _BatchInSlot:
+    """A batch that a worker left in a slot; pickles to 'copy it out of that slot'."""
+
+    __slots__ = ("count", "key", "slot")
+
+    def __init__(self, key: str, slot: int, count: int) -> None:
+        self.key, self.slot, self.count = key, slot, count
+
+    def __reduce__(self):
+        return _take_from_slot, (self.key, self.slot, self.count)
+
+
+def _take_from_slot(key: str, slot: int, count: int) -> torch.Tensor:
+    slots = _SLOT_SETS.get(key)
+    if slots is None:
+        raise RuntimeError(
+            f"a loader batch arrived for batch slots {key} that this process does not hold; "
+            "batches built in slots can only be read by the process whose DataLoader made them"
+        )
+    return slots.take(slot, count)

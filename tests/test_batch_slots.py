@@ -1,0 +1,116 @@
+"""Reused shared-memory batch slots (models/_batch_slots.py): loader workers write
+batches into them and the trial process copies each batch out as it arrives."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+
+import pytest
+import torch
+from hpsearch.models import _batch_slots
+from hpsearch.models._batch_slots import BatchSlots, batch_slots_if_room
+from torch.utils.data import DataLoader, default_collate
+
+ITEM_SHAPE = (3, 4, 4)
+
+
+def items(count: int) -> list[torch.Tensor]:
+    """Items whose every pixel is their index, so a batch overwritten by another shows."""
+    return [torch.full(ITEM_SHAPE, i, dtype=torch.uint8) for i in range(count)]
+
+
+def expected_batches(dataset, batch_size: int) -> list[torch.Tensor]:
+    return [default_collate(dataset[i:i + batch_size]) for i in range(0, len(dataset), batch_size)]
+
+
+@pytest.fixture
+def copies_out(monkeypatch):
+    """Counts batches the trial process copied out of a slot."""
+    counted = {"batches": 0}
+    take = BatchSlots.take
+
+    def counting_take(self, slot, count):
+        counted["batches"] += 1
+        return take(self, slot, count)
+
+    monkeypatch.setattr(BatchSlots, "take", counting_take)
+    return counted
+
+
+def loader(dataset, slots: BatchSlots, batch_size: int, **options) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size, num_workers=2, collate_fn=slots.stack,
+                      persistent_workers=True, prefetch_factor=2, **options)
+
+
+def test_kept_batches_are_never_overwritten_when_slots_are_reused(copies_out):
+    # one slot per worker and two batches in flight per worker: slots are reused on
+    # almost every batch, and workers that find theirs taken fall back to torch's way
+    dataset = items(22)  # the last batch is short
+    slots = BatchSlots(workers=2, slots_per_worker=1, batch_shape=(4, *ITEM_SHAPE), dtype=torch.uint8)
+    kept = [batch for _ in range(2) for batch in loader(dataset, slots, batch_size=4)]
+    expected = expected_batches(dataset, 4) * 2
+    assert len(kept) == len(expected) == 12
+    for batch, want in zip(kept, expected):
+        assert batch.shape == want.shape and torch.equal(batch, want)
+    assert copies_out["batches"] > 0  # the slot path was taken, not only the fallback
+
+
+def test_an_epoch_cut_short_hands_its_slots_back():
+    dataset = items(40)
+    slots = BatchSlots(workers=2, slots_per_worker=3, batch_shape=(4, *ITEM_SHAPE), dtype=torch.uint8)
+    batches = loader(dataset, slots, batch_size=4)
+    for step, _ in enumerate(batches):
+        if step == 1:
+            break  # the workers still have batches in flight, each in a slot
+    full_epoch = list(batches)
+    assert all(torch.equal(batch, want) for batch, want in zip(full_epoch, expected_batches(dataset, 4)))
+    # the cut epoch's batches were read and dropped when the next began, and every
+    # batch of the full epoch was taken: all six slots are free again
+    free = 0
+    for queue in slots.free:
+        while not queue.empty():
+            queue.get()
+            free += 1
+    assert free == 6
+
+
+def test_slots_work_with_spawned_workers(copies_out):
+    # macOS and Windows start loader workers by spawning, so the slots travel by pickle
+    context = multiprocessing.get_context("spawn")
+    dataset = items(8)
+    slots = BatchSlots(2, 3, (4, *ITEM_SHAPE), torch.uint8, context=context)
+    got = list(DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=slots.stack,
+                          multiprocessing_context=context))
+    assert all(torch.equal(batch, want) for batch, want in zip(got, expected_batches(dataset, 4)))
+    assert len(got) == 2 and copies_out["batches"] == 2
+
+
+def test_outside_a_worker_or_for_a_batch_that_does_not_fit_torch_collates():
+    slots = BatchSlots(1, 1, (2, *ITEM_SHAPE), torch.uint8)
+    dataset = items(6)
+    in_process = list(DataLoader(dataset, batch_size=2, collate_fn=slots.stack))  # no workers
+    assert all(torch.equal(batch, want) for batch, want in zip(in_process, expected_batches(dataset, 2)))
+    too_big = list(DataLoader(dataset, batch_size=3, num_workers=1, collate_fn=slots.stack))
+    assert all(torch.equal(batch, want) for batch, want in zip(too_big, expected_batches(dataset, 3)))
+
+
+def test_a_batch_for_slots_this_process_does_not_hold_is_a_clear_error():
+    message = pickle.dumps(_batch_slots._BatchInSlot("not-a-slot-set", 0, 1))
+    with pytest.raises(RuntimeError, match="does not hold"):
+        pickle.loads(message)
+
+
+def test_slots_are_only_made_where_shared_memory_has_room(monkeypatch):
+    shape = (64, 3, 32, 32)  # 196,608 bytes a slot; 2 workers x 3 slots = 1,179,648 bytes
+    monkeypatch.setattr(_batch_slots, "free_shared_memory_bytes", lambda: 4 * 1_179_648 - 1)
+    assert batch_slots_if_room(2, 3, shape, torch.uint8) is None
+    monkeypatch.setattr(_batch_slots, "free_shared_memory_bytes", lambda: 4 * 1_179_648)
+    assert isinstance(batch_slots_if_room(2, 3, shape, torch.uint8), BatchSlots)
+    monkeypatch.setattr(_batch_slots, "free_shared_memory_bytes", lambda: None)  # cannot tell: make them
+    assert isinstance(batch_slots_if_room(2, 3, shape, torch.uint8), BatchSlots)
+
+
+def test_a_dtype_numpy_lacks_is_refused():
+    with pytest.raises(TypeError):
+        BatchSlots(1, 1, (2, 2), torch.bfloat16)
