@@ -24,6 +24,7 @@ import uuid
 import weakref
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
@@ -46,29 +47,35 @@ def free_shared_memory_bytes() -> int | None:
 
 
 def batch_slots_if_room(workers: int, slots_per_worker: int, batch_shape: Sequence[int],
-                        dtype: torch.dtype) -> BatchSlots | None:
+                        dtype: torch.dtype, pin_memory: bool = False) -> BatchSlots | None:
     """``BatchSlots``, or None where they would take more than a quarter of the free
     shared memory (then workers allocate per batch, as torch does)."""
     needed = workers * slots_per_worker * torch.Size(batch_shape).numel() * torch.empty(0, dtype=dtype).element_size()
     free = free_shared_memory_bytes()
     if free is not None and needed > LARGEST_SHARE_OF_FREE_SHARED_MEMORY * free:
         return None
-    return BatchSlots(workers, slots_per_worker, batch_shape, dtype)
+    return BatchSlots(workers, slots_per_worker, batch_shape, dtype, pin_memory=pin_memory)
 
 
 class BatchSlots:
     """``slots_per_worker`` buffers of ``batch_shape`` for each of ``workers`` loader
     workers, made in the trial process before the workers start; ``dtype`` is one that
-    numpy also has (the trial process copies batches out with numpy)."""
+    numpy also has (the trial process copies batches out with numpy).
+
+    With ``pin_memory`` (and CUDA present), batches are copied out into pinned memory,
+    which the DataLoader's own pinning then keeps as it is: one copy, as torch makes.
+    ``context`` is the multiprocessing context the DataLoader starts its workers with.
+    """
 
     def __init__(self, workers: int, slots_per_worker: int, batch_shape: Sequence[int],
-                 dtype: torch.dtype, context=None) -> None:
+                 dtype: torch.dtype, context=None, pin_memory: bool = False) -> None:
         if workers < 1 or slots_per_worker < 1:
             raise ValueError(f"need at least one worker and one slot, got {workers} and {slots_per_worker}")
         torch.empty(0, dtype=dtype).numpy()  # raises TypeError for a dtype numpy lacks (bfloat16)
         context = context or multiprocessing.get_context()
         self.key = uuid.uuid4().hex
         self.slots_per_worker = slots_per_worker
+        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         self.buffers = torch.empty((workers * slots_per_worker, *batch_shape), dtype=dtype).share_memory_()
         self.free = [context.SimpleQueue() for _ in range(workers)]  # slot numbers, one queue per worker
         for worker, queue in enumerate(self.free):
@@ -88,10 +95,9 @@ class BatchSlots:
         return _BatchInSlot(self.key, slot, len(tensors))
 
     def _fits(self, tensors: Sequence[torch.Tensor]) -> bool:
-        first = tensors[0] if tensors else None
-        return (
-            first is not None and len(tensors) <= self.buffers.shape[1]
-            and first.dtype == self.buffers.dtype and tuple(first.shape) == tuple(self.buffers.shape[2:])
+        item_shape, dtype = self.buffers.shape[2:], self.buffers.dtype
+        return 0 < len(tensors) <= self.buffers.shape[1] and all(
+            isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == item_shape for t in tensors
         )
 
     def take(self, slot: int, count: int) -> torch.Tensor:
@@ -99,7 +105,9 @@ class BatchSlots:
         back to the worker that owns it."""
         # numpy's copy is one plain memcpy; torch's clone splits it over intra-op threads,
         # which on CPUs busy with loader workers waited 5 ms a batch for each other.
-        batch = torch.from_numpy(self.buffers[slot, :count].numpy().copy())
+        source = self.buffers[slot, :count]
+        batch = torch.empty(source.shape, dtype=source.dtype, pin_memory=self.pin_memory)
+        np.copyto(batch.numpy(), source.numpy())
         self.free[slot // self.slots_per_worker].put(slot)
         return batch
 

@@ -138,7 +138,8 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
             return ImageBatches()
         in_flight = self.prefetch_factor if self.prefetch_factor is not None else 2  # torch's default
         return ImageBatches(batch_slots_if_room(
-            self.effective_num_workers, in_flight + 1, (batch_size, *self.input_shape), torch.uint8
+            self.effective_num_workers, in_flight + 1, (batch_size, *self.input_shape), torch.uint8,
+            pin_memory=self.pin_memory,
         ))
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
