@@ -3,23 +3,26 @@
 torch's DataLoader gives every batch a new shared-memory segment: the worker creates it
 (a round trip to torch's shared-memory manager and fresh pages to fault in), the trial
 process maps it, and the last user unlinks it. When every CPU of a trial is decoding,
-those round trips wait for a CPU. Here each worker writes its batches into a few
-segments made once per DataLoader; the trial process copies a batch out of its slot
-while it unpickles the batch message and hands the slot straight back. So what the
-trial receives is an ordinary tensor of its own: a batch that user code keeps (for
-logging, say) is never overwritten, and a batch the DataLoader drops (an epoch cut
-short) still frees its slot. When a worker finds none of its slots free, or the batch
-does not fit one, it falls back to torch's own collation.
+those round trips wait for a CPU. Here each worker writes its batches into a few slots
+made once per DataLoader; the trial process copies a batch out of its slot while it
+unpickles the batch message and hands the slot straight back. So what the trial
+receives is an ordinary tensor of its own: a batch that user code keeps (for logging,
+say) is never overwritten, and a batch the DataLoader drops (an epoch cut short) still
+frees its slot. When a worker finds none of its slots free, or the batch does not fit
+one, it falls back to torch's own collation.
 
-Slots stay allocated while their DataLoader lives, where torch's own segments last one
-batch, so they are only made where they take a small share of the shared memory that
-is free (a container's /dev/shm is often 64 MB).
+The slots are anonymous shared memory that forked workers inherit: no file in
+/dev/shm, so nothing outlives the processes that map it. Named segments made with
+torch's ``share_memory_()`` did: after an end-to-end search through Ray, every trial
+process's slots were still in /dev/shm, and torch's shared-memory manager, which
+should unlink them, was gone. Nor does a container's small /dev/shm bound them. So they are only made where workers are forked (Linux's default); with
+spawned workers (macOS, Windows) batches travel torch's way.
 """
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
-import os
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -33,51 +36,37 @@ from torch.utils.data import default_collate, get_worker_info
 _SLOT_SETS: weakref.WeakValueDictionary[str, BatchSlots] = weakref.WeakValueDictionary()
 
 
-SHARED_MEMORY = "/dev/shm"
-LARGEST_SHARE_OF_FREE_SHARED_MEMORY = 0.25
-
-
-def free_shared_memory_bytes() -> int | None:
-    """Bytes free in the shared-memory filesystem; None where it cannot be asked (macOS)."""
-    try:
-        stats = os.statvfs(SHARED_MEMORY)
-    except OSError:
-        return None
-    return stats.f_bavail * stats.f_frsize
-
-
-def batch_slots_if_room(workers: int, slots_per_worker: int, batch_shape: Sequence[int],
-                        dtype: torch.dtype, pin_memory: bool = False) -> BatchSlots | None:
-    """``BatchSlots``, or None where they would take more than a quarter of the free
-    shared memory (then workers allocate per batch, as torch does)."""
-    needed = workers * slots_per_worker * torch.Size(batch_shape).numel() * torch.empty(0, dtype=dtype).element_size()
-    free = free_shared_memory_bytes()
-    if free is not None and needed > LARGEST_SHARE_OF_FREE_SHARED_MEMORY * free:
+def batch_slots_for_forked_workers(workers: int, slots_per_worker: int, batch_shape: Sequence[int],
+                                   dtype: torch.dtype, pin_memory: bool = False) -> BatchSlots | None:
+    """``BatchSlots`` where DataLoader workers start by fork; None where they are spawned."""
+    if multiprocessing.get_start_method() != "fork":
         return None
     return BatchSlots(workers, slots_per_worker, batch_shape, dtype, pin_memory=pin_memory)
 
 
 class BatchSlots:
     """``slots_per_worker`` buffers of ``batch_shape`` for each of ``workers`` loader
-    workers, made in the trial process before the workers start; ``dtype`` is one that
-    numpy also has (the trial process copies batches out with numpy).
+    workers, made in the trial process before the workers are forked; ``dtype`` is one
+    that numpy also has (the trial process copies batches out with numpy).
 
     With ``pin_memory`` (and CUDA present), batches are copied out into pinned memory,
     which the DataLoader's own pinning then keeps as it is: one copy, as torch makes.
-    ``context`` is the multiprocessing context the DataLoader starts its workers with.
     """
 
     def __init__(self, workers: int, slots_per_worker: int, batch_shape: Sequence[int],
-                 dtype: torch.dtype, context=None, pin_memory: bool = False) -> None:
+                 dtype: torch.dtype, pin_memory: bool = False) -> None:
         if workers < 1 or slots_per_worker < 1:
             raise ValueError(f"need at least one worker and one slot, got {workers} and {slots_per_worker}")
         torch.empty(0, dtype=dtype).numpy()  # raises TypeError for a dtype numpy lacks (bfloat16)
-        context = context or multiprocessing.get_context()
         self.key = uuid.uuid4().hex
         self.slots_per_worker = slots_per_worker
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
-        self.buffers = torch.empty((workers * slots_per_worker, *batch_shape), dtype=dtype).share_memory_()
-        self.free = [context.SimpleQueue() for _ in range(workers)]  # slot numbers, one queue per worker
+        shape = (workers * slots_per_worker, *batch_shape)
+        item_bytes = torch.empty(0, dtype=dtype).element_size()
+        self._memory = mmap.mmap(-1, torch.Size(shape).numel() * item_bytes)  # anonymous, MAP_SHARED
+        self.buffers = torch.frombuffer(self._memory, dtype=dtype).view(shape)
+        fork = multiprocessing.get_context("fork")
+        self.free = [fork.SimpleQueue() for _ in range(workers)]  # slot numbers, one queue per worker
         for worker, queue in enumerate(self.free):
             for slot in range(worker * slots_per_worker, (worker + 1) * slots_per_worker):
                 queue.put(slot)

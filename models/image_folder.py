@@ -9,7 +9,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from ._batch_slots import BatchSlots, batch_slots_if_room
+from ._batch_slots import BatchSlots, batch_slots_for_forked_workers
 from ._loading import SplitLoaders, split_sizes
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
@@ -137,7 +137,7 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         if not self.reuse_batch_buffers or self.effective_num_workers < 1:
             return ImageBatches()
         in_flight = self.prefetch_factor if self.prefetch_factor is not None else 2  # torch's default
-        return ImageBatches(batch_slots_if_room(
+        return ImageBatches(batch_slots_for_forked_workers(
             self.effective_num_workers, in_flight + 1, (batch_size, *self.input_shape), torch.uint8,
             pin_memory=self.pin_memory,
         ))

@@ -3,13 +3,13 @@ batches into them and the trial process copies each batch out as it arrives."""
 
 from __future__ import annotations
 
-import multiprocessing
+import os
 import pickle
 
 import pytest
 import torch
 from hpsearch.models import _batch_slots
-from hpsearch.models._batch_slots import BatchSlots, batch_slots_if_room
+from hpsearch.models._batch_slots import BatchSlots, batch_slots_for_forked_workers
 from torch.utils.data import DataLoader, default_collate
 
 ITEM_SHAPE = (3, 4, 4)
@@ -75,15 +75,27 @@ def test_an_epoch_cut_short_hands_its_slots_back():
     assert free == 6
 
 
-def test_slots_work_with_spawned_workers(copies_out):
-    # macOS and Windows start loader workers by spawning, so the slots travel by pickle
-    context = multiprocessing.get_context("spawn")
-    dataset = items(8)
-    slots = BatchSlots(2, 3, (4, *ITEM_SHAPE), torch.uint8, context=context)
-    got = list(DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=slots.stack,
-                          multiprocessing_context=context))
-    assert all(torch.equal(batch, want) for batch, want in zip(got, expected_batches(dataset, 4)))
-    assert len(got) == 2 and copies_out["batches"] == 2
+def test_slots_are_only_made_for_forked_workers(monkeypatch):
+    # spawned workers (macOS, Windows) cannot inherit the anonymous shared memory
+    shape = (4, *ITEM_SHAPE)
+    assert isinstance(batch_slots_for_forked_workers(2, 3, shape, torch.uint8), BatchSlots)
+    monkeypatch.setattr(_batch_slots.multiprocessing, "get_start_method", lambda *args, **kwargs: "spawn")
+    assert batch_slots_for_forked_workers(2, 3, shape, torch.uint8) is None
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
+def test_slots_leave_nothing_in_dev_shm_for_a_killed_process_to_leak():
+    import torch.multiprocessing as torch_mp
+
+    previous = torch_mp.get_sharing_strategy()
+    torch_mp.set_sharing_strategy("file_system")  # hpsearch's own: tensors go by named segment
+    try:
+        before = set(os.listdir("/dev/shm"))
+        slots = BatchSlots(2, 3, (4, *ITEM_SHAPE), torch.uint8)
+        batches = list(loader(items(16), slots, batch_size=4))
+        assert len(batches) == 4 and set(os.listdir("/dev/shm")) == before
+    finally:
+        torch_mp.set_sharing_strategy(previous)
 
 
 def test_outside_a_worker_or_for_a_batch_that_does_not_fit_torch_collates():
@@ -99,16 +111,6 @@ def test_a_batch_for_slots_this_process_does_not_hold_is_a_clear_error():
     message = pickle.dumps(_batch_slots._BatchInSlot("not-a-slot-set", 0, 1))
     with pytest.raises(RuntimeError, match="does not hold"):
         pickle.loads(message)
-
-
-def test_slots_are_only_made_where_shared_memory_has_room(monkeypatch):
-    shape = (64, 3, 32, 32)  # 196,608 bytes a slot; 2 workers x 3 slots = 1,179,648 bytes
-    monkeypatch.setattr(_batch_slots, "free_shared_memory_bytes", lambda: 4 * 1_179_648 - 1)
-    assert batch_slots_if_room(2, 3, shape, torch.uint8) is None
-    monkeypatch.setattr(_batch_slots, "free_shared_memory_bytes", lambda: 4 * 1_179_648)
-    assert isinstance(batch_slots_if_room(2, 3, shape, torch.uint8), BatchSlots)
-    monkeypatch.setattr(_batch_slots, "free_shared_memory_bytes", lambda: None)  # cannot tell: make them
-    assert isinstance(batch_slots_if_room(2, 3, shape, torch.uint8), BatchSlots)
 
 
 def test_a_dtype_numpy_lacks_is_refused():
