@@ -1,6 +1,6 @@
 """Loader benchmark (issue 5): images/s through the DataLoader hpsearch builds.
 
-    python benchmarks/loader.py [--images 2000] [--size 96] [--cpus 2] [--rounds 10]
+    python benchmarks/loader.py [--images 6000] [--size 96] [--cpus 2] [--rounds 10]
 
 Generates a folder of JPEGs, then measures, in interleaved rounds (this machine's speed
 drifts by +-15% within seconds, so every way is measured in every round and each
@@ -104,7 +104,7 @@ def build_loader(root: Path, size: int, options: dict, sharing: str, reuse_buffe
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--images", type=int, default=6000)
     parser.add_argument("--size", type=int, default=96)
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=10)

@@ -14,8 +14,10 @@ one, it falls back to torch's own collation.
 The slots are anonymous shared memory that forked workers inherit: no file in
 /dev/shm, so nothing outlives the processes that map it. Named segments made with
 torch's ``share_memory_()`` did: after an end-to-end search through Ray, every trial
-process's slots were still in /dev/shm, and torch's shared-memory manager, which
-should unlink them, was gone. Nor does a container's small /dev/shm bound them. So they are only made where workers are forked (Linux's default); with
+process's slots were still in /dev/shm, because Ray kills a worker's child processes
+when it exits (``RAY_kill_child_processes_on_worker_exit``, on by default) and torch's
+shared-memory manager, which would unlink them, is one. Nor does a container's small
+/dev/shm bound them. So they are only made where workers are forked (Linux's default); with
 spawned workers (macOS, Windows) batches travel torch's way.
 """
 
