@@ -59,13 +59,13 @@ class BatchSlots:
                  dtype: torch.dtype, pin_memory: bool = False) -> None:
         if workers < 1 or slots_per_worker < 1:
             raise ValueError(f"need at least one worker and one slot, got {workers} and {slots_per_worker}")
-        torch.empty(0, dtype=dtype).numpy()  # raises TypeError for a dtype numpy lacks (bfloat16)
+        empty = torch.empty(0, dtype=dtype)
+        empty.numpy()  # raises TypeError for a dtype numpy lacks (bfloat16)
         self.key = uuid.uuid4().hex
         self.slots_per_worker = slots_per_worker
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         shape = (workers * slots_per_worker, *batch_shape)
-        item_bytes = torch.empty(0, dtype=dtype).element_size()
-        self._memory = mmap.mmap(-1, torch.Size(shape).numel() * item_bytes)  # anonymous, MAP_SHARED
+        self._memory = mmap.mmap(-1, torch.Size(shape).numel() * empty.element_size())  # anonymous, MAP_SHARED
         self.buffers = torch.frombuffer(self._memory, dtype=dtype).view(shape)
         fork = multiprocessing.get_context("fork")
         self.free = [fork.SimpleQueue() for _ in range(workers)]  # slot numbers, one queue per worker
