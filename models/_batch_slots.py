@@ -8,8 +8,8 @@ made once per DataLoader; the trial process copies a batch out of its slot while
 unpickles the batch message and hands the slot straight back. So what the trial
 receives is an ordinary tensor of its own: a batch that user code keeps (for logging,
 say) is never overwritten, and a batch the DataLoader drops (an epoch cut short) still
-frees its slot. When a worker finds none of its slots free, or the batch does not fit
-one, it falls back to torch's own collation.
+frees its slot. When a worker finds no slot free, or the batch does not fit one, it
+falls back to torch's own collation.
 
 The slots are anonymous shared memory that forked workers inherit: no file in
 /dev/shm, so nothing outlives the processes that map it. Named segments made with
@@ -36,6 +36,8 @@ from torch.utils.data import default_collate, get_worker_info
 # The trial process's slot sets by key, so that unpickling a batch message finds its
 # slots; weak, so a set lives exactly as long as the DataLoader that made it.
 _SLOT_SETS: weakref.WeakValueDictionary[str, BatchSlots] = weakref.WeakValueDictionary()
+CLAIM_WAIT_S = 0.05  # then a worker collates torch's way
+RELEASE_WAIT_S = 5.0
 
 
 def batch_slots_for_forked_workers(workers: int, slots_per_worker: int, batch_shape: Sequence[int],
@@ -47,9 +49,9 @@ def batch_slots_for_forked_workers(workers: int, slots_per_worker: int, batch_sh
 
 
 class BatchSlots:
-    """``slots_per_worker`` buffers of ``batch_shape`` for each of ``workers`` loader
-    workers, made in the trial process before the workers are forked; ``dtype`` is one
-    that numpy also has (the trial process copies batches out with numpy).
+    """``slots_per_worker`` buffers of ``batch_shape`` per loader worker, which all
+    ``workers`` draw from, made in the trial process before the workers are forked;
+    ``dtype`` is one that numpy also has (the trial process copies batches out with numpy).
 
     With ``pin_memory`` (and CUDA present), batches are copied out into pinned memory,
     which the DataLoader's own pinning then keeps as it is: one copy, as torch makes.
@@ -62,28 +64,45 @@ class BatchSlots:
         empty = torch.empty(0, dtype=dtype)
         empty.numpy()  # raises TypeError for a dtype numpy lacks (bfloat16)
         self.key = uuid.uuid4().hex
-        self.slots_per_worker = slots_per_worker
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         shape = (workers * slots_per_worker, *batch_shape)
         self._memory = mmap.mmap(-1, torch.Size(shape).numel() * empty.element_size())  # anonymous, MAP_SHARED
         self.buffers = torch.frombuffer(self._memory, dtype=dtype).view(shape)
-        fork = multiprocessing.get_context("fork")
-        self.free = [fork.SimpleQueue() for _ in range(workers)]  # slot numbers, one queue per worker
-        for worker, queue in enumerate(self.free):
-            for slot in range(worker * slots_per_worker, (worker + 1) * slots_per_worker):
-                queue.put(slot)
+        self._claimed = np.frombuffer(mmap.mmap(-1, len(self.buffers)), dtype=np.uint8)  # 1: in use
+        self._claims = multiprocessing.get_context("fork").Lock()  # guards _claimed, held for microseconds
         _SLOT_SETS[self.key] = self
 
     def stack(self, tensors: Sequence[torch.Tensor]):
-        """In a loader worker: the tensors stacked into one of its free slots, as a
+        """In a loader worker: the tensors stacked into a free slot, as a
         message that becomes a tensor when the trial process unpickles it. Elsewhere,
         or with no slot free, or a batch that does not fit: torch's ``default_collate``."""
-        worker = get_worker_info()
-        if worker is None or worker.id >= len(self.free) or not self._fits(tensors) or self.free[worker.id].empty():
+        slot = self._claim() if get_worker_info() is not None and self._fits(tensors) else None
+        if slot is None:
             return default_collate(list(tensors))
-        slot = self.free[worker.id].get()  # this worker is its queue's only reader: no wait
         torch.stack(tuple(tensors), out=self.buffers[slot, : len(tensors)])
         return _BatchInSlot(self.key, slot, len(tensors))
+
+    def _claim(self) -> int | None:
+        """A free slot, now marked in use; None when none is free or the flags stay busy.
+        Never waits long: besides this epoch's workers, a worker of an epoch cut short
+        may still be finishing a batch (workers that are not persistent are replaced)."""
+        if not self._claims.acquire(timeout=CLAIM_WAIT_S):
+            return None
+        try:
+            free = np.flatnonzero(self._claimed == 0)
+            if free.size == 0:
+                return None
+            self._claimed[free[0]] = 1
+            return int(free[0])
+        finally:
+            self._claims.release()
+
+    def _release(self, slot: int) -> None:
+        # a worker killed while holding the flags would hold them for good: then the
+        # slot stays marked in use, and workers fall back, rather than this process hanging
+        if self._claims.acquire(timeout=RELEASE_WAIT_S):
+            self._claimed[slot] = 0
+            self._claims.release()
 
     def _fits(self, tensors: Sequence[torch.Tensor]) -> bool:
         item_shape, dtype = self.buffers.shape[2:], self.buffers.dtype
@@ -92,14 +111,13 @@ class BatchSlots:
         )
 
     def take(self, slot: int, count: int) -> torch.Tensor:
-        """In the trial process: the batch in ``slot`` copied out, and the slot handed
-        back to the worker that owns it."""
+        """In the trial process: the batch in ``slot`` copied out, and the slot freed."""
         # numpy's copy is one plain memcpy; torch's clone splits it over intra-op threads,
         # which on CPUs busy with loader workers waited 5 ms a batch for each other.
         source = self.buffers[slot, :count]
         batch = torch.empty(source.shape, dtype=source.dtype, pin_memory=self.pin_memory)
         np.copyto(batch.numpy(), source.numpy())
-        self.free[slot // self.slots_per_worker].put(slot)
+        self._release(slot)  # after the copy: the lock orders it before the next write
         return batch
 
 

@@ -3,6 +3,7 @@ batches into them and the trial process copies each batch out as it arrives."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 
@@ -67,12 +68,28 @@ def test_an_epoch_cut_short_hands_its_slots_back():
     assert all(torch.equal(batch, want) for batch, want in zip(full_epoch, expected_batches(dataset, 4)))
     # the cut epoch's batches were read and dropped when the next began, and every
     # batch of the full epoch was taken: all six slots are free again
-    free = 0
-    for queue in slots.free:
-        while not queue.empty():
-            queue.get()
-            free += 1
-    assert free == 6
+    assert slots._claimed.tolist() == [0] * 6
+
+
+def _claim_at(barrier, slots: BatchSlots, results) -> None:
+    barrier.wait()
+    results.put(slots._claim())
+
+
+def test_two_workers_racing_for_the_last_free_slot_get_it_once_and_neither_waits():
+    # workers of an epoch cut short may still run beside the next epoch's workers
+    slots = BatchSlots(1, 2, (4, *ITEM_SHAPE), torch.uint8)
+    assert slots._claim() == 0  # one slot left
+    fork = multiprocessing.get_context("fork")
+    barrier, results = fork.Barrier(2), fork.Queue()
+    racers = [fork.Process(target=_claim_at, args=(barrier, slots, results)) for _ in range(2)]
+    for racer in racers:
+        racer.start()
+    got = sorted((results.get(timeout=10) for _ in racers), key=str)
+    for racer in racers:
+        racer.join(timeout=10)
+    assert got == [1, None] and not any(racer.is_alive() for racer in racers)
+    assert slots._claimed.tolist() == [1, 1]  # what a forked worker claims, the trial process sees
 
 
 def test_slots_are_only_made_for_forked_workers(monkeypatch):
