@@ -7,9 +7,11 @@ those round trips wait for a CPU. Here each worker writes its batches into a few
 made once per DataLoader; the trial process copies a batch out of its slot while it
 unpickles the batch message and hands the slot straight back. So what the trial
 receives is an ordinary tensor of its own: a batch that user code keeps (for logging,
-say) is never overwritten, and a batch the DataLoader drops (an epoch cut short) still
-frees its slot. When a worker finds no slot free, or the batch does not fit one, it
-falls back to torch's own collation.
+say) is never overwritten. A batch the DataLoader drops still frees its slot where the
+workers are persistent (hpsearch's default: the next epoch reads what the last one left
+in flight); workers that are not persistent are replaced with those batches unread, and
+their slots stay claimed. When a worker finds no slot free, or the batch does not fit
+one, it falls back to torch's own collation.
 
 The slots are anonymous shared memory that forked workers inherit: no file in
 /dev/shm, so nothing outlives the processes that map it. Named segments made with

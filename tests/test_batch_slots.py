@@ -71,6 +71,16 @@ def test_an_epoch_cut_short_hands_its_slots_back():
     assert slots._claimed.tolist() == [0] * 6
 
 
+def test_workers_that_are_not_persistent_cut_short_then_replaced_still_give_every_batch():
+    dataset = items(24)
+    slots = BatchSlots(workers=2, slots_per_worker=1, batch_shape=(4, *ITEM_SHAPE), dtype=torch.uint8)
+    batches = DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=slots.stack, persistent_workers=False)
+    for _ in range(2):
+        next(iter(batches))  # an epoch cut short: its workers may still be finishing batches
+        epoch = list(batches)
+        assert len(epoch) == 6 and all(torch.equal(b, w) for b, w in zip(epoch, expected_batches(dataset, 4)))
+
+
 def _claim_at(barrier, slots: BatchSlots, results) -> None:
     barrier.wait()
     results.put(slots._claim())
