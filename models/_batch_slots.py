@@ -42,12 +42,10 @@ CLAIM_WAIT_S = 0.05  # then a worker collates torch's way
 RELEASE_WAIT_S = 5.0
 
 
-def batch_slots_for_forked_workers(workers: int, slots_per_worker: int, batch_shape: Sequence[int],
-                                   dtype: torch.dtype, pin_memory: bool = False) -> BatchSlots | None:
-    """``BatchSlots`` where DataLoader workers start by fork; None where they are spawned."""
-    if multiprocessing.get_start_method() != "fork":
-        return None
-    return BatchSlots(workers, slots_per_worker, batch_shape, dtype, pin_memory=pin_memory)
+def workers_are_forked() -> bool:
+    """Whether DataLoader workers started here inherit this process's memory (fork:
+    Linux's default), which is what slots need; spawned ones (macOS, Windows) do not."""
+    return multiprocessing.get_start_method() == "fork"
 
 
 class BatchSlots:

@@ -9,7 +9,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from ._batch_slots import BatchSlots, batch_slots_for_forked_workers
+from ._batch_slots import BatchSlots, workers_are_forked
 from ._loading import SplitLoaders, split_sizes
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
@@ -130,14 +130,19 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
                 [files[i] for i in picked], [labels[i] for i in picked], self.image_size, self.channels
             )
 
+    @property
+    def uses_batch_slots(self) -> bool:
+        """Whether loader workers stack into reused batch slots (reported per trial)."""
+        return self.reuse_batch_buffers and self.effective_num_workers > 0 and workers_are_forked()
+
     def collate_for(self, batch_size: int) -> ImageBatches:
         """Loader workers stack into reused shared-memory slots (``BatchSlots``), one more
-        per worker than the batches the DataLoader keeps in flight for it: 5-6 points of
+        per worker than the batches the DataLoader keeps in flight for it: 3-18 points of
         loader throughput on 2 CPUs (``benchmarks/loader.py``)."""
-        if not self.reuse_batch_buffers or self.effective_num_workers < 1:
+        if not self.uses_batch_slots:
             return ImageBatches()
         in_flight = self.prefetch_factor if self.prefetch_factor is not None else 2  # torch's default
-        return ImageBatches(batch_slots_for_forked_workers(
+        return ImageBatches(BatchSlots(
             self.effective_num_workers, in_flight + 1, (batch_size, *self.input_shape), torch.uint8,
             pin_memory=self.pin_memory,
         ))

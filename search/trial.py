@@ -97,6 +97,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         "hps_num_workers": getattr(datamodule, "effective_num_workers", device.loader_options["num_workers"]),
         "hps_pin_memory": device.loader_options["pin_memory"],
         "hps_loader_sharing": sharing,
+        "hps_batch_slots": getattr(datamodule, "uses_batch_slots", False),
         "hps_resumed": resume_from is not None,
         "hps_notes": "; ".join(checkpoint_notes),
         **_placement(),

@@ -20,7 +20,7 @@ FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
 TELEMETRY_COLUMNS = (
     "compute_s", "epoch_time_s", "train_s", "val_s", "data_wait_s", "checkpoint_s", "report_s", "startup_s", "data_starved",
     "samples_per_s", "first_result_s", "device", "precision",
-    "world_size", "strategy", "num_workers", "pin_memory", "loader_sharing", "resumed", "attempts", "node_losses", "node_id", "node_ip", "error", "notes",
+    "world_size", "strategy", "num_workers", "pin_memory", "loader_sharing", "batch_slots", "resumed", "attempts", "node_losses", "node_id", "node_ip", "error", "notes",
     "trial_dir", "ray_trial_id",
 )
 # Result keys reported by the trial, by the column they fill.
@@ -42,6 +42,7 @@ RESULT_TO_COLUMN = {
     "hps_num_workers": "num_workers",
     "hps_pin_memory": "pin_memory",
     "hps_loader_sharing": "loader_sharing",
+    "hps_batch_slots": "batch_slots",
     "hps_resumed": "resumed",
     "hps_trial_dir": "trial_dir",
     "hps_notes": "notes",

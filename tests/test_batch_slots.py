@@ -10,7 +10,7 @@ import pickle
 import pytest
 import torch
 from hpsearch.models import _batch_slots
-from hpsearch.models._batch_slots import BatchSlots, batch_slots_for_forked_workers
+from hpsearch.models._batch_slots import BatchSlots
 from torch.utils.data import DataLoader, default_collate
 
 ITEM_SHAPE = (3, 4, 4)
@@ -102,12 +102,27 @@ def test_two_workers_racing_for_the_last_free_slot_get_it_once_and_neither_waits
     assert slots._claimed.tolist() == [1, 1]  # what a forked worker claims, the trial process sees
 
 
-def test_slots_are_only_made_for_forked_workers(monkeypatch):
+def test_the_image_folder_uses_slots_only_with_forked_workers_and_says_so(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from hpsearch.models.image_folder import ImageFolderDataModule
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        for i in range(4):
+            Image.new("RGB", (8, 8), color=(i * 60, 0, 0)).save(tmp_path / name / f"{i}.png")
+
+    def data(**options) -> ImageFolderDataModule:
+        return ImageFolderDataModule(str(tmp_path), image_size=8, batch_size=2, **options)
+
+    assert data(num_workers=2).uses_batch_slots and data(num_workers=2).collate_for(2).slots is not None
+    assert not data(num_workers=0).uses_batch_slots and data(num_workers=0).collate_for(2).slots is None
+    off = data(num_workers=2, reuse_batch_buffers=False)
+    assert not off.uses_batch_slots and off.collate_for(2).slots is None
     # spawned workers (macOS, Windows) cannot inherit the anonymous shared memory
-    shape = (4, *ITEM_SHAPE)
-    assert isinstance(batch_slots_for_forked_workers(2, 3, shape, torch.uint8), BatchSlots)
     monkeypatch.setattr(_batch_slots.multiprocessing, "get_start_method", lambda *args, **kwargs: "spawn")
-    assert batch_slots_for_forked_workers(2, 3, shape, torch.uint8) is None
+    spawned = data(num_workers=2)
+    assert not spawned.uses_batch_slots and spawned.collate_for(2).slots is None
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")

@@ -34,8 +34,8 @@ def test_every_trial_finished_and_asha_stopped_some_early(finished_search):
     assert pruned, rows
     assert all(int(r["epochs"]) < config["scheduler"]["max_epochs"] for r in pruned)
     assert all("pruned by ASHA" in r["reason"] for r in pruned)
-    assert {(r["device"], r["precision"], r["world_size"], r["strategy"], r["pin_memory"], r["loader_sharing"])
-            for r in rows} == {("cpu", "32-true", "1", "single", "False", "file_system")}
+    assert {(r["device"], r["precision"], r["world_size"], r["strategy"], r["pin_memory"], r["loader_sharing"],
+             r["batch_slots"]) for r in rows} == {("cpu", "32-true", "1", "single", "False", "file_system", "False")}
 
 
 def test_the_optuna_study_holds_every_trial_with_the_right_state(finished_search):
