@@ -19,8 +19,9 @@ torch's ``share_memory_()`` did: after an end-to-end search through Ray, every t
 process's slots were still in /dev/shm, because Ray kills a worker's child processes
 when it exits (``RAY_kill_child_processes_on_worker_exit``, on by default) and torch's
 shared-memory manager, which would unlink them, is one. Nor does a container's small
-/dev/shm bound them. So they are only made where workers are forked (Linux's default); with
-spawned workers (macOS, Windows) batches travel torch's way.
+/dev/shm bound them. Workers must inherit the slots, so they are only made where workers
+are forked (Linux's default); with spawned workers (macOS, Windows) batches travel
+torch's way.
 """
 
 from __future__ import annotations
