@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -43,6 +44,19 @@ def tensorboard_run(exp_dir: Path, number: int) -> Path:
     runs = [p for p in (exp_dir / "tensorboard").glob(f"trial_{number:04d}*") if p.is_dir()]
     assert len(runs) == 1, runs
     return runs[0]
+
+
+def make_image_folder(root: Path, per_class: int = 6, size: int = 10) -> Path:
+    """Three class folders (cat, dog, eel) of small JPEG and PNG images."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(["cat", "dog", "eel"]):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = (rng.random((size, size, 3)) * 80 + label * 80).astype("uint8")
+            Image.fromarray(pixels).save(root / name / f"{i}.{'png' if i % 2 else 'jpg'}")
+    return root
 
 
 def write_yaml(path: Path, data: dict) -> Path:

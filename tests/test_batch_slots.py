@@ -13,6 +13,8 @@ from hpsearch.models import _batch_slots
 from hpsearch.models._batch_slots import BatchSlots
 from torch.utils.data import DataLoader, default_collate
 
+from conftest import make_image_folder
+
 ITEM_SHAPE = (3, 4, 4)
 
 
@@ -46,7 +48,7 @@ def loader(dataset, slots: BatchSlots, batch_size: int, **options) -> DataLoader
 
 def test_kept_batches_are_never_overwritten_when_slots_are_reused(copies_out):
     # one slot per worker and two batches in flight per worker: slots are reused on
-    # almost every batch, and workers that find theirs taken fall back to torch's way
+    # almost every batch, and workers that find them all taken fall back to torch's way
     dataset = items(22)  # the last batch is short
     slots = BatchSlots(workers=2, slots_per_worker=1, batch_shape=(4, *ITEM_SHAPE), dtype=torch.uint8)
     kept = [batch for _ in range(2) for batch in loader(dataset, slots, batch_size=4)]
@@ -103,17 +105,12 @@ def test_two_workers_racing_for_the_last_free_slot_get_it_once_and_neither_waits
 
 
 def test_the_image_folder_uses_slots_only_with_forked_workers_and_says_so(tmp_path, monkeypatch):
-    from PIL import Image
-
     from hpsearch.models.image_folder import ImageFolderDataModule
 
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        for i in range(4):
-            Image.new("RGB", (8, 8), color=(i * 60, 0, 0)).save(tmp_path / name / f"{i}.png")
+    root = make_image_folder(tmp_path / "images")
 
     def data(**options) -> ImageFolderDataModule:
-        return ImageFolderDataModule(str(tmp_path), image_size=8, batch_size=2, **options)
+        return ImageFolderDataModule(str(root), image_size=8, batch_size=2, **options)
 
     assert data(num_workers=2).uses_batch_slots and data(num_workers=2).collate_for(2).slots is not None
     assert not data(num_workers=0).uses_batch_slots and data(num_workers=0).collate_for(2).slots is None

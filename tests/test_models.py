@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -11,6 +10,8 @@ from hpsearch.models.digits import DigitsDataModule
 from hpsearch.models.image_folder import ImageFolderDataModule
 from hpsearch.models.mlp import MLPClassifier
 from hpsearch.models.synthetic import SyntheticImagesDataModule
+
+from conftest import make_image_folder
 
 
 def split_lengths(dm):
@@ -50,18 +51,6 @@ def test_models_produce_logits_for_any_image_size(model_class, shape):
     model = model_class(input_shape=shape, num_classes=7, lr=0.01)
     assert model(torch.zeros(2, *shape)).shape == (2, 7)
     assert model.hparams.lr == 0.01
-
-
-def make_image_folder(root, per_class=6, size=10):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for label, name in enumerate(["cat", "dog", "eel"]):
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            pixels = (rng.random((size, size, 3)) * 80 + label * 80).astype("uint8")
-            Image.fromarray(pixels).save(root / name / f"{i}.{'png' if i % 2 else 'jpg'}")
-    return root
 
 
 def test_image_folder_decodes_lazily_in_worker_processes(tmp_path):
