@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,6 +66,35 @@ def test_image_folder_decodes_lazily_in_worker_processes(tmp_path):
     floats, label_tensor = dm.on_after_batch_transfer((images, labels), 0)
     assert floats.dtype == torch.float32 and 0.0 <= floats.min() and floats.max() <= 1.0
     assert label_tensor.dtype == torch.long and label_tensor.tolist() == list(labels)
+
+
+def test_image_files_decode_to_their_own_pixels_in_channel_first_order(tmp_path):
+    """Lossless files, so every pixel can be checked: RGB as written, other modes
+    converted as PIL converts them, off-size images resized, grey for channels=1."""
+    from PIL import Image
+
+    from hpsearch.models.image_folder import ImageFileDataset
+
+    rng = np.random.default_rng(1)
+    rgb = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "rgb.png")
+    Image.fromarray(rgb[..., 0]).save(tmp_path / "grey.png")
+    Image.fromarray(np.dstack([rgb, rgb[..., :1]])).save(tmp_path / "rgba.png")
+    Image.fromarray(rng.integers(0, 256, (9, 7, 3), dtype=np.uint8)).save(tmp_path / "big.png")
+    files = [tmp_path / n for n in ("rgb.png", "grey.png", "rgba.png", "big.png")]
+
+    def expected(path, mode):
+        with Image.open(path) as image:
+            image = image.convert(mode).resize((6, 6), Image.BILINEAR)
+            return np.asarray(image).reshape(6, 6, -1).transpose(2, 0, 1)
+
+    for channels, mode in ((3, "RGB"), (1, "L")):
+        dataset = ImageFileDataset(files, [0, 1, 2, 3], image_size=6, channels=channels)
+        for index, path in enumerate(files):
+            image, label = dataset[index]
+            assert image.dtype == torch.uint8 and image.shape == (channels, 6, 6) and label == index
+            assert np.array_equal(image.numpy(), expected(path, mode)), (path.name, mode)
+    assert np.array_equal(ImageFileDataset(files, [0] * 4, 6, 3)[0][0].numpy(), rgb.transpose(2, 0, 1))
 
 
 def test_loader_workers_hand_batches_over_by_shared_memory_name(tmp_path):
