@@ -3,8 +3,9 @@
     python benchmarks/loader.py [--images 6000] [--size 96] [--cpus 2] [--rounds 10]
 
 Generates a folder of JPEGs, then measures, in interleaved rounds (this machine's speed
-drifts by +-15% within seconds, so every way is measured in every round and each
-round's ratio is taken against that round's baseline; the table shows medians):
+drifts by +-15% within seconds, so every way is measured in every round, each measurement
+sits between two short baseline passes and its ratio is taken against their mean; the
+table shows medians over rounds):
 
 * the baseline: one process decoding as fast as it can, with the dataset's own decode code;
 * ``--cpus`` processes decoding independently: what the machine itself gives for that
@@ -17,7 +18,8 @@ round's ratio is taken against that round's baseline; the table shows medians):
   (``reuse_batch_buffers=False``), to show what each of those buys.
 
 "of target" is against single-process rate x CPUs, as the issue sets it; "of ceiling" is
-against what the independent processes reached in the same round.
+against what the independent processes reached in the same round, each against its own
+baseline passes.
 
 Target: the GPU-trial loader reaches 85% of single-process rate x CPUs.
 """
@@ -56,12 +58,13 @@ def train_split(root: Path, size: int):
     return probe._splits["train"]
 
 
-def decode_pass(dataset) -> float:
-    """Images/s of one process decoding the whole split."""
+def decode_pass(dataset, count: int | None = None) -> float:
+    """Images/s of one process decoding the split's first ``count`` images (all by default)."""
+    count = len(dataset) if count is None else min(count, len(dataset))
     started = time.perf_counter()
-    for i in range(len(dataset)):
+    for i in range(count):
         dataset[i]
-    return len(dataset) / (time.perf_counter() - started)
+    return count / (time.perf_counter() - started)
 
 
 def _decode_after(barrier, dataset, rates) -> None:
@@ -128,29 +131,41 @@ def main() -> int:
             options["pin_memory"] = False  # no GPU here; pinning is a copy cost, not decode
             loader, first_epoch_s = build_loader(root, args.size, options, sharing, reuse_buffers)
             ways[label] = (loader, options["num_workers"], first_epoch_s)
-        singles: list[float] = []
-        rates: dict[str, list[float]] = {label: [] for label in [ceiling, *ways]}
+        # per way and round: (its rate, the mean of the baseline passes just before and after it)
+        rates: dict[str, list[tuple[float, float]]] = {label: [] for label in [ceiling, *ways]}
+        bracket = max(BATCH_SIZE, count // 3)  # a baseline pass of about a third of an epoch
+        measure = {ceiling: lambda: independent_rate(split, args.cpus)}
+        measure.update({label: (lambda loader=loader: epoch_rate(loader, count)) for label, (loader, _, _) in ways.items()})
         for _ in range(args.rounds):
-            singles.append(decode_pass(split))
-            rates[ceiling].append(independent_rate(split, args.cpus))
-            for label, (loader, _, _) in ways.items():
-                rates[label].append(epoch_rate(loader, count))
+            before = decode_pass(split, bracket)
+            for label, run_way in measure.items():
+                rate = run_way()
+                after = decode_pass(split, bracket)
+                rates[label].append((rate, (before + after) / 2))
+                before = after
+
+    singles = [single for label in rates for _, single in rates[label]]
 
     def of_target(label: str) -> float:
-        """Median over rounds of the way's rate against that round's single rate x CPUs."""
-        return statistics.median(rate / (single * args.cpus) for rate, single in zip(rates[label], singles))
+        """Median over rounds of the way's rate against its bracketing single rate x CPUs."""
+        return statistics.median(rate / (single * args.cpus) for rate, single in rates[label])
+
+    def rate_of(label: str) -> float:
+        return statistics.median(rate for rate, _ in rates[label])
 
     def of_ceiling(label: str) -> float:
-        """Median over rounds of the way's rate against that round's independent processes."""
-        return statistics.median(rate / top for rate, top in zip(rates[label], rates[ceiling]))
+        """Median over rounds of the way's share of its baseline against the independent
+        processes' share of theirs, in the same round."""
+        return statistics.median((rate / single) / (top / top_single)
+                                 for (rate, single), (top, top_single) in zip(rates[label], rates[ceiling]))
 
     print(f"\n{args.images} JPEGs of {args.size}x{args.size}, batch {BATCH_SIZE}, {args.cpus} CPUs, "
           f"{args.rounds} interleaved rounds (medians); hpsearch hand-over: {hpsearch_sharing}")
     print(f"{'way':<34}{'workers':>8}{'img/s':>9}{'1st epoch s':>13}{'of target':>11}{'of ceiling':>12}")
     print(f"{'single process decode':<34}{0:>8}{statistics.median(singles):>9.0f}{'':>13}{'100%':>11}")
-    print(f"{ceiling:<34}{args.cpus:>8}{statistics.median(rates[ceiling]):>9.0f}{'':>13}{of_target(ceiling):>10.0%}")
+    print(f"{ceiling:<34}{args.cpus:>8}{rate_of(ceiling):>9.0f}{'':>13}{of_target(ceiling):>10.0%}")
     for label, (_, workers, first_epoch_s) in ways.items():
-        print(f"{label:<34}{workers:>8}{statistics.median(rates[label]):>9.0f}{first_epoch_s:>13.2f}"
+        print(f"{label:<34}{workers:>8}{rate_of(label):>9.0f}{first_epoch_s:>13.2f}"
               f"{of_target(label):>10.0%}{of_ceiling(label):>11.0%}")
     print(f"ratios: GPU-trial loader = {of_target(gpu):.2f} of single x {args.cpus} CPUs (target 0.85); "
           f"machine ceiling = {of_target(ceiling):.2f}, GPU-trial loader / ceiling = {of_ceiling(gpu):.2f}; "
