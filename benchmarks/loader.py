@@ -13,9 +13,11 @@ table shows medians over rounds):
 * the ``image-folder`` DataLoader with the options hpsearch gives a GPU trial of
   ``--cpus`` CPUs (every CPU decodes) and a CPU trial (one CPU is left to training),
   with hpsearch's batch hand-over (``loader.sharing_strategy``, shared-memory names);
-* the GPU-trial loader with torch's default hand-over (a file descriptor per tensor),
-  and with a new shared-memory segment per batch instead of reused batch slots
-  (``reuse_batch_buffers=False``), to show what each of those buys.
+* the GPU-trial loader with a new shared-memory segment per batch instead of reused
+  batch slots (``reuse_batch_buffers=False``), to show what the slots buy;
+* the GPU-trial loader with torch's default hand-over (a file descriptor per tensor).
+  Batch slots carry the image folder's batches either way, so this row runs the same
+  loader as the GPU-trial row: how far the two differ shows this machine's noise.
 
 "of target" is against single-process rate x CPUs, as the issue sets it; "of ceiling" is
 against what the independent processes reached in the same round, each against its own
