@@ -22,6 +22,7 @@ class ImageFileDataset(Dataset):
     def __init__(self, files: list[Path], labels: list[int], image_size: int, channels: int) -> None:
         self.files, self.labels = files, labels
         self.image_size, self.mode = image_size, "L" if channels == 1 else "RGB"
+        self.decoded_shape = (image_size, image_size, channels)  # PIL's row-major HWC bytes
 
     def __len__(self) -> int:
         return len(self.files)
@@ -38,8 +39,7 @@ class ImageFileDataset(Dataset):
             if image.size != (self.image_size, self.image_size):
                 image = image.resize((self.image_size, self.image_size), Image.BILINEAR)
             pixels = np.frombuffer(image.tobytes(), dtype=np.uint8)
-        channels = 1 if self.mode == "L" else 3
-        chw = pixels.reshape(self.image_size, self.image_size, channels).transpose(2, 0, 1)
+        chw = pixels.reshape(self.decoded_shape).transpose(2, 0, 1)
         return torch.from_numpy(np.ascontiguousarray(chw)), self.labels[index]  # uint8; see on_after_batch_transfer
 
 
