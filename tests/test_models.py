@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -139,3 +141,55 @@ def test_the_cnn_trains_on_an_image_folder_read_by_loader_workers(tmp_path):
 def test_image_folder_rejects_a_missing_root(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a directory"):
         ImageFolderDataModule(str(tmp_path / "nope"))
+
+
+def _epoch_means(model, batches):
+    """Sample-weighted mean loss and accuracy of ``model`` over ``batches``, computed directly."""
+    import torch.nn.functional as F
+
+    losses, correct, seen = 0.0, 0, 0
+    with torch.no_grad():
+        for images, labels in batches:
+            logits = model(images)
+            losses += float(F.cross_entropy(logits, labels)) * len(labels)
+            correct += int((logits.argmax(dim=1) == labels).sum())
+            seen += len(labels)
+    return losses / seen, correct / seen
+
+
+@pytest.mark.parametrize("limit_train_batches", [1.0, 0.5])
+def test_classifiers_log_the_sample_weighted_means_of_every_stage(limit_train_batches):
+    """The built-in models sum per step and log once an epoch: the figures must be the
+    epoch's true means, also when the epoch ends early (limit_train_batches) and the
+    last batch is smaller."""
+    import pytorch_lightning as pl
+
+    class Batches(pl.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.seen.append(batch)
+
+    dm = DigitsDataModule(batch_size=100, eval_batch_size=70)  # uneven last batches
+    # lr 0 and no dropout: the weights stay put, so a step's loss can be recomputed after.
+    model = CNNClassifier(channels=4, dropout=0.0, lr=0.0)
+    batches = Batches()
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[batches],
+                         limit_train_batches=limit_train_batches)
+    trainer.fit(model, datamodule=dm)
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    assert len(batches.seen) == trainer.num_training_batches
+    # In training mode (batch statistics, as the steps saw them), on a copy: that mode
+    # moves the running statistics validation uses.
+    expected_loss, expected_acc = _epoch_means(copy.deepcopy(model).train(), batches.seen)
+    assert logged["train_loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert logged["train_acc"] == pytest.approx(expected_acc, abs=1e-6)
+    model.eval()
+    for stage, loader in (("val", dm.val_dataloader()), ("test", dm.test_dataloader())):
+        if stage == "test":
+            logged.update({k: float(v) for k, v in trainer.test(model, datamodule=dm, verbose=False)[0].items()})
+        expected_loss, expected_acc = _epoch_means(model, loader)
+        assert logged[f"{stage}_loss"] == pytest.approx(expected_loss, rel=1e-5), stage
+        assert logged[f"{stage}_acc"] == pytest.approx(expected_acc, abs=1e-6), stage
