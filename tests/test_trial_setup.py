@@ -101,3 +101,37 @@ def test_a_required_argument_nobody_provides_is_an_error(example_config, monkeyp
     with pytest.raises(ConfigError) as caught:
         check_components(load_config(example_config))
     assert "needs argument 'in_features'" in str(caught.value)
+
+
+def test_only_a_cluster_started_elsewhere_gets_the_ray_settings_through_a_runtime_env():
+    from hpsearch.search.tuner import RAY_ENV, worker_runtime_env
+
+    assert worker_runtime_env([], joins_cluster=False) == {}
+    assert worker_runtime_env([], joins_cluster=True) == {"env_vars": RAY_ENV}
+    assert worker_runtime_env(["/code/userpkg"], joins_cluster=False) == {"py_modules": ["/code/userpkg"]}
+
+
+def test_a_local_rays_workers_inherit_the_ray_settings(example_config, monkeypatch):
+    """No runtime env for a local Ray with built-in classes: its workers must still see
+    RAY_ENV (a trial would otherwise run in its trial folder, or under Train V1)."""
+    import os
+
+    import ray
+
+    from hpsearch.search.tuner import RAY_ENV, start_ray
+
+    for name in RAY_ENV:  # restored after the test; start_ray sets them for this process
+        monkeypatch.setenv(name, "unset")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert not ray.is_initialized()
+    start_ray(load_config(example_config), None, verbose=False)
+    try:
+        @ray.remote(num_cpus=1)
+        def environment():
+            return {name: os.environ.get(name) for name in RAY_ENV}, ray.get_runtime_context().runtime_env
+
+        seen, runtime_env = ray.get(environment.remote())
+        assert seen == RAY_ENV
+        assert not runtime_env  # so a new worker skips Ray's runtime-env agent
+    finally:
+        ray.shutdown()
