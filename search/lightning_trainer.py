@@ -37,6 +37,7 @@ def build_trainer(
     callbacks: list[pl.Callback],
     strategy="auto",
     resume_step: int | None = None,
+    profiler=None,
 ) -> pl.Trainer:
     """Checkpoints keep the best epoch (for the final evaluation) and the two newest (for
     resume, see ``checkpoints.py``).
@@ -45,6 +46,9 @@ def build_trainer(
     before ``on_train_epoch_end``: so when ``TuneReporter`` reports there, this epoch's
     checkpoint is on disk and the stop decision is made. That matters because Tune may
     stop the trial at that report, and nothing after it is guaranteed to run.
+
+    ``profiler``: what Lightning reports its timed actions to (``TuneReporter.fetch_timer``
+    takes the waits for training batches from there).
     """
     all_callbacks = list(callbacks)
     all_callbacks.append(ModelCheckpoint(
@@ -85,4 +89,5 @@ def build_trainer(
         enable_progress_bar=False,
         enable_model_summary=False,
         log_every_n_steps=10,
+        profiler=profiler,
     )

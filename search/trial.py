@@ -109,7 +109,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
                             tensorboard_run=tensorboard_run, callbacks=[reporter],
-                            strategy=parallel.strategy,
+                            strategy=parallel.strategy, profiler=reporter.fetch_timer,
                             resume_step=global_step_of(resume_from) if resume_from else None)
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)

@@ -1,0 +1,99 @@
+"""What a trial reports about its own speed: time waiting on data, and the data-starved flag."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from hpsearch.models.mlp import MLPClassifier
+from hpsearch.models.synthetic import SyntheticImagesDataModule
+
+BATCHES = 6  # training batches per epoch (48 samples of 8)
+
+
+class SlowItems(torch.utils.data.Dataset):
+    """A dataset whose items take ``seconds`` each to load: a loader that starves training."""
+
+    def __init__(self, dataset, seconds: float) -> None:
+        self.dataset, self.seconds = dataset, seconds
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        if self.seconds:
+            time.sleep(self.seconds)
+        return self.dataset[index]
+
+
+class SlowLoadingData(SyntheticImagesDataModule):
+    def __init__(self, item_seconds: float) -> None:
+        super().__init__(num_samples=80, image_size=4, channels=1, batch_size=8, val_fraction=0.2,
+                         test_fraction=0.2)
+        self.item_seconds = item_seconds
+
+    def setup(self, stage=None):
+        super().setup(stage)
+        if not isinstance(self._splits["train"], SlowItems):
+            self._splits["train"] = SlowItems(self._splits["train"], self.item_seconds)
+
+
+class SlowBetweenSteps(MLPClassifier):
+    """Steps of 10 ms, and 20 ms of work after every step that is not data loading (as a
+    heavy logging hook would be)."""
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.01)
+        return super().training_step(batch, batch_idx)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        time.sleep(0.02)
+
+
+def reports_of(tmp_path, model, datamodule, epochs: int = 2) -> list[dict]:
+    from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
+    from hpsearch.search.devices import trial_device
+    from hpsearch.search.lightning_trainer import build_trainer
+    from hpsearch.search.reporting import TuneReporter
+
+    reports: list[dict] = []
+    reporter = TuneReporter("val_acc", "max", epochs, report=reports.append, static_fields={})
+    device = trial_device(TrainerConfig(), LoaderConfig(), ResourcesConfig())
+    trainer = build_trainer(TrainerConfig(), device=device, metric="val_acc", mode="max", max_epochs=epochs,
+                            trial_dir=tmp_path / "trial", tensorboard_run=tmp_path / "tb" / "run",
+                            callbacks=[reporter], profiler=reporter.fetch_timer)
+    trainer.fit(model, datamodule=datamodule)
+    assert len(reports) == epochs
+    return reports
+
+
+def mlp_for(datamodule, model_class=MLPClassifier):
+    return model_class(input_shape=datamodule.input_shape, num_classes=datamodule.num_classes)
+
+
+def test_a_loader_slower_than_training_is_flagged_as_data_starved(tmp_path):
+    data = SlowLoadingData(item_seconds=0.01)  # 80 ms a batch against a step of a few ms
+    for report in reports_of(tmp_path, mlp_for(data), data):
+        assert report["hps_data_starved"] is True, report
+        # every batch's loading counts as waiting
+        assert BATCHES * 8 * 0.01 <= report["hps_data_wait_s"] < report["hps_epoch_time_s"]
+
+
+def test_work_between_steps_is_not_counted_as_waiting_on_data(tmp_path):
+    data = SlowLoadingData(item_seconds=0.0)
+    for report in reports_of(tmp_path, mlp_for(data, SlowBetweenSteps), data):
+        assert report["hps_data_starved"] is False, report
+        # 6 x 20 ms of the model's own hooks ran between steps: none of it is data wait
+        assert report["hps_epoch_time_s"] >= BATCHES * 0.02
+        assert report["hps_data_wait_s"] < 0.25 * BATCHES * 0.02, report["hps_data_wait_s"]
+
+
+@pytest.mark.parametrize("item_seconds", [0.0, 0.002])
+def test_each_epoch_reports_only_its_own_waits(tmp_path, item_seconds):
+    data = SlowLoadingData(item_seconds=item_seconds)
+    first, second = reports_of(tmp_path, mlp_for(data), data)
+    # the counter is cumulative in the profiler; the reports must not be
+    assert second["hps_data_wait_s"] < 2 * first["hps_data_wait_s"] + 0.05
+    assert second["hps_data_wait_s"] >= BATCHES * 8 * item_seconds
