@@ -4,9 +4,25 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import TensorDataset, default_collate
 
 from ._loading import SplitLoaders, split_sizes
+
+
+class TensorBatches(TensorDataset):
+    """A ``TensorDataset`` that hands the DataLoader whole batches: one indexing per tensor,
+    where the default is one per sample and a ``torch.stack`` (the DataLoader asks a
+    dataset for ``__getitems__`` first). Same samples, same order, same shuffling."""
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
+        index = torch.as_tensor(indices)
+        return tuple(tensor[index] for tensor in self.tensors)
+
+
+def whole_batch(batch):
+    """The collate of ``TensorBatches`` loaders: a batch arrives whole; a list of samples
+    (from a dataset without ``__getitems__``, e.g. one a subclass wrapped) is stacked."""
+    return default_collate(batch) if isinstance(batch, list) else batch
 
 
 class InMemoryImageDataModule(SplitLoaders, pl.LightningDataModule):
@@ -63,6 +79,9 @@ class InMemoryImageDataModule(SplitLoaders, pl.LightningDataModule):
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
         bounds = [0, sizes[0], sizes[0] + sizes[1], sum(sizes)]
         self._splits = {
-            name: TensorDataset(images[order[lo:hi]], labels[order[lo:hi]])
+            name: TensorBatches(images[order[lo:hi]], labels[order[lo:hi]])
             for name, lo, hi in zip(("train", "val", "test"), bounds[:-1], bounds[1:])
         }
+
+    def collate_for(self, batch_size: int):
+        return whole_batch

@@ -193,3 +193,34 @@ def test_classifiers_log_the_sample_weighted_means_of_every_stage(limit_train_ba
         expected_loss, expected_acc = _epoch_means(model, loader)
         assert logged[f"{stage}_loss"] == pytest.approx(expected_loss, rel=1e-5), stage
         assert logged[f"{stage}_acc"] == pytest.approx(expected_acc, abs=1e-6), stage
+
+
+def test_in_memory_loaders_hand_out_the_same_batches_as_per_sample_loading():
+    """Whole-batch indexing (TensorBatches) must not change what a seeded trial trains on."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    dm = DigitsDataModule(batch_size=50)
+    dm.setup("fit")
+    train = dm._splits["train"]
+    torch.manual_seed(3)
+    batched = list(dm.train_dataloader())
+    torch.manual_seed(3)
+    per_sample = list(DataLoader(TensorDataset(*train.tensors), batch_size=50, shuffle=True))
+    assert len(batched) == len(per_sample) == -(-len(train) // 50)
+    for (images, labels), (images_ref, labels_ref) in zip(batched, per_sample):
+        assert torch.equal(images, images_ref) and torch.equal(labels, labels_ref)
+        assert images.dtype == torch.float32 and labels.dtype == torch.long
+
+    class Wrapped(torch.utils.data.Dataset):  # what a subclass might put in a split: no __getitems__
+        def __init__(self, dataset):
+            self.dataset = dataset
+
+        def __len__(self):
+            return 30
+
+        def __getitem__(self, index):
+            return self.dataset[index]
+
+    dm._splits["val"] = Wrapped(dm._splits["val"])
+    images, labels = next(iter(dm.val_dataloader()))
+    assert images.shape == (30, 1, 8, 8) and labels.shape == (30,)
