@@ -8,10 +8,13 @@ from ray.tune import Callback
 
 
 class TrialTimer(Callback):
-    """Wall-clock of each trial's start, results and end, and the epoch times they report."""
+    """Wall-clock of each trial's start, results and end, and the epoch times they report.
 
-    def __init__(self, epoch_time_key: str) -> None:
-        self.epoch_time_key = epoch_time_key
+    An epoch's time is ``epoch_time_key`` less ``excluded_key`` (hpsearch's epoch ends
+    after its checkpoint writes, which are not training or validation)."""
+
+    def __init__(self, epoch_time_key: str, excluded_key: str | None = None) -> None:
+        self.epoch_time_key, self.excluded_key = epoch_time_key, excluded_key
         self.started_at: dict[str, float] = {}
         self.first_result_at: dict[str, float] = {}
         self.first_epoch_s: dict[str, float] = {}
@@ -24,6 +27,8 @@ class TrialTimer(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         now = time.monotonic()
         seconds = float(result.get(self.epoch_time_key, 0.0))
+        if self.excluded_key is not None:
+            seconds -= float(result.get(self.excluded_key, 0.0))
         if trial.trial_id not in self.first_result_at:
             self.first_result_at[trial.trial_id] = now
             self.first_epoch_s[trial.trial_id] = seconds
