@@ -22,7 +22,8 @@ class ImageClassifier(pl.LightningModule):
     model's device; the epoch means are logged once an epoch, with ``sync_dist=True``
     so every DDP rank agrees on them. Lightning's ``self.log`` costs about half a
     millisecond per call on a CPU core (it re-checks the stored metric's device on
-    every call): two calls in every step were 10-30% of a small CNN's training time.
+    every call): two calls in every step cost the CNN on digits 16% of its epoch at
+    batch 32, 3% at batch 128.
     """
 
     def __init__(
