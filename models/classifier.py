@@ -74,7 +74,8 @@ class ImageClassifier(pl.LightningModule):
         loss = self._shared_step(batch, "train")
         # Logged at the epoch's last batch rather than in on_train_epoch_end, which runs
         # after the callbacks' (TuneReporter reports there, with this epoch's metrics).
-        if self.trainer.is_last_batch:  # also the last of a limit_train_batches epoch
+        # A step called outside a Trainer (by hand, in a notebook) has no epoch to log.
+        if self._trainer is not None and self.trainer.is_last_batch:  # also a limited epoch's last
             self._log_epoch_means("train")
         return loss
 

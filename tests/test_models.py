@@ -143,6 +143,12 @@ def test_image_folder_rejects_a_missing_root(tmp_path):
         ImageFolderDataModule(str(tmp_path / "nope"))
 
 
+def test_a_training_step_runs_outside_a_trainer():
+    model = CNNClassifier(channels=4)
+    loss = model.training_step((torch.zeros(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])), 0)
+    assert loss.shape == () and torch.isfinite(loss)
+
+
 def _epoch_means(model, batches):
     """Sample-weighted mean loss and accuracy of ``model`` over ``batches``, computed directly."""
     import torch.nn.functional as F
