@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from hpsearch.models.cnn import CNNClassifier
@@ -230,3 +232,26 @@ def test_in_memory_loaders_hand_out_the_same_batches_as_per_sample_loading():
     dm._splits["val"] = Wrapped(dm._splits["val"])
     images, labels = next(iter(dm.val_dataloader()))
     assert images.shape == (30, 1, 8, 8) and labels.shape == (30,)
+
+
+class MetricsPerRank(pl.Callback):
+    """Writes each rank's epoch metrics to ``folder/rank-N.json``."""
+
+    def __init__(self, folder) -> None:
+        self.folder = folder
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        (self.folder / f"rank-{trainer.global_rank}.json").write_text(json.dumps(metrics))
+
+
+def test_ddp_ranks_agree_on_the_epoch_means(tmp_path):
+    """Each rank logs its own shard's epoch means once; sync_dist must make them one figure
+    (gloo, two CPU processes)."""
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[MetricsPerRank(tmp_path)])
+    trainer.fit(CNNClassifier(channels=4), datamodule=DigitsDataModule(batch_size=64))
+    ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert set(ranks[0]) == {"train_loss", "train_acc", "val_loss", "val_acc"}
+    assert ranks[0] == pytest.approx(ranks[1], rel=1e-6)
