@@ -116,10 +116,12 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
 def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
     """Resolve the user's classes and check their arguments; run the preflight batch."""
     from .components import check_components
-    from .devices import precision_fallback_warning
     from .distributed import check_strategy_available
+    from .gc_pause import collector_paused
 
-    model_class, data_class = check_components(config)
+    with collector_paused():  # the user's modules import torch and Lightning (see gc_pause)
+        model_class, data_class = check_components(config)
+        from .devices import precision_fallback_warning
     check_strategy_available(config)
     precision_fallback_warning(config.trainer, config.resources)
     if config.search.preflight if preflight is None else preflight:

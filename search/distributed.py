@@ -23,7 +23,7 @@ from typing import Any
 from .config import ExperimentConfig
 from .errors import ConfigError
 from .storage import study_root
-from .trial import Parallelism, fit_trial
+from .trial import Parallelism, fit_trial, load_training_stack
 
 # The Tune trial that drives a Train run asks for this much memory and no CPU
 # (Ray cannot place an empty resource request).
@@ -79,6 +79,7 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     import ray.train
 
     config = ExperimentConfig.model_validate(loop_config["experiment"])
+    load_training_stack(config)  # before the strategy's Lightning import (see trial.load_training_stack)
     context = ray.train.get_context()
     parallel = Parallelism(
         world_size=context.get_world_size(),

@@ -18,12 +18,10 @@ from typing import Any, Callable
 
 from .components import build_datamodule, build_model, resolve_class
 from .config import ExperimentConfig
-from .devices import trial_device, use_sharing_strategy
 from .experiment import ExperimentDir, trial_name
 from .checkpoints import global_step_of, latest_good_checkpoint
-from .lightning_trainer import build_trainer, quiet_lightning
+from .gc_pause import collector_paused
 from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, TRIAL_NUMBER
-from .reporting import NonFiniteError, TuneReporter
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
 
@@ -45,9 +43,23 @@ def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], exp
     fit_trial(trial_config, experiment, experiment_dir, report=tune.report, parallel=Parallelism())
 
 
+def load_training_stack(config: ExperimentConfig) -> None:
+    """Import torch, Lightning, hpsearch's Lightning glue and the user's classes into this
+    Ray worker, with the garbage collector paused and, the first time, the survivors
+    frozen (see ``gc_pause``): a worker's first trial starts sooner, and later full
+    collections skip the half-million objects the imports leave. Later calls cost next
+    to nothing. Only for Ray worker processes, which hpsearch owns."""
+    with collector_paused(freeze_survivors=True):
+        from . import devices, lightning_trainer, reporting  # noqa: F401  (torch, Lightning)
+
+        resolve_class("data", config.data.class_path)
+        resolve_class("model", config.model.class_path)
+
+
 def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
               report: Callable[[dict], None], parallel: Parallelism) -> None:
-    """Train one sampled configuration in this process, reporting after every validation."""
+    """Train one sampled configuration in this process (a Ray worker), reporting after
+    every validation."""
     started = time.perf_counter()
     config = ExperimentConfig.model_validate(experiment)
     params: dict[str, Any] = trial_config["params"]
@@ -56,6 +68,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         # Out of retries for its own faults (see RetryPolicy): end as failed, with the reason.
         report({TRIAL_NUMBER: number, FAILURE: str(trial_config[GIVE_UP]), FINISHED: True})
         return
+    load_training_stack(config)
     exp = ExperimentDir(study_root(experiment_dir))
     trial_dir = exp.trial_dir(trial_name(number))
     tensorboard_run = run_dir(exp.tensorboard_dir, number, params)
@@ -68,10 +81,14 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     trial_dir.mkdir(parents=True, exist_ok=True)
     # User code may want to know which trial it is part of (e.g. to write files beside it).
     os.environ["HPSEARCH_TRIAL_NUMBER"], os.environ["HPSEARCH_TRIAL_DIR"] = str(number), str(trial_dir)
-    quiet_lightning()
-
     import pytorch_lightning as pl
     import torch
+
+    from .devices import trial_device, use_sharing_strategy
+    from .lightning_trainer import build_trainer, quiet_lightning
+    from .reporting import TuneReporter
+
+    quiet_lightning()
 
     torch.set_num_threads(max(1, int(config.resources.worker_cpus)))
     sharing = use_sharing_strategy(config.loader)
@@ -173,6 +190,8 @@ def _validate_quietly(model, datamodule, device) -> dict[str, Any]:
 def _failure_reason(exc: BaseException) -> str | None:
     """A one-line reason for faults that a retry cannot fix; None for those it might."""
     import torch
+
+    from .reporting import NonFiniteError
 
     if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
         return f"OOM: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'out of memory'}"[:300]
