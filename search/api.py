@@ -24,6 +24,7 @@ from .config import ExperimentConfig
 from .config_loading import load_config
 from .errors import ConfigError, HpsearchError, Interrupted
 from .experiment import ExperimentDir, record_session, write_config
+from .gc_pause import collector_paused, thawed_at_exit
 from .storage import Mirror, StudyHome
 from .study_lock import study_lock
 from .trials_table import read_rows
@@ -66,16 +67,17 @@ def run(
     if storage is not None:
         extra["storage"] = storage
     config = load_config(source, extra)
-    prepare(config)
-    home = StudyHome.new(config.storage, config.name)  # a URI is checked for writing here
-    from .tuner import start_ray
+    with thawed_at_exit():  # prepare() freezes the driver's imports for this search only
+        prepare(config)
+        home = StudyHome.new(config.storage, config.name)  # a URI is checked for writing here
+        from .tuner import start_ray
 
-    start_ray(config, address, verbose)
-    concurrency = _plan(config)
-    exp = home.create()
-    with study_lock(exp):
-        write_config(exp, config.model_dump(mode="json"))
-        return _search(config, exp, verbose, concurrency, callbacks, home.mirror)
+        start_ray(config, address, verbose)
+        concurrency = _plan(config)
+        exp = home.create()
+        with study_lock(exp):
+            write_config(exp, config.model_dump(mode="json"))
+            return _search(config, exp, verbose, concurrency, callbacks, home.mirror)
 
 
 def resume(
@@ -92,7 +94,7 @@ def resume(
     ``experiment_dir`` may be the study's URI (``s3://bucket/exps/name``): a study
     survives the cluster it ran on and resumes on another."""
     exp, mirror = StudyHome.existing(experiment_dir)
-    with study_lock(exp):
+    with study_lock(exp), thawed_at_exit():  # prepare() freezes the driver's imports for this search only
         return _resume_locked(exp, overrides, address, verbose, callbacks, mirror)
 
 
@@ -114,12 +116,15 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
 
 
 def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
-    """Resolve the user's classes and check their arguments; run the preflight batch."""
+    """Resolve the user's classes and check their arguments; run the preflight batch.
+
+    The user's modules import torch and Lightning: with the garbage collector paused, and
+    what they leave is frozen for the search that follows (see ``gc_pause``); the caller
+    thaws it with ``thawed_at_exit``."""
     from .components import check_components
     from .distributed import check_strategy_available
-    from .gc_pause import collector_paused
 
-    with collector_paused():  # the user's modules import torch and Lightning (see gc_pause)
+    with collector_paused(freeze_survivors=True):
         model_class, data_class = check_components(config)
         from .devices import precision_fallback_warning
     check_strategy_available(config)

@@ -1,5 +1,5 @@
-"""Imports without the cyclic garbage collector: paused in the driver, paused and then
-frozen in trial workers."""
+"""Imports without the cyclic garbage collector: paused, then frozen (for good in trial
+workers, for the search's duration in the driver)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import sys
 import textwrap
 
 import pytest
-from hpsearch.search.api import prepare
-from hpsearch.search.config_loading import load_config
-from hpsearch.search.gc_pause import collector_paused
+from conftest import shrunk_example
+from hpsearch.search.gc_pause import collector_paused, thawed_at_exit
 
 
 class Collections:
@@ -65,12 +64,46 @@ def test_a_disabled_collector_stays_disabled_and_an_error_still_restores_it():
     assert gc.isenabled()
 
 
-def test_the_driver_pauses_but_freezes_nothing(example_config):
-    config = load_config(example_config)
-    frozen_before = gc.get_freeze_count()
-    prepare(config, preflight=False)
-    assert gc.isenabled()
-    assert gc.get_freeze_count() == frozen_before  # the driver may be the user's own session
+def test_a_freeze_made_inside_is_undone_and_an_earlier_one_is_left_alone():
+    assert gc.get_freeze_count() == 0
+    with thawed_at_exit():
+        gc.freeze()
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # someone else's, e.g. a pre-forking server's
+    try:
+        frozen = gc.get_freeze_count()
+        with thawed_at_exit():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_the_driver_is_frozen_while_it_searches_and_thawed_after(tmp_path):
+    """hpsearch.run in the user's own session: the imports' objects stay frozen only
+    while the search runs."""
+    config = shrunk_example(tmp_path, **{"search/num_trials": 2, "scheduler/max_epochs": 1})
+    script = textwrap.dedent(f"""
+        import gc, json
+        import hpsearch
+        from ray import tune
+        frozen_during = []
+        class Probe(tune.Callback):
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                frozen_during.append(gc.get_freeze_count())
+        result = hpsearch.run(json.loads({json.dumps(config)!r}), callbacks=[Probe()])
+        print(json.dumps({{"during": min(frozen_during), "after": gc.get_freeze_count(),
+                          "enabled": gc.isenabled(), "trials": len(result.trials)}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["trials"] == 2
+    assert seen["during"] > 100_000
+    assert seen["after"] == 0
+    assert seen["enabled"] is True
 
 
 def test_a_trial_worker_imports_the_training_stack_without_collections_then_freezes_it(example_config):
