@@ -43,17 +43,17 @@ def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], exp
     fit_trial(trial_config, experiment, experiment_dir, report=tune.report, parallel=Parallelism())
 
 
-def load_training_stack(config: ExperimentConfig) -> None:
-    """Import torch, Lightning, hpsearch's Lightning glue and the user's classes into this
-    Ray worker, with the garbage collector paused and, the first time, the survivors
-    frozen (see ``gc_pause``): a worker's first trial starts sooner, and later full
-    collections skip the half-million objects the imports leave. Later calls cost next
-    to nothing. Only for Ray worker processes, which hpsearch owns."""
+def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:
+    """The user's DataModule and model classes, imported into this Ray worker together
+    with torch, Lightning and hpsearch's Lightning glue, with the garbage collector paused
+    and, the first time, the survivors frozen (see ``gc_pause``): a worker's first trial
+    starts sooner, and later full collections skip the half-million objects the imports
+    leave. Later calls cost next to nothing. Only for Ray worker processes, which
+    hpsearch owns."""
     with collector_paused(freeze_survivors=True):
         from . import devices, lightning_trainer, reporting  # noqa: F401  (torch, Lightning)
 
-        resolve_class("data", config.data.class_path)
-        resolve_class("model", config.model.class_path)
+        return resolve_class("data", config.data.class_path), resolve_class("model", config.model.class_path)
 
 
 def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
@@ -68,7 +68,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         # Out of retries for its own faults (see RetryPolicy): end as failed, with the reason.
         report({TRIAL_NUMBER: number, FAILURE: str(trial_config[GIVE_UP]), FINISHED: True})
         return
-    load_training_stack(config)
+    data_class, model_class = load_training_stack(config)
     exp = ExperimentDir(study_root(experiment_dir))
     trial_dir = exp.trial_dir(trial_name(number))
     tensorboard_run = run_dir(exp.tensorboard_dir, number, params)
@@ -98,9 +98,8 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         pl.seed_everything(config.search.seed + number, workers=True, verbose=False)
     settings = config.with_trainer_params(params)
     device = trial_device(settings, config.loader, config.resources)
-    datamodule = build_datamodule(config, resolve_class("data", config.data.class_path), params,
-                                  device.loader_options)
-    model = build_model(config, resolve_class("model", config.model.class_path), params, datamodule)
+    datamodule = build_datamodule(config, data_class, params, device.loader_options)
+    model = build_model(config, model_class, params, datamodule)
     resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
     if resume_from is not None:
         _after_earlier_event_files(tensorboard_run)
