@@ -26,6 +26,10 @@ from .outcome import EPOCH, FINISHED, STOP_REASON, best_of
 # A trial that waits on its DataLoader for more than this share of its training time
 # is flagged as data-starved (more loader workers, or faster decoding, would help).
 STARVED_SHARE = 0.3
+# Steps between host-side checks that the training loss stayed finite. Reading a GPU
+# tensor's value on the host waits for every kernel queued before it: a check on every
+# step would keep the CPU from queueing the next step while the GPU runs this one.
+FINITE_CHECK_EVERY = 32
 SPEED_KEYS = ("hps_epoch_time_s", "hps_samples_per_s", "hps_data_wait_s", "hps_val_time_s", "hps_checkpoint_s")
 
 
@@ -90,10 +94,13 @@ class TuneReporter(pl.Callback):
         self._epoch_started = self._batch_started = self._fetched_before_epoch = 0.0
         self._val_started = self._val_seconds = self._checkpoint_started = 0.0
         self._train_samples, self._train_seconds = 0, 0.0
+        self._losses_finite: torch.Tensor | None = None  # on the loss's device; see FINITE_CHECK_EVERY
+        self._unchecked_from_step = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self._startup_s is None:
             self._startup_s = time.perf_counter() - self.started
+        self._unchecked_from_step = trainer.global_step  # a resumed trial's steps go on from its checkpoint
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._deliver_pending(trainer)
@@ -110,11 +117,24 @@ class TuneReporter(pl.Callback):
         self._train_seconds += time.perf_counter() - self._batch_started
         self._train_samples += _batch_size(batch)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1 and not torch.isfinite(loss):
-            raise NonFiniteError(f"NaN/inf loss ({float(loss)}) at step {trainer.global_step}, "
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            finite = torch.isfinite(loss.detach())
+            self._losses_finite = finite if self._losses_finite is None else self._losses_finite & finite
+            if (batch_idx + 1) % FINITE_CHECK_EVERY == 0:
+                self._check_losses_finite(trainer)
+
+    def _check_losses_finite(self, trainer: pl.Trainer) -> None:
+        """Raise if a training loss since the last check was NaN or infinite: the one
+        host-device sync every ``FINITE_CHECK_EVERY`` steps, and before validation, so a
+        diverged trial is named by its loss rather than by its NaN metric."""
+        if self._losses_finite is not None and not bool(self._losses_finite):
+            raise NonFiniteError(f"NaN/inf loss at a step in {self._unchecked_from_step + 1}..{trainer.global_step}, "
                                  f"epoch {trainer.current_epoch + 1}")
+        self._losses_finite, self._unchecked_from_step = None, trainer.global_step
 
     def on_validation_start(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._check_losses_finite(trainer)
         self._val_started = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -125,6 +145,7 @@ class TuneReporter(pl.Callback):
         self._validated = not trainer.sanity_checking
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
+        self._check_losses_finite(trainer)
         if trainer.sanity_checking or not self._validated:
             # No validation ran in this epoch (e.g. the tail of an epoch whose checkpoint a
             # resumed trial started from): nothing new to report.

@@ -97,3 +97,55 @@ def test_each_epoch_reports_only_its_own_waits(tmp_path, item_seconds):
     # the counter is cumulative in the profiler; the reports must not be
     assert second["hps_data_wait_s"] < 2 * first["hps_data_wait_s"] + 0.05
     assert second["hps_data_wait_s"] >= BATCHES * 8 * item_seconds
+
+
+class DivergesAtStep(MLPClassifier):
+    """Its training loss turns NaN at one global step."""
+
+    def __init__(self, nan_at_step: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.nan_at_step = nan_at_step
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.trainer.global_step == self.nan_at_step else loss
+
+
+def test_a_nan_loss_ends_the_trial_naming_the_steps_it_happened_in(tmp_path):
+    from hpsearch.search.reporting import NonFiniteError
+
+    data = SlowLoadingData(item_seconds=0.0)
+    model = DivergesAtStep(nan_at_step=BATCHES + 2, input_shape=data.input_shape, num_classes=data.num_classes)
+    with pytest.raises(NonFiniteError, match=rf"NaN/inf loss at a step in {BATCHES + 1}\.\.{2 * BATCHES}, epoch 2"):
+        reports_of(tmp_path, model, data, epochs=3)
+    # caught before the diverged weights were validated and checkpointed
+    assert sorted(p.name for p in (tmp_path / "trial" / "checkpoints").iterdir()) == ["best.ckpt", "epoch-0000.ckpt"]
+
+
+def test_the_loss_is_read_on_the_host_once_every_few_steps_not_every_step(monkeypatch):
+    """Reading a GPU loss's value (bool, item, float) makes the host wait for the GPU; the
+    reporter must only do it every FINITE_CHECK_EVERY steps."""
+    from types import SimpleNamespace
+
+    from hpsearch.search.reporting import FINITE_CHECK_EVERY, NonFiniteError, TuneReporter
+
+    reads = []
+    for method in ("__bool__", "item", "__float__"):
+        original = getattr(torch.Tensor, method)
+        monkeypatch.setattr(torch.Tensor, method,
+                            lambda self, *a, _original=original, **k: reads.append(1) or _original(self, *a, **k))
+    reporter = TuneReporter("val_acc", "max", 1, report=lambda metrics: None, static_fields={})
+    trainer = SimpleNamespace(global_step=0, current_epoch=0, sanity_checking=False)
+    batch = torch.zeros(4, 2)
+
+    def step(batch_idx: int, loss: float) -> None:
+        reporter.on_train_batch_start(trainer, None, batch, batch_idx)
+        trainer.global_step += 1
+        reporter.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, batch, batch_idx)
+
+    for batch_idx in range(FINITE_CHECK_EVERY - 1):
+        step(batch_idx, 0.5 if batch_idx != 3 else float("inf"))
+    assert reads == []
+    with pytest.raises(NonFiniteError, match=rf"1\.\.{FINITE_CHECK_EVERY}, epoch 1"):
+        step(FINITE_CHECK_EVERY - 1, 0.5)
+    assert len(reads) == 1
