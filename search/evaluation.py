@@ -7,8 +7,7 @@ from typing import Any
 
 from .components import build_datamodule, build_model, resolve_class
 from .config import ExperimentConfig
-from .devices import trial_device
-from .lightning_trainer import quiet_lightning
+from .gc_pause import collector_paused
 from .storage import Mirror
 
 
@@ -28,18 +27,28 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
 
     Runs under ``torch.inference_mode()``: no autograd state is kept, so evaluation is
     cheaper and can use larger batches than training.
-    """
-    import pytorch_lightning as pl
-    import torch
 
+    On GPU this runs as a Ray task in a new worker: torch and Lightning are imported here,
+    not when Ray unpickles this function, so that the import runs with the collector
+    paused (see ``gc_pause``).
+    """
+    config = ExperimentConfig.model_validate(experiment)
+    with collector_paused(freeze_survivors=True):
+        import pytorch_lightning as pl
+        import torch
+
+        from .devices import trial_device
+        from .lightning_trainer import quiet_lightning
+
+        data_class, model_class = resolve_class("data", config.data.class_path), \
+            resolve_class("model", config.model.class_path)
     if study_uri is not None and not Path(checkpoint).is_file():
         mirror = Mirror.for_uri(study_uri)
         mirror.pull(str(Path(checkpoint).relative_to(mirror.local)))
     quiet_lightning()
-    config = ExperimentConfig.model_validate(experiment)
     device = trial_device(config.with_trainer_params(params), config.loader, config.resources)
-    datamodule = build_datamodule(config, resolve_class("data", config.data.class_path), params, device.loader_options)
-    model = build_model(config, resolve_class("model", config.model.class_path), params, datamodule)
+    datamodule = build_datamodule(config, data_class, params, device.loader_options)
+    model = build_model(config, model_class, params, datamodule)
     if not has_test_split(model, datamodule):
         return {}
     trainer = pl.Trainer(accelerator=device.accelerator, devices=1, precision=device.precision, logger=False,

@@ -140,3 +140,31 @@ def test_a_trial_worker_imports_the_training_stack_without_collections_then_free
     assert seen["frozen_again"] == seen["frozen"]  # once per process: later trials' garbage stays collectable
     assert seen["walks"] == 0  # a later trial pays nothing (counting frozen objects took 50 ms)
     assert seen["enabled"] is True
+
+
+def test_the_gpu_test_evaluation_task_imports_the_stack_paused_and_frozen(example_config, tmp_path):
+    """The test evaluation of GPU searches runs as a Ray task in a new worker: unpickling
+    the task must not import torch, and the call imports it with the collector paused."""
+    script = textwrap.dedent(f"""
+        import gc, json, sys
+        from hpsearch.search import evaluation
+        torch_early = "torch" in sys.modules
+        during_import = []
+        gc.callbacks.append(lambda phase, info: phase == "start" and "hpsearch.search.devices" not in sys.modules
+                            and during_import.append(info["generation"]))
+        try:
+            evaluation.evaluate_checkpoint(json.loads({json.dumps(example_config)!r}), {{}},
+                                           {str(tmp_path / "missing.ckpt")!r})
+        except Exception as error:
+            failure = type(error).__name__ + ": " + str(error)
+        print(json.dumps({{"torch_early": torch_early, "collections": len(during_import),
+                          "frozen": gc.get_freeze_count(), "enabled": gc.isenabled(), "failure": failure}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "missing.ckpt" in seen["failure"], seen["failure"]  # got as far as loading the checkpoint
+    assert seen["torch_early"] is False
+    assert seen["collections"] == 0
+    assert seen["frozen"] > 100_000
+    assert seen["enabled"] is True
