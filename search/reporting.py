@@ -30,7 +30,8 @@ STARVED_SHARE = 0.3
 # tensor's value on the host waits for every kernel queued before it: a check on every
 # step would keep the CPU from queueing the next step while the GPU runs this one.
 FINITE_CHECK_EVERY = 32
-SPEED_KEYS = ("hps_epoch_time_s", "hps_samples_per_s", "hps_data_wait_s", "hps_val_time_s", "hps_checkpoint_s")
+SPEED_KEYS = ("hps_epoch_time_s", "hps_samples_per_s", "hps_data_wait_s", "hps_val_time_s", "hps_checkpoint_s",
+              "hps_epoch_cpu_s")
 
 
 class BatchFetchTimer(Profiler):
@@ -93,6 +94,7 @@ class TuneReporter(pl.Callback):
         self.fetch_timer = BatchFetchTimer()  # the trainer's profiler (see build_trainer)
         self._epoch_started = self._batch_started = self._fetched_before_epoch = 0.0
         self._val_started = self._val_seconds = self._checkpoint_started = 0.0
+        self._cpu_at_epoch_start = self._epoch_cpu_s = 0.0
         self._train_samples, self._train_seconds = 0, 0.0
         self._losses_finite: torch.Tensor | None = None  # on the loss's device; see FINITE_CHECK_EVERY
         self._unchecked_from_step = 0
@@ -104,10 +106,10 @@ class TuneReporter(pl.Callback):
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._deliver_pending(trainer)
-        self._epoch_started = time.perf_counter()
+        self._epoch_started, self._cpu_at_epoch_start = time.perf_counter(), time.process_time()
         self._fetched_before_epoch = self.fetch_timer.seconds
         self._train_samples, self._train_seconds = 0, 0.0
-        self._val_seconds = self._checkpoint_started = 0.0
+        self._val_seconds = self._checkpoint_started = self._epoch_cpu_s = 0.0
         self._validated = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -142,6 +144,7 @@ class TuneReporter(pl.Callback):
         # orders them last): the time until on_train_epoch_end is checkpointing.
         now = time.perf_counter()
         self._val_seconds, self._checkpoint_started = now - self._val_started, now
+        self._epoch_cpu_s = time.process_time() - self._cpu_at_epoch_start
         self._validated = not trainer.sanity_checking
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
@@ -221,6 +224,10 @@ class TuneReporter(pl.Callback):
             "hps_epoch_time_s": epoch_seconds,
             "hps_train_time_s": self._train_seconds,
             "hps_val_time_s": self._val_seconds,
+            # CPU seconds of this process (all its threads) from the epoch's start to its
+            # validation's end: against the wall time, how much the trial had a CPU to
+            # itself (about 1 on a busy CPU trial, low when it waits on a GPU or on data)
+            "hps_epoch_cpu_s": self._epoch_cpu_s,
             "hps_data_wait_s": data_wait,
             "hps_checkpoint_s": time.perf_counter() - self._checkpoint_started if self._checkpoint_started else 0.0,
             "hps_report_s": self._report_s,  # the previous report's cost

@@ -18,7 +18,7 @@ from .outcome import best_of
 
 FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
 TELEMETRY_COLUMNS = (
-    "compute_s", "epoch_time_s", "train_s", "val_s", "data_wait_s", "checkpoint_s", "report_s", "startup_s", "data_starved",
+    "compute_s", "epoch_time_s", "train_s", "val_s", "epoch_cpu_s", "data_wait_s", "checkpoint_s", "report_s", "startup_s", "data_starved",
     "samples_per_s", "first_result_s", "device", "precision",
     "world_size", "strategy", "num_workers", "pin_memory", "loader_sharing", "batch_slots", "resumed", "attempts", "node_losses", "node_id", "node_ip", "error", "notes",
     "trial_dir", "ray_trial_id",
@@ -28,6 +28,7 @@ RESULT_TO_COLUMN = {
     "hps_epoch_time_s": "epoch_time_s",
     "hps_train_time_s": "train_s",
     "hps_val_time_s": "val_s",
+    "hps_epoch_cpu_s": "epoch_cpu_s",
     "hps_data_wait_s": "data_wait_s",
     "hps_checkpoint_s": "checkpoint_s",
     "hps_report_s": "report_s",

@@ -52,6 +52,16 @@ class SlowBetweenSteps(MLPClassifier):
         time.sleep(0.02)
 
 
+class BusySteps(MLPClassifier):
+    """Steps that each burn 20 ms of this process's CPU."""
+
+    def training_step(self, batch, batch_idx):
+        until = time.process_time() + 0.02
+        while time.process_time() < until:
+            pass
+        return super().training_step(batch, batch_idx)
+
+
 def reports_of(tmp_path, model, datamodule, epochs: int = 2) -> list[dict]:
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
@@ -79,6 +89,8 @@ def test_a_loader_slower_than_training_is_flagged_as_data_starved(tmp_path):
         assert report["hps_data_starved"] is True, report
         # every batch's loading counts as waiting
         assert BATCHES * 8 * 0.01 <= report["hps_data_wait_s"] < report["hps_epoch_time_s"]
+        # asleep in the loader, the trial process used little CPU
+        assert report["hps_epoch_cpu_s"] < 0.5 * report["hps_epoch_time_s"], report
 
 
 def test_work_between_steps_is_not_counted_as_waiting_on_data(tmp_path):
@@ -88,6 +100,12 @@ def test_work_between_steps_is_not_counted_as_waiting_on_data(tmp_path):
         # 6 x 20 ms of the model's own hooks ran between steps: none of it is data wait
         assert report["hps_epoch_time_s"] >= BATCHES * 0.02
         assert report["hps_data_wait_s"] < 0.25 * BATCHES * 0.02, report["hps_data_wait_s"]
+
+
+def test_each_epoch_reports_the_cpu_time_its_training_and_validation_used(tmp_path):
+    data = SlowLoadingData(item_seconds=0.0)
+    for report in reports_of(tmp_path, mlp_for(data, BusySteps), data):
+        assert BATCHES * 0.02 <= report["hps_epoch_cpu_s"] < BATCHES * 0.02 + 1.0, report
 
 
 @pytest.mark.parametrize("item_seconds", [0.0, 0.002])
