@@ -11,10 +11,12 @@ class TrialTimer(Callback):
     """Wall-clock of each trial's start, results and end, and the epoch times they report.
 
     An epoch's time is ``epoch_time_key`` less ``excluded_key`` (hpsearch's epoch ends
-    after its checkpoint writes, which are not training or validation)."""
+    after its checkpoint writes, which are not training or validation); ``cpu_key``: the
+    trial process's CPU seconds over the same training and validation."""
 
-    def __init__(self, epoch_time_key: str, excluded_key: str | None = None) -> None:
-        self.epoch_time_key, self.excluded_key = epoch_time_key, excluded_key
+    def __init__(self, epoch_time_key: str, excluded_key: str | None = None, cpu_key: str | None = None) -> None:
+        self.epoch_time_key, self.excluded_key, self.cpu_key = epoch_time_key, excluded_key, cpu_key
+        self.epoch_cpu_seconds: list[float] = []
         self.started_at: dict[str, float] = {}
         self.first_result_at: dict[str, float] = {}
         self.first_epoch_s: dict[str, float] = {}
@@ -33,6 +35,8 @@ class TrialTimer(Callback):
             self.first_result_at[trial.trial_id] = now
             self.first_epoch_s[trial.trial_id] = seconds
         self.epoch_seconds.append(seconds)
+        if self.cpu_key is not None:
+            self.epoch_cpu_seconds.append(float(result.get(self.cpu_key, 0.0)))
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self.ended_at[trial.trial_id] = time.monotonic()
@@ -47,6 +51,9 @@ class TrialTimer(Callback):
             # The wall time a perfect scheduler would need for the same epochs: no start-up,
             # no idle slot. What no amount of overhead removal can beat.
             "compute_floor_s": sum(self.epoch_seconds) / concurrency,
+            # The same epochs' CPU time over the slots: no schedule on ``concurrency`` CPUs
+            # can run them in less (the benchmarks' lower bounds start from it).
+            "cpu_floor_s": sum(self.epoch_cpu_seconds) / concurrency,
             "startup_s": sum(startups) / len(startups) if startups else float("nan"),
             "epochs": len(self.epoch_seconds),
         }

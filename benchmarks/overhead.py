@@ -12,13 +12,24 @@ Workload: the built-in CNN on digits, ASHA grace 1 and reduction factor 3, 2 tri
 a time on 2 CPUs, the same seeds and trial count. Printed per way: search wall time,
 time to first result, slot efficiency (sum of per-epoch train+validation time over wall
 time x concurrency), mean trial start-up; then hpsearch's ratios against each baseline.
+
+Each repeat also measures, on the idle machine, the CPU time of what any implementation
+must do besides the epochs: start Ray, and import Ray Tune, torch, Lightning and the model
+into a trial process, counted once (Ray Tune runs each trial in a process of its own, so
+every way here imports twice, but a process forked from one that has imported would not).
+Added to the epochs' own CPU time and spread over the two CPUs, it gives the bound: the
+shortest wall time in which any implementation could run that way's epochs here. A
+baseline's wall time over its bound is the largest lead any implementation could take
+over it on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,14 +47,16 @@ SPACE = {"lr": (1e-4, 1e-1), "channels": [8, 16, 32], "batch_size": (32, 256)}
 
 
 class EpochTimer(pl.Callback):
-    """Logs train+validation seconds of each epoch, so the recipe reports them to Tune."""
+    """Logs train+validation seconds of each epoch, wall and CPU, so the recipe reports them
+    to Tune (hpsearch reports both itself)."""
 
     def on_train_epoch_start(self, trainer, pl_module):
-        self.started = time.perf_counter()
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
             pl_module.log("bench_epoch_s", time.perf_counter() - self.started)
+            pl_module.log("bench_epoch_cpu_s", time.process_time() - self.cpu_started)
 
 
 def recipe_trainable(config):
@@ -65,11 +78,38 @@ def recipe_trainable(config):
     trainer.fit(model, datamodule=data)
 
 
+def measure_fixed_costs() -> dict[str, float]:
+    """CPU seconds, all processes together, of Ray's start (as every way starts it), and of
+    the imports a trial process needs before its first epoch beyond Ray itself (which
+    Ray's start already counted), with the collector off: the fastest this import gets here.
+    Linux only (the machine's busy time is read from /proc/stat)."""
+    busy_before = _machine_busy_s()
+    ray.init(num_cpus=CONCURRENCY, include_dashboard=False, log_to_driver=False)
+    ray_start = _machine_busy_s() - busy_before
+    ray.shutdown()
+    stack = _import_cpu_s("ray.tune, pytorch_lightning, hpsearch.models.cnn, hpsearch.models.digits")
+    return {"ray_start_cpu_s": ray_start, "stack_import_cpu_s": stack - _import_cpu_s("ray")}
+
+
+def _machine_busy_s() -> float:
+    with open("/proc/stat") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _import_cpu_s(modules: str) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", f"import gc; gc.disable(); import {modules}"], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
 def run_recipe(trials: int, max_epochs: int, reuse_actors: bool, storage: str) -> dict:
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
-    timer = TrialTimer("bench_epoch_s")
+    timer = TrialTimer("bench_epoch_s", cpu_key="bench_epoch_cpu_s")
     started = time.monotonic()  # Ray's start-up counts for every way, as it does for hpsearch
     ray.init(num_cpus=CONCURRENCY, include_dashboard=False, log_to_driver=False)
     tuner = tune.Tuner(
@@ -98,7 +138,7 @@ def run_hpsearch(trials: int, max_epochs: int, storage: str) -> dict:
 
     # Epoch start to validation's end, as the recipe's EpochTimer measures: less the
     # checkpoint writes that end hpsearch's epoch.
-    timer = TrialTimer("hps_epoch_time_s", excluded_key="hps_checkpoint_s")
+    timer = TrialTimer("hps_epoch_time_s", excluded_key="hps_checkpoint_s", cpu_key="hps_epoch_cpu_s")
     started = time.monotonic()  # includes validation, the preflight batch, Ray's start and best.json
     hpsearch.run({
         "name": "overhead", "storage": storage,
@@ -131,14 +171,21 @@ def main() -> int:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0")
     ways = args.only or ["hpsearch", "recipe", "reuse"]
     runs: dict[str, list[dict]] = {way: [] for way in ways}
+    fixed: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="hpsearch-overhead-") as storage:
         for repeat in range(args.repeat):
+            fixed.append(measure_fixed_costs())
             for way in ways:
                 where = f"{storage}/{repeat}"
                 if way == "hpsearch":
                     runs[way].append(run_hpsearch(args.trials, args.max_epochs, where))
                 else:
                     runs[way].append(run_recipe(args.trials, args.max_epochs, way == "reuse", where))
+    start = {key: statistics.median(f[key] for f in fixed) for key in fixed[0]}
+    fixed_s = (start["ray_start_cpu_s"] + start["stack_import_cpu_s"]) / CONCURRENCY
+    for results_of_way in runs.values():
+        for r in results_of_way:
+            r["bound_s"] = fixed_s + r["cpu_floor_s"]
     results = {way: {key: statistics.median(r[key] for r in results_of_way) for key in results_of_way[0]}
                for way, results_of_way in runs.items()}
     if args.repeat > 1:
@@ -146,13 +193,23 @@ def main() -> int:
               + "; ".join(way + " " + ", ".join(f"{r['wall_s']:.1f}" for r in rs) for way, rs in runs.items()))
     names = {"hpsearch": "hpsearch", "recipe": "Ray docs recipe", "reuse": "recipe + reuse_actors"}
     print(f"\n{'way':<24}{'wall s':>9}{'first result s':>16}{'slot eff.':>11}{'startup s':>11}{'epochs':>8}"
-          f"{'floor s':>9}")
+          f"{'floor s':>9}{'bound s':>9}{'wall/bound':>12}")
     for way, r in results.items():
         print(f"{names[way]:<24}{r['wall_s']:>9.1f}{r['first_result_s']:>16.1f}{r['slot_efficiency']:>10.0%}"
-              f"{r['startup_s']:>11.2f}{r['epochs']:>8.0f}{r['compute_floor_s']:>9.1f}")
+              f"{r['startup_s']:>11.2f}{r['epochs']:>8.0f}{r['compute_floor_s']:>9.1f}{r['bound_s']:>9.1f}"
+              f"{r['wall_s'] / r['bound_s']:>11.2f}x")
     print("floor s: the epochs' own train+validation time over the slots (a perfect scheduler's wall time)")
+    print(f"bound s: the epochs' CPU time over the slots + (Ray's start, {start['ray_start_cpu_s']:.1f} CPU s, + one "
+          f"import of Ray Tune, torch, Lightning and the model, {start['stack_import_cpu_s']:.1f} CPU s) over "
+          f"{CONCURRENCY} CPUs, {fixed_s:.1f} s: the shortest wall time in which any implementation could run "
+          "that way's epochs on this machine (medians)")
     if "hpsearch" in results:
-        ratios = [f"{names[w]} / hpsearch wall time = {r['wall_s'] / results['hpsearch']['wall_s']:.2f}x"
+        r = results["hpsearch"]
+        print(f"at its bound, hpsearch's run would have a slot efficiency of {r['compute_floor_s'] / r['bound_s']:.0%}"
+              " (its epochs' wall time over the bound's wall time, both slots)")
+    if "hpsearch" in results:
+        ratios = [f"{names[w]} / hpsearch wall time = {r['wall_s'] / results['hpsearch']['wall_s']:.2f}x "
+                  f"(any implementation: at most {r['wall_s'] / r['bound_s']:.2f}x)"
                   for w, r in results.items() if w != "hpsearch"]
         print("ratios: " + "; ".join(ratios) if ratios else "ratios: (no baseline run)")
     return 0
