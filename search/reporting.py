@@ -127,8 +127,9 @@ class TuneReporter(pl.Callback):
 
     def _check_losses_finite(self, trainer: pl.Trainer) -> None:
         """Raise if a training loss since the last check was NaN or infinite: the one
-        host-device sync every ``FINITE_CHECK_EVERY`` steps, and before validation, so a
-        diverged trial is named by its loss rather than by its NaN metric."""
+        host-device sync every ``FINITE_CHECK_EVERY`` steps, and before validation, so
+        diverged weights are never validated or checkpointed, and the trial is named by its
+        loss rather than by a NaN metric."""
         if self._losses_finite is not None and not bool(self._losses_finite):
             raise NonFiniteError(f"NaN/inf loss at a step in {self._unchecked_from_step + 1}..{trainer.global_step}, "
                                  f"epoch {trainer.current_epoch + 1}")
