@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .components import build_datamodule, build_model, resolve_class
+from .components import build_datamodule, build_model
 from .config import ExperimentConfig
-from .gc_pause import collector_paused
 from .storage import Mirror
+from .trial import load_training_stack
 
 
 def has_test_split(model, datamodule) -> bool:
@@ -28,20 +28,18 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     Runs under ``torch.inference_mode()``: no autograd state is kept, so evaluation is
     cheaper and can use larger batches than training.
 
-    On GPU this runs as a Ray task in a new worker: torch and Lightning are imported here,
-    not when Ray unpickles this function, so that the import runs with the collector
-    paused (see ``gc_pause``).
+    On GPU this runs as a Ray task in a new worker: torch and Lightning are imported by
+    ``load_training_stack``, not when Ray unpickles this function, so that the import runs
+    with the collector paused (see ``gc_pause``).
     """
     config = ExperimentConfig.model_validate(experiment)
-    with collector_paused(freeze_survivors=True):
-        import pytorch_lightning as pl
-        import torch
+    data_class, model_class = load_training_stack(config)
+    import pytorch_lightning as pl
+    import torch
 
-        from .devices import trial_device
-        from .lightning_trainer import quiet_lightning
+    from .devices import trial_device
+    from .lightning_trainer import quiet_lightning
 
-        data_class, model_class = resolve_class("data", config.data.class_path), \
-            resolve_class("model", config.model.class_path)
     if study_uri is not None and not Path(checkpoint).is_file():
         mirror = Mirror.for_uri(study_uri)
         mirror.pull(str(Path(checkpoint).relative_to(mirror.local)))

@@ -49,7 +49,7 @@ def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:
     and, the first time, the survivors frozen (see ``gc_pause``): a worker's first trial
     starts sooner, and later full collections skip the half-million objects the imports
     leave. Later calls cost next to nothing. Only for Ray worker processes, which
-    hpsearch owns."""
+    hpsearch owns, and for the driver inside a search (``api`` thaws it at the end)."""
     with collector_paused(freeze_survivors=True):
         from . import devices, lightning_trainer, reporting  # noqa: F401  (torch, Lightning)
 
