@@ -204,11 +204,10 @@ def main() -> int:
           f"{CONCURRENCY} CPUs, {fixed_s:.1f} s: the shortest wall time in which any implementation could run "
           "that way's epochs on this machine (medians)")
     if "hpsearch" in results:
-        r = results["hpsearch"]
-        print(f"at its bound, hpsearch's run would have a slot efficiency of {r['compute_floor_s'] / r['bound_s']:.0%}"
+        hps = results["hpsearch"]
+        print(f"at its bound, hpsearch's run would have a slot efficiency of {hps['compute_floor_s'] / hps['bound_s']:.0%}"
               " (its epochs' wall time over the bound's wall time, both slots)")
-    if "hpsearch" in results:
-        ratios = [f"{names[w]} / hpsearch wall time = {r['wall_s'] / results['hpsearch']['wall_s']:.2f}x "
+        ratios = [f"{names[w]} / hpsearch wall time = {r['wall_s'] / hps['wall_s']:.2f}x "
                   f"(any implementation: at most {r['wall_s'] / r['bound_s']:.2f}x)"
                   for w, r in results.items() if w != "hpsearch"]
         print("ratios: " + "; ".join(ratios) if ratios else "ratios: (no baseline run)")
