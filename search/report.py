@@ -44,7 +44,7 @@ def write_report(exp: ExperimentDir, out_dir: Path | None = None) -> Path:
     figures = {
         "learning_curves": _learning_curves(study, summary),
         "parallel_coordinates": _optuna_plot("plot_parallel_coordinate", study, summary),
-        "param_importances": _optuna_plot("plot_param_importances", study, summary),
+        "param_importances": _optuna_plot("plot_param_importances", study, summary, importances=True),
         "rungs": _rungs_plot(summary),
         "compute": _compute_plot(summary),
     }
@@ -119,7 +119,10 @@ def _scored_copy(study, summary: StudySummary):
     return copy if len(copy.trials) >= 2 else None
 
 
-def _optuna_plot(name: str, study, summary: StudySummary):
+def _optuna_plot(name: str, study, summary: StudySummary, importances: bool = False):
+    """``importances``: rank the parameters with PED-ANOVA, which needs no scikit-learn
+    (Optuna's default, fANOVA, does, and scikit-learn brings SciPy into every trial
+    worker's Lightning import: models/data/README.md)."""
     import optuna
     import optuna.visualization.matplotlib as optuna_plots
 
@@ -128,8 +131,9 @@ def _optuna_plot(name: str, study, summary: StudySummary):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        options = {"evaluator": optuna.importance.PedAnovaImportanceEvaluator()} if importances else {}
         try:
-            axes = getattr(optuna_plots, name)(scored, target_name=summary.metric)
+            axes = getattr(optuna_plots, name)(scored, target_name=summary.metric, **options)
         except (ValueError, RuntimeError) as exc:  # e.g. importances with a single distinct value
             warnings.warn(f"report: {name} skipped: {exc}", stacklevel=2)
             return None
@@ -215,7 +219,7 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
         "<h2>Parameters vs metric</h2>",
         _image(images, "parallel_coordinates", "parallel coordinates; pruned trials count with the best value "
                                                "they reached before ASHA stopped them"),
-        _image(images, "param_importances", "parameter importances (Optuna's fANOVA), same trials"),
+        _image(images, "param_importances", "parameter importances (Optuna's PED-ANOVA), same trials"),
         "<h2>ASHA rungs</h2>",
         _table("rungs", ["rung epoch", "trials reached", "trials kept"], rungs) if rungs else
         "<p>No ASHA scheduler in this study.</p>",

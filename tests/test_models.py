@@ -24,10 +24,14 @@ def split_lengths(dm):
     return [len(dm._splits[s]) for s in ("train", "val", "test")]
 
 
-def test_digits_ships_with_scikit_learn_and_splits_deterministically():
+def test_digits_ships_with_hpsearch_and_splits_deterministically():
     dm = DigitsDataModule(batch_size=32)
     assert dm.input_shape == (1, 8, 8) and dm.num_classes == 10
     assert sum(split_lengths(dm)) == 1797
+    images, labels = dm.build_tensors()
+    # the UCI test set's class sizes; pixels are counts of 0..16 scaled by 16
+    assert torch.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    assert torch.equal(images * 16, (images * 16).round()) and images.min() == 0 and images.max() == 1
     images, labels = next(iter(dm.train_dataloader()))
     assert images.shape == (32, 1, 8, 8) and images.max() <= 1.0
     again = DigitsDataModule(batch_size=32)
@@ -36,6 +40,38 @@ def test_digits_ships_with_scikit_learn_and_splits_deterministically():
     other_seed = DigitsDataModule(batch_size=32, split_seed=1)
     other_seed.setup()
     assert not torch.equal(dm._splits["val"].tensors[1], other_seed._splits["val"].tensors[1])
+
+
+def runtime_dependencies(name: str, extras: frozenset[str] = frozenset(), found: set[str] | None = None) -> set[str]:
+    """The installed distributions ``name`` (with ``extras``) needs at run time, recursively."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found = set() if found is None else found
+    try:
+        declared = requires(name) or []
+    except PackageNotFoundError:  # an optional marker's package that is not installed
+        return found
+    for line in declared:
+        requirement = Requirement(line)
+        wanted = requirement.marker is None or any(
+            requirement.marker.evaluate({"extra": extra}) for extra in (extras or {""}))
+        dependency = canonicalize_name(requirement.name)
+        if wanted and dependency not in found:
+            found.add(dependency)
+            runtime_dependencies(dependency, frozenset(requirement.extras), found)
+    return found
+
+
+def test_runtime_dependencies_do_not_bring_scipy():
+    """With SciPy installed, every Lightning import also imports ``scipy.signal``
+    (torchmetrics does), about 1.3 CPU-seconds in each trial worker here; the digits data
+    ships with hpsearch instead of coming from scikit-learn for that reason."""
+    needed = runtime_dependencies("hpsearch")
+    assert {"torch", "pytorch-lightning", "ray", "optuna", "torchmetrics", "pandas"} <= needed  # the walk works
+    assert not needed & {"scipy", "scikit-learn"}
 
 
 def test_eval_loaders_use_the_larger_eval_batch():
