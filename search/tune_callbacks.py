@@ -143,7 +143,7 @@ def _alive_nodes() -> set[str]:
 
 
 def _pickled_error(trial):
-    import cloudpickle
+    from ray import cloudpickle  # the pickler Tune wrote the error file with (ray/tune/experiment/trial.py)
 
     path = getattr(trial, "pickled_error_file", None)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ from hpsearch.models.mlp import MLPClassifier
 from hpsearch.models.synthetic import SyntheticImagesDataModule
 
 from conftest import make_image_folder
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def split_lengths(dm):
@@ -72,6 +75,33 @@ def test_runtime_dependencies_do_not_bring_scipy():
     needed = runtime_dependencies("hpsearch")
     assert {"torch", "pytorch-lightning", "ray", "optuna", "torchmetrics", "pandas"} <= needed  # the walk works
     assert not needed & {"scipy", "scikit-learn"}
+
+
+def test_shipped_code_imports_only_declared_dependencies():
+    """A module that arrives only through another package's dependency breaks when that
+    package goes: ``cloudpickle`` came with scikit-learn (through joblib) and was imported
+    by name until scikit-learn was dropped."""
+    import ast
+    import sys
+    from importlib.metadata import packages_distributions
+
+    from packaging.utils import canonicalize_name
+
+    providers = packages_distributions()
+    declared = runtime_dependencies("hpsearch")
+    undeclared = []
+    for source in sorted([*ROOT.glob("search/*.py"), *ROOT.glob("models/*.py")]):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for top in {name.split(".")[0] for name in names} - set(sys.stdlib_module_names) - {"hpsearch"}:
+                if not {canonicalize_name(d) for d in providers.get(top, [])} & declared:
+                    undeclared.append(f"{source.relative_to(ROOT)}: {top}")
+    assert not undeclared
 
 
 def test_eval_loaders_use_the_larger_eval_batch():
