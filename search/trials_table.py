@@ -60,6 +60,10 @@ class TrialsTable:
     mode: str
     param_names: list[str]
     rows: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Each row's CSV line, with the row's items it was rendered from: the driver rewrites
+    # the file at every trial's start and end, and re-rendering every row each time cost
+    # 8 ms at 300 trials (and grew with the study), on the path between one trial and the next.
+    _lines: dict[int, tuple[tuple, str]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def columns(self) -> list[str]:
@@ -87,12 +91,20 @@ class TrialsTable:
         return counts
 
     def to_csv(self) -> str:
+        columns = self.columns
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore")
-        writer.writeheader()
+        csv.writer(buffer).writerow(columns)
+        lines = [buffer.getvalue()]
         for number in sorted(self.rows):
-            writer.writerow({k: _cell(v) for k, v in self.rows[number].items()})
-        return buffer.getvalue()
+            row = self.rows[number]
+            items = tuple(row.items())
+            cached = self._lines.get(number)
+            if cached is None or cached[0] != items:
+                buffer = io.StringIO()
+                csv.writer(buffer).writerow([_cell(row.get(column, "")) for column in columns])
+                cached = self._lines[number] = (items, buffer.getvalue())
+            lines.append(cached[1])
+        return "".join(lines)
 
     def save(self, path: Path) -> None:
         atomic_write_text(path, self.to_csv())

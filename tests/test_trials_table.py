@@ -36,3 +36,18 @@ def test_csv_round_trip_keeps_types(tmp_path):
     assert loaded.best_row()["trial"] == 2
     assert loaded.counts() == {"COMPLETE": 2, "PRUNED": 1, "FAILED": 1}
     assert not list(tmp_path.glob(".trials.csv.*"))  # no temp file left behind
+
+
+def test_every_change_to_a_row_reaches_the_next_save(tmp_path):
+    # Rows are rendered once and reused while unchanged; any change, however made, shows.
+    t = table()
+    path = tmp_path / "trials.csv"
+    t.save(path)
+    t.row(0)["state"] = "RUNNING"
+    t.rows[2]["best"] = 0.5
+    t.row(4)["state"] = "PENDING"
+    t.save(path)
+    rows = {r["trial"]: r for r in read_rows(path)}
+    assert rows[0]["state"] == "RUNNING" and rows[2]["best"] == 0.5 and rows[1]["best"] == 0.95
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    assert t.to_csv() == TrialsTable.load(path, "val_acc", "max", ["model.lr"]).to_csv()
