@@ -85,10 +85,11 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     import torch
 
     from .devices import trial_device, use_sharing_strategy
-    from .lightning_trainer import build_trainer, quiet_lightning
+    from .lightning_trainer import build_trainer, quiet_lightning, remember_callback_factories
     from .reporting import TuneReporter
 
     quiet_lightning()
+    remember_callback_factories()
 
     torch.set_num_threads(max(1, int(config.resources.worker_cpus)))
     sharing = use_sharing_strategy(config.loader)

@@ -135,3 +135,35 @@ def test_a_local_rays_workers_inherit_the_ray_settings(example_config, monkeypat
         assert not runtime_env  # so a new worker skips Ray's runtime-env agent
     finally:
         ray.shutdown()
+
+
+def test_trainers_still_get_entry_point_callbacks_once_the_lookup_is_remembered(tmp_path, monkeypatch):
+    import pytorch_lightning as pl
+    from lightning_fabric.utilities import registry
+
+    from hpsearch.search.lightning_trainer import remember_callback_factories
+
+    monkeypatch.setattr(registry, "entry_points", registry.entry_points)  # undone after the test
+    # An installed package that adds a callback to every Trainer through Lightning's entry point.
+    (tmp_path / "extra_callbacks_pkg.py").write_text(
+        "import pytorch_lightning as pl\n"
+        "class Added(pl.Callback):\n    pass\n"
+        "def factory():\n    return [Added()]\n")
+    dist = tmp_path / "extra_callbacks_pkg-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: extra-callbacks-pkg\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[pytorch_lightning.callbacks_factory]\nadded = extra_callbacks_pkg:factory\n")
+
+    def added_callbacks():
+        trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False)
+        return [cb for cb in trainer.callbacks if type(cb).__name__ == "Added"]
+
+    remember_callback_factories()
+    remember_callback_factories()  # idempotent: one layer of remembering
+    remembered = registry.entry_points.remembered
+    assert added_callbacks() == []
+    monkeypatch.syspath_prepend(str(tmp_path))  # a new sys.path is looked up afresh
+    first, second = added_callbacks(), added_callbacks()
+    assert len(first) == len(second) == 1 and first[0] is not second[0]  # the factory runs per Trainer
+    assert len(remembered) == 2  # one lookup per sys.path, not per Trainer
