@@ -92,17 +92,13 @@ class TrialsTable:
 
     def to_csv(self) -> str:
         columns = self.columns
-        buffer = io.StringIO()
-        csv.writer(buffer).writerow(columns)
-        lines = [buffer.getvalue()]
+        lines = [_csv_line(columns)]
         for number in sorted(self.rows):
             row = self.rows[number]
             items = tuple(row.items())
             cached = self._lines.get(number)
             if cached is None or cached[0] != items:
-                buffer = io.StringIO()
-                csv.writer(buffer).writerow([_cell(row.get(column, "")) for column in columns])
-                cached = self._lines[number] = (items, buffer.getvalue())
+                cached = self._lines[number] = (items, _csv_line([_cell(row.get(column, "")) for column in columns]))
             lines.append(cached[1])
         return "".join(lines)
 
@@ -125,6 +121,12 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     with path.open(newline="") as handle:
         rows = [{k: _parse(v) for k, v in raw.items()} for raw in csv.DictReader(handle)]
     return sorted(rows, key=lambda r: r["trial"])
+
+
+def _csv_line(values: list[Any]) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer).writerow(values)
+    return buffer.getvalue()
 
 
 def _cell(value: Any) -> Any:
