@@ -157,9 +157,12 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     try:
         with _sigterm_as_interrupt():
             complete = run_session(config, exp, verbose, concurrency, list(callbacks), mirror)
+            # After a first Ctrl+C too: best.json then has the best trial so far.
+            best = finalize(config, exp, mirror) if exp.trials_csv.is_file() else None
         outcome = "complete" if complete else "interrupted"
     except KeyboardInterrupt:
-        # A second Ctrl+C: Tune stopped at once. Everything finished is on disk.
+        # A second Ctrl+C (while Tune winds down or during the test evaluation): stop at
+        # once. Everything finished is on disk; resume evaluates the best trial again.
         outcome = "interrupted"
         raise Interrupted(exp.root) from None
     except Exception as exc:
@@ -171,9 +174,6 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
                 mirror.push_study_files()
         except HpsearchError:
             pass  # a full disk: the error that caused it is the one to report
-    best = finalize(config, exp, mirror) if exp.trials_csv.is_file() else None
-    if mirror is not None:
-        mirror.push_study_files()
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     return SearchResult(exp.root, complete, best, trials, time.monotonic() - started)
 

@@ -38,7 +38,7 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     import torch
 
     from .devices import trial_device
-    from .lightning_trainer import quiet_lightning
+    from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
 
     if study_uri is not None and not Path(checkpoint).is_file():
         mirror = Mirror.for_uri(study_uri)
@@ -51,6 +51,6 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
         return {}
     trainer = pl.Trainer(accelerator=device.accelerator, devices=1, precision=device.precision, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    with torch.inference_mode():
+    with torch.inference_mode(), ctrl_c_interrupts():
         outputs = trainer.test(model, datamodule=datamodule, ckpt_path=checkpoint, verbose=False)
     return {k: float(v) for k, v in (outputs[0] if outputs else {}).items()}

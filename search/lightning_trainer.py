@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +27,23 @@ def quiet_lightning() -> None:
     for message in (".*does not have many workers.*", ".*LeafSpec.*", ".*litlogger.*", ".*litmodels.*",
                     ".*callbacks used to create the checkpoint.*"):
         warnings.filterwarnings("ignore", message=message)
+
+
+@contextmanager
+def ctrl_c_interrupts() -> Iterator[None]:
+    """Keep Ctrl+C a ``KeyboardInterrupt`` through a Lightning ``fit``/``validate``/``test``.
+
+    Lightning answers Ctrl+C inside those calls by ignoring further presses and calling
+    ``sys.exit(1)``. In hpsearch's driver (the preflight batch, the final test evaluation)
+    that ended the CLI with status 1 and not a word, where an interrupted search must say
+    how to resume it and exit with 130. (Lightning's teardown puts the SIGINT handler back.)
+    """
+    try:
+        yield
+    except SystemExit as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt() from None
+        raise
 
 
 def remember_callback_factories() -> None:

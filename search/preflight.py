@@ -15,7 +15,7 @@ from typing import Any
 from .components import build_datamodule, build_model
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .errors import ConfigError
-from .lightning_trainer import quiet_lightning
+from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
 
 
 def representative_params(config: ExperimentConfig) -> dict[str, Any]:
@@ -52,7 +52,8 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
                              enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
                              default_root_dir=scratch)
         try:
-            trainer.validate(model, datamodule=datamodule, verbose=False)
+            with ctrl_c_interrupts():
+                trainer.validate(model, datamodule=datamodule, verbose=False)
         except Exception as exc:
             raise ConfigError([config.problem("model.class_path", f"one validation batch failed: {type(exc).__name__}: {exc}")]) from None
     logged = sorted(trainer.callback_metrics)

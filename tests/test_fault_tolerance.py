@@ -156,16 +156,17 @@ def test_sigkill_then_resume_loses_nothing_and_falls_back_from_a_damaged_checkpo
     assert checkpoints[-1].with_suffix(".corrupt").exists()  # set aside, not loaded
 
 
-def interrupt_after_a_trial(tmp_path: Path, name: str, ctrl_c_presses: int) -> Path:
-    """Start a search, press Ctrl+C once its first trial finished, and check it stopped
-    with exit status 130 and the resume command; returns the experiment directory."""
-    path = experiment(tmp_path, name, epoch_sleep=1.0)
+def interrupt_after_a_trial(tmp_path: Path, name: str, press_again_once=None, **model_args) -> Path:
+    """Start a search, press Ctrl+C once its first trial finished (and again once
+    ``press_again_once(tmp_path)`` holds), and check it stopped with exit status 130 and
+    the resume command; returns the experiment directory."""
+    path = experiment(tmp_path, name, epoch_sleep=1.0, **model_args)
     exp_dir = tmp_path / "runs" / name
     driver = start("run", path.name, cwd=tmp_path)
     wait_for(lambda: len(finished(exp_dir)) >= 1, what="a finished trial")
-    for press in range(ctrl_c_presses):
-        if press:
-            time.sleep(0.3)
+    driver.send_signal(signal.SIGINT)
+    if press_again_once is not None:
+        wait_for(lambda: press_again_once(tmp_path), what="the moment for a second Ctrl+C")
         driver.send_signal(signal.SIGINT)
     code, output = finish(driver, timeout=120)
     assert code == 130 and f"hpsearch resume {exp_dir}" in output, output
@@ -173,7 +174,7 @@ def interrupt_after_a_trial(tmp_path: Path, name: str, ctrl_c_presses: int) -> P
 
 
 def test_ctrl_c_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
-    exp_dir = interrupt_after_a_trial(tmp_path, "interrupted", ctrl_c_presses=1)
+    exp_dir = interrupt_after_a_trial(tmp_path, "interrupted")
     assert 1 <= len(finished(exp_dir)) < NUM_TRIALS
 
     first = start("resume", str(exp_dir), cwd=tmp_path)
@@ -259,7 +260,12 @@ def test_a_full_disk_is_reported_state_stays_loadable_and_resume_completes(tmp_p
 
 
 def test_ctrl_c_twice_stops_at_once_and_the_study_still_resumes(tmp_path):
-    exp_dir = interrupt_after_a_trial(tmp_path, "twice", ctrl_c_presses=2)
+    # The second press lands in the slowest step after the first: the best trial's test
+    # evaluation in the driver, which here hangs (Lightning alone would exit with 1).
+    exp_dir = interrupt_after_a_trial(tmp_path, "twice", hang_first_test=True,
+                                      press_again_once=lambda root: (root / "markers" / "testing").exists())
+    assert not (exp_dir / "best.json").exists()  # the evaluation was cut short
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
     assert code == 0, output
     assert_complete_study(exp_dir, "twice")
+    assert "test_acc" in json.loads((exp_dir / "best.json").read_text())["test_metrics"]  # evaluated on resume

@@ -81,6 +81,26 @@ def test_preflight_reports_a_constructor_that_raises(example_config):
     assert caught.value.problems[0].field == "model.init_args" and "lbfgs" in str(caught.value)
 
 
+def test_ctrl_c_during_the_preflight_batch_is_an_interrupt_not_an_exit(example_config):
+    # Lightning turns Ctrl+C inside validate() into sys.exit(1); the driver must see Ctrl+C.
+    import signal
+
+    config = load_config(example_config)
+    model_class, data_class = check_components(config)
+
+    class PressesCtrlC(model_class):
+        def validation_step(self, batch, batch_idx):
+            raise KeyboardInterrupt
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_preflight(config, PressesCtrlC, data_class)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not left ignoring Ctrl+C
+    finally:
+        signal.signal(signal.SIGINT, handler)
+
+
 def test_preflight_accepts_the_example(example_config):
     config = load_config(example_config)
     assert "val_acc" in run_preflight(config, *check_components(config))
