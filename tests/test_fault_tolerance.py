@@ -42,9 +42,18 @@ def experiment(root: Path, name: str, **model_args) -> Path:
 
 
 def start(*args: str, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    """The CLI with Ctrl+C at its default, as a terminal starts it. Run as a background job
+    (``make test &``), this test process has SIGINT ignored, and a child inherits an ignored
+    signal: Ctrl+C would then reach only Ray Tune's handler, never the CLI's own."""
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # exec resets a handled signal to default
+    try:
+        return subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", *args], cwd=cwd,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def finish(process: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
