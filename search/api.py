@@ -155,7 +155,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         mirror.push_study_files()
     outcome = "crashed"
     try:
-        with _sigterm_as_interrupt():
+        with _stop_signals_interrupt():
             complete = run_session(config, exp, verbose, concurrency, list(callbacks), mirror)
             # After a first Ctrl+C too: best.json then has the best trial so far.
             best = finalize(config, exp, mirror) if exp.trials_csv.is_file() else None
@@ -179,16 +179,26 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
 
 
 @contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM (a scheduler's or a pre-emption's stop) stops gracefully, like Ctrl+C."""
+def _stop_signals_interrupt():
+    """SIGTERM (a scheduler's or a pre-emption's stop) stops gracefully, like Ctrl+C; the
+    second of either stops at once.
+
+    That holds in a process started with SIGINT ignored too, as a job script's background
+    ``hpsearch run ... &`` is: Ray Tune takes the first Ctrl+C or SIGTERM regardless, then
+    puts the ignoring back, so the second would have been lost."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+    sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if sigint_ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+        if sigint_ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _user_error_in(exc: BaseException) -> HpsearchError | None:

@@ -41,12 +41,13 @@ def experiment(root: Path, name: str, **model_args) -> Path:
     return write_yaml(root / f"{name}.yaml", config)
 
 
-def start(*args: str, cwd: Path) -> subprocess.Popen:
-    """The CLI with Ctrl+C at its default, as a terminal starts it. Run as a background job
-    (``make test &``), this test process has SIGINT ignored, and a child inherits an ignored
-    signal: Ctrl+C would then reach only Ray Tune's handler, never the CLI's own."""
+def start(*args: str, cwd: Path, sigint=signal.default_int_handler) -> subprocess.Popen:
+    """The CLI as a terminal starts it, with Ctrl+C at its default; ``sigint=signal.SIG_IGN``
+    starts it as a job script's background ``hpsearch run ... &`` does, with SIGINT ignored.
+    (A child inherits an ignored signal, and exec resets a handled one to its default; this
+    test process itself may run as a background job.)"""
     previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # exec resets a handled signal to default
+    signal.signal(signal.SIGINT, sigint)
     try:
         return subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", *args], cwd=cwd,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -57,7 +58,11 @@ def start(*args: str, cwd: Path) -> subprocess.Popen:
 
 
 def finish(process: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
-    out, err = process.communicate(timeout=timeout)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()  # a hung CLI must not outlive its test
+        raise
     return process.returncode, out + err
 
 
@@ -165,15 +170,16 @@ def test_sigkill_then_resume_loses_nothing_and_falls_back_from_a_damaged_checkpo
     assert checkpoints[-1].with_suffix(".corrupt").exists()  # set aside, not loaded
 
 
-def interrupt_after_a_trial(tmp_path: Path, name: str, press_again_once=None, **model_args) -> Path:
-    """Start a search, press Ctrl+C once its first trial finished (and again once
-    ``press_again_once(tmp_path)`` holds), and check it stopped with exit status 130 and
-    the resume command; returns the experiment directory."""
+def interrupt_after_a_trial(tmp_path: Path, name: str, stop_signal=signal.SIGINT, press_again_once=None,
+                            sigint=signal.default_int_handler, **model_args) -> Path:
+    """Start a search (with ``sigint`` as ``start`` takes it), send ``stop_signal`` once its
+    first trial finished (and Ctrl+C once ``press_again_once(tmp_path)`` holds), and check
+    it stopped with exit status 130 and the resume command; returns the experiment directory."""
     path = experiment(tmp_path, name, epoch_sleep=1.0, **model_args)
     exp_dir = tmp_path / "runs" / name
-    driver = start("run", path.name, cwd=tmp_path)
+    driver = start("run", path.name, cwd=tmp_path, sigint=sigint)
     wait_for(lambda: len(finished(exp_dir)) >= 1, what="a finished trial")
-    driver.send_signal(signal.SIGINT)
+    driver.send_signal(stop_signal)
     if press_again_once is not None:
         wait_for(lambda: press_again_once(tmp_path), what="the moment for a second Ctrl+C")
         driver.send_signal(signal.SIGINT)
@@ -182,8 +188,9 @@ def interrupt_after_a_trial(tmp_path: Path, name: str, press_again_once=None, **
     return exp_dir
 
 
-def test_ctrl_c_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
-    exp_dir = interrupt_after_a_trial(tmp_path, "interrupted")
+def test_sigterm_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
+    # A scheduler's or a pre-emption's stop; Ctrl+C's first press is the twice test's.
+    exp_dir = interrupt_after_a_trial(tmp_path, "interrupted", stop_signal=signal.SIGTERM)
     assert 1 <= len(finished(exp_dir)) < NUM_TRIALS
 
     first = start("resume", str(exp_dir), cwd=tmp_path)
@@ -270,8 +277,10 @@ def test_a_full_disk_is_reported_state_stays_loadable_and_resume_completes(tmp_p
 
 def test_ctrl_c_twice_stops_at_once_and_the_study_still_resumes(tmp_path):
     # The second press lands in the slowest step after the first: the best trial's test
-    # evaluation in the driver, which here hangs (Lightning alone would exit with 1).
-    exp_dir = interrupt_after_a_trial(tmp_path, "twice", hang_first_test=True,
+    # evaluation in the driver, which here hangs (Lightning alone would exit with 1). The
+    # search runs as a background job in a script would, with SIGINT ignored: Ray Tune
+    # takes the first press regardless, and the second must not be lost.
+    exp_dir = interrupt_after_a_trial(tmp_path, "twice", hang_first_test=True, sigint=signal.SIG_IGN,
                                       press_again_once=lambda root: (root / "markers" / "testing").exists())
     assert not (exp_dir / "best.json").exists()  # the evaluation was cut short
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
