@@ -157,7 +157,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     try:
         with _stop_signals_interrupt():
             complete = run_session(config, exp, verbose, concurrency, list(callbacks), mirror)
-            # After a first Ctrl+C too: best.json then has the best trial so far.
+            # After a graceful stop too: best.json then holds the best trial so far.
             best = finalize(config, exp, mirror) if exp.trials_csv.is_file() else None
         outcome = "complete" if complete else "interrupted"
     except KeyboardInterrupt:
