@@ -92,13 +92,13 @@ def test_ctrl_c_during_the_preflight_batch_is_an_interrupt_not_an_exit(example_c
         def validation_step(self, batch, batch_idx):
             raise KeyboardInterrupt
 
-    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             run_preflight(config, PressesCtrlC, data_class)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not left ignoring Ctrl+C
     finally:
-        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_preflight_accepts_the_example(example_config):
