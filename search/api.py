@@ -10,8 +10,10 @@ directory -> search session (Optuna + ASHA over Lightning trials) -> best.json.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -194,11 +196,54 @@ def _stop_signals_interrupt():
     if sigint_ignored:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        yield
+        with _graceful_stop_announced():
+            yield
     finally:
         signal.signal(signal.SIGTERM, previous_term)
         if sigint_ignored:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+GRACEFUL_STOP_MESSAGE = ("hpsearch: stopping. Running trials stop now (resume continues them from their last "
+                         "checkpoint), then the best trial so far is evaluated. A second Ctrl+C or SIGTERM "
+                         "stops at once.")
+
+
+class _GracefulStopAnnouncer(logging.Filter):
+    """Prints ``GRACEFUL_STOP_MESSAGE`` in place of the warning Ray Tune logs when it takes
+    the first stop signal; passes the logger's other records as the logger's own level
+    (``level``, or its parent's when that is unset) would."""
+
+    TUNE_STOP_WARNING = "Stop signal received"
+
+    def __init__(self, logger: logging.Logger, level: int) -> None:
+        super().__init__()
+        self.logger, self.level = logger, level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(self.TUNE_STOP_WARNING):
+            print(GRACEFUL_STOP_MESSAGE, file=sys.stderr, flush=True)
+            return False
+        parent = self.logger.parent
+        return record.levelno >= (self.level or (parent.getEffectiveLevel() if parent else logging.WARNING))
+
+
+@contextmanager
+def _graceful_stop_announced():
+    """Say at once what the first Ctrl+C or SIGTERM does. Ray Tune only logs it, and
+    hpsearch keeps Ray Tune's logs quiet: without this, nothing is printed until the
+    running trials have stopped and the best one is evaluated, which can take minutes,
+    and a user who sees nothing presses again."""
+    logger = logging.getLogger("ray.tune.tune")  # where Tune's stop-signal handler logs
+    previous_level = logger.level
+    announcer = _GracefulStopAnnouncer(logger, previous_level)
+    logger.setLevel(min(logger.getEffectiveLevel(), logging.WARNING))
+    logger.addFilter(announcer)
+    try:
+        yield
+    finally:
+        logger.removeFilter(announcer)
+        logger.setLevel(previous_level)
 
 
 def _user_error_in(exc: BaseException) -> HpsearchError | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, tensorboard_run, write_yaml
+from hpsearch.search.api import GRACEFUL_STOP_MESSAGE
 
 pytestmark = pytest.mark.e2e
 NUM_TRIALS = 8
@@ -185,6 +186,7 @@ def interrupt_after_a_trial(tmp_path: Path, name: str, stop_signal=signal.SIGINT
         driver.send_signal(signal.SIGINT)
     code, output = finish(driver, timeout=120)
     assert code == 130 and f"hpsearch resume {exp_dir}" in output, output
+    assert output.count(GRACEFUL_STOP_MESSAGE) == 1, output  # said once, at the first signal
     return exp_dir
 
 

@@ -1,0 +1,54 @@
+"""What the first and second stop signal do in the driver, with Ray Tune's own handler and
+no Ray started (the end-to-end tests in test_fault_tolerance.py send them to the CLI)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+
+from hpsearch.search.api import GRACEFUL_STOP_MESSAGE, _stop_signals_interrupt
+
+
+def wait_for_signal_handler():
+    # A signal's Python handler runs between bytecodes of the main thread.
+    for _ in range(100):
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def quiet_tune():
+    """Ray Tune's loggers as hpsearch leaves them without ``--verbose``; the SIGUSR1
+    handler that Tune's signal catching also installs is put back afterwards."""
+    tune_logger = logging.getLogger("ray.tune")
+    previous, sigusr1 = tune_logger.level, signal.getsignal(signal.SIGUSR1)
+    tune_logger.setLevel(logging.ERROR)
+    yield
+    tune_logger.setLevel(previous)
+    signal.signal(signal.SIGUSR1, sigusr1)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_first_stop_signal_is_announced_at_once_and_the_second_interrupts(stop_signal, quiet_tune, capsys):
+    from ray.tune.tune import _setup_signal_catching  # what Tuner.fit installs
+
+    logger = logging.getLogger("ray.tune.tune")
+    level_before, filters_before = logger.level, list(logger.filters)
+    sigint_before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with _stop_signals_interrupt():
+            stop_requested = _setup_signal_catching()
+            os.kill(os.getpid(), stop_signal)
+            wait_for_signal_handler()
+            assert stop_requested.is_set()  # Tune stops gracefully
+            assert capsys.readouterr().err.count(GRACEFUL_STOP_MESSAGE) == 1
+            logger.warning("another of Tune's warnings")  # still kept quiet
+            assert capsys.readouterr().err == ""
+            os.kill(os.getpid(), stop_signal)  # the second stops at once
+            wait_for_signal_handler()
+    assert GRACEFUL_STOP_MESSAGE not in capsys.readouterr().err  # said once only
+    assert (logger.level, logger.filters) == (level_before, filters_before)
+    assert signal.getsignal(signal.SIGINT) is sigint_before
