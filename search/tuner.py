@@ -25,6 +25,17 @@ RAY_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": 
            "RAY_TRAIN_V2_ENABLED": "1",
            # A trial that ends on a fault reports once without the metric (see trial.py).
            "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}
+# Defaults that a user's own environment overrides. Ray Train checks on a distributed
+# trial's workers this often (its default: every 2 s), and only then sees that they
+# finished: each DDP trial here ended 5.6-5.8 s after its last report at 2 s, and
+# 0.7-1.0 s after it at 0.2 s. A check is one small task per worker.
+RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
+
+
+def ray_settings() -> dict[str, str]:
+    """The variables every Ray process of a search gets: ``RAY_ENV``, and ``RAY_DEFAULTS``
+    where this process's environment does not set them."""
+    return {**{name: os.environ.get(name, value) for name, value in RAY_DEFAULTS.items()}, **RAY_ENV}
 
 
 def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> None:
@@ -33,7 +44,7 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> N
     this machine. Ship the user's code to the workers."""
     import ray
 
-    os.environ.update(RAY_ENV)
+    os.environ.update(ray_settings())
     target = address or os.environ.get("RAY_ADDRESS") or "local"
     runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
     if ray.is_initialized():
@@ -53,7 +64,7 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> N
 
 def worker_runtime_env(user_code: list[str], joins_cluster: bool) -> dict:
     """What Ray must set up in every worker: the user's modules (``py_modules``), and on a
-    cluster started elsewhere the ``RAY_ENV`` variables.
+    cluster started elsewhere the variables of ``ray_settings``.
 
     A local Ray's processes are children of this driver and inherit its environment, so
     there the variables need no runtime environment: with one, every new worker goes
@@ -61,7 +72,7 @@ def worker_runtime_env(user_code: list[str], joins_cluster: bool) -> dict:
     0.8 s here (1.17 s against 0.37 s, median of 5)."""
     runtime_env: dict = {}
     if joins_cluster:
-        runtime_env["env_vars"] = dict(RAY_ENV)
+        runtime_env["env_vars"] = ray_settings()
     if user_code:
         runtime_env["py_modules"] = list(user_code)
     return runtime_env

@@ -123,35 +123,44 @@ def test_a_required_argument_nobody_provides_is_an_error(example_config, monkeyp
     assert "needs argument 'in_features'" in str(caught.value)
 
 
-def test_only_a_cluster_started_elsewhere_gets_the_ray_settings_through_a_runtime_env():
-    from hpsearch.search.tuner import RAY_ENV, worker_runtime_env
+def test_only_a_cluster_started_elsewhere_gets_the_ray_settings_through_a_runtime_env(monkeypatch):
+    from hpsearch.search.tuner import RAY_DEFAULTS, RAY_ENV, worker_runtime_env
 
+    for name in RAY_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
     assert worker_runtime_env([], joins_cluster=False) == {}
-    assert worker_runtime_env([], joins_cluster=True) == {"env_vars": RAY_ENV}
+    assert worker_runtime_env([], joins_cluster=True) == {"env_vars": {**RAY_DEFAULTS, **RAY_ENV}}
     assert worker_runtime_env(["/code/userpkg"], joins_cluster=False) == {"py_modules": ["/code/userpkg"]}
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "5")  # the user's own setting wins
+    assert worker_runtime_env([], joins_cluster=True)["env_vars"]["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "5"
 
 
 def test_a_local_rays_workers_inherit_the_ray_settings(example_config, monkeypatch):
     """No runtime env for a local Ray with built-in classes: its workers must still see
-    RAY_ENV (a trial would otherwise run in its trial folder, or under Train V1)."""
+    RAY_ENV (a trial would otherwise run in its trial folder, or under Train V1) and
+    RAY_DEFAULTS (a distributed trial's end would otherwise be seen seconds late)."""
     import os
 
     import ray
 
-    from hpsearch.search.tuner import RAY_ENV, start_ray
+    from hpsearch.search.tuner import RAY_DEFAULTS, RAY_ENV, start_ray
 
     for name in RAY_ENV:  # restored after the test; start_ray sets them for this process
         monkeypatch.setenv(name, "unset")
+    for name in RAY_DEFAULTS:  # unset, and unset again after the test
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    expected = {**RAY_DEFAULTS, **RAY_ENV}
     assert not ray.is_initialized()
     start_ray(load_config(example_config), None, verbose=False)
     try:
         @ray.remote(num_cpus=1)
         def environment():
-            return {name: os.environ.get(name) for name in RAY_ENV}, ray.get_runtime_context().runtime_env
+            return {name: os.environ.get(name) for name in expected}, ray.get_runtime_context().runtime_env
 
         seen, runtime_env = ray.get(environment.remote())
-        assert seen == RAY_ENV
+        assert seen == expected
         assert not runtime_env  # so a new worker skips Ray's runtime-env agent
     finally:
         ray.shutdown()
