@@ -22,6 +22,7 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .errors import ConfigError
+from .outcome import PLACEMENT_GROUP
 from .storage import study_root
 from .trial import Parallelism, fit_trial, load_training_stack
 
@@ -87,8 +88,12 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
         strategy_name=strategy_name(config),
         report_on_every_rank=True,
     )
+    # Every report names the placement group that holds this trial's ranks, so the driver
+    # can free it once the trial ends, however it ends (see FreeRankReservations).
+    reservation = ray.util.get_current_placement_group()
+    named = {PLACEMENT_GROUP: reservation.id.hex()} if reservation is not None else {}
     fit_trial(loop_config["trial_config"], loop_config["experiment"], loop_config["experiment_dir"],
-              report=ray.train.report, parallel=parallel)
+              report=lambda metrics: ray.train.report({**metrics, **named}), parallel=parallel)
 
 
 def make_strategy(config: ExperimentConfig):

@@ -22,6 +22,7 @@ STOP_REASON = "hps_stop_reason"
 TRIAL_NUMBER = "hps_trial_number"
 FAILURE = "hps_failure"  # set by a trial that ended on a fault a retry cannot fix (NaN, OOM)
 GIVE_UP = "hps_give_up"  # set in a trial's config by RetryPolicy when its retries are spent
+PLACEMENT_GROUP = "hps_placement_group"  # a distributed trial's ranks' reservation (see FreeRankReservations)
 
 
 def best_of(values, mode: str, key=None):

@@ -12,7 +12,7 @@ from typing import Any
 from ray.tune import Callback
 
 from .config import ExperimentConfig
-from .outcome import EPOCH, FAILED, FINISHED_STATES, GIVE_UP, RUNNING, TRIAL_NUMBER, PruneLog, classify
+from .outcome import EPOCH, FAILED, FINISHED_STATES, GIVE_UP, PLACEMENT_GROUP, RUNNING, TRIAL_NUMBER, PruneLog, classify
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
 
@@ -230,6 +230,46 @@ def _last_error_line(trial) -> str:
         if ":" in line and not line.startswith(("File ", "^", "~")):
             return line[:300]
     return lines[-1][:300] if lines else "unknown error"
+
+
+class FreeRankReservations(Callback):
+    """Frees the CPUs and GPUs of a distributed trial's ranks as soon as the trial ends.
+
+    Ray Train reserves them in a placement group, which its controller removes when the
+    training ends by itself. A trial that Tune stops (ASHA pruning it, say) ends its
+    controller with it, and the reservation then lives as long as the driver's job. Ray
+    Train's own cleaner would free it, but it asks Ray's dashboard whether the controller
+    died, and a local Ray started by hpsearch runs none: on 2 CPUs, the trial after the
+    first pruned one waited for CPUs forever. Each rank reports its placement group
+    (``PLACEMENT_GROUP``); here it is removed when the trial completes, fails or is
+    retried. One that Ray Train already removed is left alone."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, str] = {}  # trial id -> placement group id (hex)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        if result.get(PLACEMENT_GROUP):
+            self.groups[trial.trial_id] = result[PLACEMENT_GROUP]
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self.free(trial.trial_id)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self.free(trial.trial_id)
+
+    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
+        self.free(trial.trial_id)
+
+    def free(self, trial_id: str) -> None:
+        group_id = self.groups.pop(trial_id, None)
+        if group_id is None:
+            return
+        import ray
+        from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+        group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
+        if placement_group_table(group).get("state", "REMOVED") != "REMOVED":
+            remove_placement_group(group)
 
 
 class ProgressDisplay(Callback):

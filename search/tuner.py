@@ -108,7 +108,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     from .searcher import OptunaSearcher
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
-    from .tune_callbacks import ProgressDisplay, PushStudyFiles, RetryPolicy, TensorBoardSessions, TrialsTableRecorder
+    from .tune_callbacks import (FreeRankReservations, ProgressDisplay, PushStudyFiles, RetryPolicy,
+                                 TensorBoardSessions, TrialsTableRecorder)
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)
@@ -130,6 +131,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
         callbacks.insert(3, PushStudyFiles(mirror))
     if config.resources.distributed:
         function, resources = train_distributed_trial, driver_resources()
+        callbacks.append(FreeRankReservations())
     else:
         function = train_trial
         resources = {"cpu": config.resources.cpus_per_trial, "gpu": config.resources.gpus_per_trial}
