@@ -268,8 +268,11 @@ class FreeRankReservations(Callback):
         from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
         group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
-        if placement_group_table(group).get("state", "REMOVED") != "REMOVED":
-            remove_placement_group(group)
+        try:
+            if placement_group_table(group).get("state", "REMOVED") != "REMOVED":
+                remove_placement_group(group)
+        except Exception as exc:  # the search goes on; the reservation ends with it at the latest
+            warnings.warn(f"could not free the placement group {group_id} of trial {trial_id}: {exc}", stacklevel=2)
 
 
 class ProgressDisplay(Callback):
