@@ -116,3 +116,28 @@ def test_the_cli_refuses_an_oversized_trial_before_any_trial_starts(tmp_path):
     assert result.returncode == 1, result.stderr
     assert "needs 64 CPU(s) on one node, but the largest node has" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_reservation_that_cannot_be_freed_warns_and_the_search_goes_on(monkeypatch):
+    # Asking Ray about the placement group fails (a lost connection, say): that must be a
+    # warning naming the group and the trial, not an error that ends the search.
+    import importlib
+
+    from hpsearch.search.outcome import PLACEMENT_GROUP
+    from hpsearch.search.tune_callbacks import FreeRankReservations
+
+    def unreachable(group):
+        raise ConnectionError("the GCS is unreachable")
+
+    # the module, which ``ray.util.placement_group`` (a function of the same name) hides
+    monkeypatch.setattr(importlib.import_module("ray.util.placement_group"), "placement_group_table", unreachable)
+
+    class Trial:
+        trial_id = "t1"
+
+    reservations = FreeRankReservations()
+    reservations.on_trial_result(0, [], Trial(), {PLACEMENT_GROUP: "ab" * 18})
+    assert reservations.groups == {"t1": "ab" * 18}
+    with pytest.warns(UserWarning, match=f"placement group {'ab' * 18} of trial t1: the GCS is unreachable"):
+        reservations.on_trial_complete(0, [], Trial())
+    assert reservations.groups == {}  # freed once, not again at the next hook
