@@ -27,6 +27,7 @@ from .config_loading import load_config
 from .errors import ConfigError, HpsearchError, Interrupted
 from .experiment import ExperimentDir, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
+from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED
 from .storage import Mirror, StudyHome
 from .study_lock import study_lock
 from .trials_table import read_rows
@@ -37,13 +38,19 @@ FROZEN_ON_RESUME = ("model", "data", "space", "metric", "mode", "scheduler")
 
 @dataclass
 class SearchResult:
-    """What a search left behind: where, the best trial (best.json), and every trial."""
+    """What a search left behind: where, how the session ended (``outcome``: "complete",
+    "time_budget" or "interrupted"), the best trial (best.json), and every trial."""
 
     experiment_dir: Path
-    complete: bool
+    outcome: str
     best: dict[str, Any] | None = None
     trials: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        """The study has all its trials."""
+        return self.outcome == SESSION_COMPLETE
 
     @property
     def resume_command(self) -> str:
@@ -158,14 +165,14 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     outcome = "crashed"
     try:
         with _stop_signals_interrupt():
-            complete = run_session(config, exp, verbose, concurrency, list(callbacks), mirror)
+            ended = run_session(config, exp, verbose, concurrency, list(callbacks), mirror)
             # After a graceful stop too: best.json then holds the best trial so far.
             best = finalize(config, exp, mirror) if exp.trials_csv.is_file() else None
-        outcome = "complete" if complete else "interrupted"
+        outcome = ended
     except KeyboardInterrupt:
         # A second Ctrl+C (while Tune winds down or during the test evaluation): stop at
         # once. Everything finished is on disk; resume evaluates the best trial again.
-        outcome = "interrupted"
+        outcome = SESSION_INTERRUPTED
         raise Interrupted(exp.root) from None
     except Exception as exc:
         raise _user_error_in(exc) or exc
@@ -177,7 +184,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         except HpsearchError:
             pass  # a full disk: the error that caused it is the one to report
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
-    return SearchResult(exp.root, complete, best, trials, time.monotonic() - started)
+    return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started)
 
 
 @contextmanager

@@ -104,11 +104,19 @@ def cmd_resume(args) -> int:
 
 
 def _report(result) -> int:
+    from .outcome import FINISHED_STATES, PAUSED, SESSION_TIME_BUDGET
     from .status_view import print_best
 
     print(f"experiment: {result.experiment_dir}  ({result.elapsed_s:.1f}s)")
     if result.best:
         print_best(result.best)
+    if result.outcome == SESSION_TIME_BUDGET:
+        # The end the user asked for: not an error, so the exit status is 0.
+        states = [trial.get("state") for trial in result.trials]
+        finished = sum(1 for state in states if state in FINISHED_STATES)
+        print(f"time budget reached with {finished} trials finished and {states.count(PAUSED)} paused; "
+              f"continue the study (with a fresh budget) with:\n  {result.resume_command}")
+        return 0
     if not result.complete:
         print(f"search stopped before the study was complete; continue it with:\n  {result.resume_command}",
               file=sys.stderr)

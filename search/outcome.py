@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 COMPLETE, PRUNED, FAILED, RUNNING, PENDING = "COMPLETE", "PRUNED", "FAILED", "RUNNING", "PENDING"
+# Running when its session ended (time budget, Ctrl+C, SIGTERM): resume continues it from
+# its last checkpoint. Ray Tune's word for a trial stopped to be continued later.
+PAUSED = "PAUSED"
 FINISHED_STATES = (COMPLETE, PRUNED, FAILED)
+
+# How a search session ended (``sessions.json``'s ``outcome``).
+SESSION_COMPLETE, SESSION_TIME_BUDGET, SESSION_INTERRUPTED = "complete", "time_budget", "interrupted"
 
 # Result keys the trial reports besides the user's own metrics.
 EPOCH = "epoch"

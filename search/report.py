@@ -29,7 +29,7 @@ SPEED_COLUMNS = (("trial", "trial"), ("state", "state"), ("epochs", "epochs"), (
                  ("world_size", "world size"), ("device", "device"), ("num_workers", "loader workers"),
                  ("data_starved", "data-starved"))
 STATE_STYLE = {"COMPLETE": ("tab:blue", "-"), "PRUNED": ("tab:gray", "--"), "FAILED": ("tab:red", ":"),
-               "RUNNING": ("tab:green", "-")}
+               "RUNNING": ("tab:green", "-"), "PAUSED": ("tab:purple", "-.")}
 
 
 def write_report(exp: ExperimentDir, out_dir: Path | None = None) -> Path:

@@ -12,7 +12,7 @@ from rich.table import Table
 from .experiment import ExperimentDir
 from .trials_table import read_rows
 
-STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan"}
+STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan", "PAUSED": "magenta"}
 
 
 def _console() -> Console:

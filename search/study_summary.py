@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from .experiment import ExperimentDir, read_sessions
-from .outcome import FINISHED_STATES
+from .outcome import FINISHED_STATES, PAUSED, RUNNING
 from .trials_table import read_rows
 
 
@@ -61,7 +61,7 @@ def summarize(exp: ExperimentDir) -> StudySummary:
     max_epochs = int(scheduler.get("max_epochs", 20))
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     best = json.loads(exp.best_json.read_text()) if exp.best_json.is_file() else None
-    counts = {state: sum(1 for r in rows if r.get("state") == state) for state in (*FINISHED_STATES, "RUNNING")}
+    counts = {state: sum(1 for r in rows if r.get("state") == state) for state in (*FINISHED_STATES, PAUSED, RUNNING)}
     pruning = stopping = 0.0
     for row in rows:
         epochs = _number(row.get("epochs"))

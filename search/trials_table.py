@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .experiment import atomic_write_text
-from .outcome import best_of
+from .outcome import PAUSED, RUNNING, best_of
 
 FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
 TELEMETRY_COLUMNS = (
@@ -89,6 +89,15 @@ class TrialsTable:
         for row in self.rows.values():
             counts[row["state"]] = counts.get(row["state"], 0) + 1
         return counts
+
+    def pause_running(self, reason: str) -> int:
+        """Mark the trials a session left running as PAUSED, saying why; how many were.
+
+        Their Optuna trials stay RUNNING, which is what makes resume continue them."""
+        running = [row for row in self.rows.values() if row.get("state") == RUNNING]
+        for row in running:
+            row["state"], row["reason"] = PAUSED, reason
+        return len(running)
 
     def to_csv(self) -> str:
         columns = self.columns

@@ -1,5 +1,5 @@
-"""Ray Tune callbacks in the driver: the trials table, TensorBoard's HParams rows and the
-live progress display."""
+"""Ray Tune callbacks in the driver: the trials table, TensorBoard's HParams rows, the
+live progress display, and the search's time budget."""
 
 from __future__ import annotations
 
@@ -10,11 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
+from ray.tune.stopper import TimeoutStopper
 
 from .config import ExperimentConfig
 from .outcome import EPOCH, FAILED, FINISHED_STATES, GIVE_UP, PLACEMENT_GROUP, RUNNING, TRIAL_NUMBER, PruneLog, classify
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
+
+
+class TimeBudget(TimeoutStopper):
+    """``search.time_budget_s``: Ray Tune's own timeout (counted from the start of Tune's
+    loop, so Ray's start is not spent from it), which afterwards also says whether it
+    ended the session: that end is the one the user asked for, not an interruption."""
+
+    reached = False
+
+    def stop_all(self) -> bool:
+        self.reached = super().stop_all() or self.reached
+        return self.reached
 
 
 class TrialsTableRecorder(Callback):

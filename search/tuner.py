@@ -13,7 +13,7 @@ import os
 from .components import user_code_roots
 from .config import ExperimentConfig
 from .experiment import ExperimentDir
-from .outcome import PruneLog
+from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED, SESSION_TIME_BUDGET, PruneLog
 from .storage import Mirror
 from .tensorboard_layout import backfill_trial_sessions
 from .trials_table import TrialsTable
@@ -25,6 +25,11 @@ RAY_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": 
            "RAY_TRAIN_V2_ENABLED": "1",
            # A trial that ends on a fault reports once without the metric (see trial.py).
            "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}
+
+# What trials.csv says of a trial that was running when its session ended.
+PAUSE_REASONS = {SESSION_TIME_BUDGET: "time budget reached", SESSION_INTERRUPTED: "search stopped",
+                 SESSION_COMPLETE: "session ended"}
+
 # Defaults that a user's own environment overrides. Ray Train checks on a distributed
 # trial's workers this often (its default: every 2 s), and only then sees that they
 # finished: each DDP trial here ended 5.1-6.6 s after its last report at 2 s, and
@@ -97,8 +102,10 @@ def plan_concurrency(config: ExperimentConfig, nodes: list[dict]) -> int:
 
 
 def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int,
-                extra_callbacks: list | None = None, mirror: Mirror | None = None) -> bool:
-    """Run trials until the study is complete or the user interrupts; True if complete.
+                extra_callbacks: list | None = None, mirror: Mirror | None = None) -> str:
+    """Run trials until the study is complete, the time budget is spent or the user
+    interrupts, and say which (a ``SESSION_*`` outcome). Trials still running then are
+    PAUSED in trials.csv, saying why; resume continues them.
 
     Trials get the study's location: its URI when it has one (they sync their own files
     through it), else its directory."""
@@ -109,7 +116,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
     from .tune_callbacks import (FreeRankReservations, ProgressDisplay, PushStudyFiles, RetryPolicy,
-                                 TensorBoardSessions, TrialsTableRecorder)
+                                 TensorBoardSessions, TimeBudget, TrialsTableRecorder)
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)
@@ -140,6 +147,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
                              experiment_dir=mirror.uri if mirror is not None else str(exp.root)),
         resources,
     )
+    budget = TimeBudget(config.search.time_budget_s) if config.search.time_budget_s else None
     exp.tune_dir.mkdir(exist_ok=True)
     session = f"session-{len(list(exp.tune_dir.glob('session-*'))) + 1}"
     tuner = tune.Tuner(
@@ -149,7 +157,6 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
             scheduler=scheduler,
             num_samples=-1,  # the searcher says when the study has all its trials
             max_concurrent_trials=concurrency,
-            time_budget_s=config.search.time_budget_s,
             # One warm worker process serves many short trials (distributed trials start
             # a worker group each, so there is nothing to reuse).
             reuse_actors=not config.resources.distributed,
@@ -158,6 +165,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
             name=session,
             storage_path=str(exp.tune_dir),
             callbacks=callbacks,
+            stop=budget,
             verbose=2 if verbose else 0,
             # One more than max_retries: RetryPolicy ends a trial whose own faults used them up,
             # and keeps node losses off the count.
@@ -165,5 +173,19 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         ),
     )
-    tuner.fit()
-    return searcher.is_complete()
+    outcome = SESSION_INTERRUPTED
+    try:
+        tuner.fit()
+        outcome = _session_outcome(searcher.is_complete(), budget is not None and budget.reached)
+    finally:
+        if table.pause_running(PAUSE_REASONS[outcome]):
+            table.save(exp.trials_csv)
+    return outcome
+
+
+def _session_outcome(complete: bool, budget_reached: bool) -> str:
+    """Tune returns from ``fit`` for three reasons; a stop signal is the one left when the
+    study is not complete and the budget did not end it."""
+    if complete:
+        return SESSION_COMPLETE
+    return SESSION_TIME_BUDGET if budget_reached else SESSION_INTERRUPTED

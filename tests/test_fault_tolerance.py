@@ -187,6 +187,8 @@ def interrupt_after_a_trial(tmp_path: Path, name: str, stop_signal=signal.SIGINT
     code, output = finish(driver, timeout=120)
     assert code == 130 and f"hpsearch resume {exp_dir}" in output, output
     assert output.count(GRACEFUL_STOP_MESSAGE) == 1, output  # said once, at the first signal
+    unfinished = [r for r in rows(exp_dir) if r not in finished(exp_dir)]
+    assert all((r["state"], r["reason"]) == ("PAUSED", "search stopped") for r in unfinished), unfinished
     return exp_dir
 
 
@@ -203,6 +205,26 @@ def test_sigterm_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
     code, output = finish(first)
     assert code == 0, output
     assert_complete_study(exp_dir, "interrupted")
+
+
+def test_a_time_budget_ends_the_session_cleanly_and_resume_continues_its_paused_trials(tmp_path):
+    # Trials of 3 one-second epochs: at the end of a 10 s budget some are mid-way.
+    path = experiment(tmp_path, "budget", epoch_sleep=1.0)
+    exp_dir = tmp_path / "runs" / "budget"
+    code, output = finish(start("run", path.name, "--set", "search.time_budget_s=10", cwd=tmp_path))
+    assert code == 0, output  # the end the user asked for, not an interruption
+    assert "time budget reached" in output and f"hpsearch resume {exp_dir}" in output, output
+    assert json.loads((exp_dir / "sessions.json").read_text())[-1]["outcome"] == "time_budget"
+    paused = [r for r in rows(exp_dir) if r not in finished(exp_dir)]
+    assert paused and len(finished(exp_dir)) < NUM_TRIALS, rows(exp_dir)
+    assert all((r["state"], r["reason"]) == ("PAUSED", "time budget reached") for r in paused), paused
+    assert f"{len(finished(exp_dir))} trials finished and {len(paused)} paused" in output, output
+    midway = [int(r["trial"]) for r in paused if int(r["epochs"] or 0) >= 1]
+
+    code, output = finish(start("resume", str(exp_dir), "--set", "search.time_budget_s=null", cwd=tmp_path))
+    assert code == 0, output
+    assert_complete_study(exp_dir, "budget")
+    assert all(r["resumed"] == "True" for r in rows(exp_dir) if int(r["trial"]) in midway), rows(exp_dir)
 
 
 def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
