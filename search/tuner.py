@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
+from typing import Iterator
+
 from .components import user_code_roots
 from .config import ExperimentConfig
 from .experiment import ExperimentDir
@@ -35,6 +38,10 @@ PAUSE_REASONS = {SESSION_TIME_BUDGET: "time budget reached", SESSION_INTERRUPTED
 # finished: each DDP trial here ended 5.1-6.6 s after its last report at 2 s, and
 # 0.6-1.5 s after it at 0.25 s (README, Performance). A check is one small task per worker.
 RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
+# Starting a local Ray, Ray warns at every start that token authentication is on (its
+# default, which hpsearch keeps; nothing else connects to that private Ray). Joining a
+# cluster, what it logs there is left as is.
+RAY_TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
 def ray_settings() -> dict[str, str]:
@@ -54,17 +61,31 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> N
     runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
     if ray.is_initialized():
         return
-    ray.init(
-        address=target,
-        runtime_env=runtime_env or None,
-        include_dashboard=False,
-        logging_level=logging.INFO if verbose else logging.WARNING,
-        log_to_driver=verbose,
-        configure_logging=True,
-    )
+    with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose):
+        ray.init(
+            address=target,
+            runtime_env=runtime_env or None,
+            include_dashboard=False,
+            logging_level=logging.INFO if verbose else logging.WARNING,
+            log_to_driver=verbose,
+            configure_logging=True,
+        )
     if not verbose:
         for name in ("ray.tune", "ray.train", "ray.air"):
             logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextmanager
+def _logger_quiet(name: str, quiet: bool) -> Iterator[None]:
+    """Below ERROR, the named logger says nothing inside the block (when ``quiet``)."""
+    logger = logging.getLogger(name)
+    previous = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
 
 
 def worker_runtime_env(user_code: list[str], joins_cluster: bool) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,13 @@ def test_every_trial_finished_and_asha_stopped_some_early(finished_search):
     assert all("pruned by ASHA" in r["reason"] for r in pruned)
     assert {(r["device"], r["precision"], r["world_size"], r["strategy"], r["pin_memory"], r["loader_sharing"],
              r["batch_slots"]) for r in rows} == {("cpu", "32-true", "1", "single", "False", "file_system", "False")}
+
+
+def test_a_search_prints_none_of_rays_own_warnings(finished_search):
+    # Ray's notice that a new local Ray has token authentication on came at every run.
+    _, _, result = finished_search
+    output = result.stdout + result.stderr
+    assert not re.search(r"WARNING \S+\.py:\d+ --", output), output
 
 
 def test_the_optuna_study_holds_every_trial_with_the_right_state(finished_search):
