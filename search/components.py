@@ -17,6 +17,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,39 @@ def build_datamodule(config: ExperimentConfig, data_class: type, params: dict[st
         if name in signature.names and name not in kwargs:
             kwargs[name] = value
     kwargs.update(config.params_for("data", params))
-    return data_class(**kwargs)
+    datamodule = data_class(**kwargs)
+    _prepare_data_one_at_a_time(datamodule)
+    return datamodule
+
+
+class _OnePerNode:
+    """A DataModule's ``prepare_data`` run under a lock held by one process of this node
+    at a time. It is where data is downloaded, once per node by Lightning's design; but
+    a search runs many trials on a node at once, and two downloading the same files into
+    the same directory would each find the other's half-written files. Ray's docs give
+    the same fix (a ``FileLock`` around the download); this applies it to every
+    DataModule. ``__wrapped__`` lets Lightning still see the method as overridden."""
+
+    def __init__(self, prepare_data, lock_path: str) -> None:
+        self.__wrapped__, self.lock_path = prepare_data, lock_path
+
+    def __call__(self, *args, **kwargs):
+        from filelock import FileLock
+
+        with FileLock(self.lock_path):
+            return self.__wrapped__(*args, **kwargs)
+
+
+def _prepare_data_one_at_a_time(datamodule) -> None:
+    """Serialize the DataModule's own ``prepare_data`` (if it has one) across this node's
+    trials, per DataModule class (see ``_OnePerNode``)."""
+    from pytorch_lightning.utilities.model_helpers import is_overridden
+
+    if not is_overridden("prepare_data", datamodule):
+        return
+    klass = type(datamodule)
+    lock_path = Path(tempfile.gettempdir()) / f"hpsearch-prepare-data-{klass.__module__}.{klass.__qualname__}.lock"
+    datamodule.prepare_data = _OnePerNode(datamodule.prepare_data, str(lock_path))
 
 
 def build_model(config: ExperimentConfig, model_class: type, params: dict[str, Any], datamodule):

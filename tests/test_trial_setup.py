@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import warnings
 
 import pytest
@@ -24,6 +26,37 @@ def test_sampled_values_override_init_args_and_data_fills_model_shape(example_co
     assert dm.batch_size == 48 and dm.requested_num_workers == 3
     assert model.hparams.channels == 8 and model.hparams.lr == 0.02
     assert tuple(model.hparams.input_shape) == (1, 8, 8) and model.hparams.num_classes == 10
+
+
+def _preflight_in_a_child(config, results) -> None:
+    """One trial's set-up as Lightning runs it: the DataModule, the model, one validation batch."""
+    try:
+        model_class, data_class = check_components(config)
+        run_preflight(config, model_class, data_class)
+        results.put("ok")
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_trials_on_one_node_run_prepare_data_one_at_a_time(example_config, tmp_path, monkeypatch):
+    # Two trials start at once on a node whose data is not there yet: the second must
+    # neither download into the first one's file nor read it half-written.
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["data"] = {"class_path": "userpkg.downloading:DownloadingDigits", "init_args": {"root": str(tmp_path)}}
+    config = load_config(example_config)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    children = [context.Process(target=_preflight_in_a_child, args=(config, results)) for _ in range(2)]
+    for child in children:
+        child.start()
+    outcomes = [results.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+    assert outcomes == ["ok", "ok"], outcomes
+    calls = sorted((json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()),
+                   key=lambda call: call["start"])
+    assert len({call["pid"] for call in calls}) == 2, calls  # Lightning called it in both trials
+    assert all(later["start"] >= earlier["end"] for earlier, later in zip(calls, calls[1:])), calls
 
 
 def test_loader_options_follow_the_trial_resources(example_config):
