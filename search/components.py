@@ -108,10 +108,32 @@ def check_components(config: ExperimentConfig) -> tuple[type, type]:
         except ConfigError as exc:
             problems += [config.problem(p.field, p.message) for p in exc.problems]
             continue
+        kind = _kind_problem(section, classes[section])
+        if kind:
+            problems.append(config.problem(f"{section}.class_path", kind))
+            continue
         problems += _argument_problems(config, section, classes[section])
     if problems:
         raise ConfigError(problems)
     return classes["model"], classes["data"]
+
+
+def _kind_problem(section: str, klass: type) -> str | None:
+    """Why ``klass`` cannot be the ``section``'s class: not a pytorch_lightning
+    LightningModule (model) or LightningDataModule (data). A class built on the
+    ``lightning`` package's classes gets its own explanation: the two packages look the
+    same and cannot be mixed in one Trainer."""
+    import pytorch_lightning as pl
+
+    base = pl.LightningModule if section == "model" else pl.LightningDataModule
+    if issubclass(klass, base):
+        return None
+    other = next((c for c in klass.__mro__ if c.__module__.split(".")[0] == "lightning"), None)
+    if other is not None:
+        return (f"{klass.__name__} is built on {other.__module__}.{other.__name__} (the 'lightning' package); "
+                f"hpsearch runs pytorch_lightning: import {base.__name__} from pytorch_lightning instead "
+                "(the two packages cannot be mixed)")
+    return f"{klass.__name__} is not a pytorch_lightning.{base.__name__}"
 
 
 def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> list[Problem]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import sys
+import types
 
 import pytest
 
@@ -83,6 +85,10 @@ BAD_COMPONENTS = [
     ("module that does not import", _set("data/class_path", "no_such_pkg.data:Loader"), "data.class_path", "cannot import module 'no_such_pkg.data'"),
     ("class missing from module", _set("model/class_path", "hpsearch.models.cnn:ResNet"), "model.class_path", "has no attribute 'ResNet'"),
     ("not a class", _set("model/class_path", "hpsearch.models.cnn:nn"), "model.class_path", "is not a class"),
+    ("a DataModule as the model", _set("model/class_path", "hpsearch.models.digits:DigitsDataModule"),
+     "model.class_path", "DigitsDataModule is not a pytorch_lightning.LightningModule"),
+    ("a model as the data", _set("data/class_path", "hpsearch.models.cnn:CNNClassifier"),
+     "data.class_path", "CNNClassifier is not a pytorch_lightning.LightningDataModule"),
 ]
 
 
@@ -93,6 +99,20 @@ def test_bad_components_are_rejected_naming_the_field(label, change, field, mess
         check_components(config)
     problems = caught.value.problems
     assert any(p.field == field and message in p.message for p in problems), [str(p) for p in problems]
+
+
+def test_a_model_built_on_the_lightning_package_is_told_to_use_pytorch_lightning(monkeypatch):
+    # The 'lightning' package is not installed here: its class is imitated by its module name.
+    module = types.ModuleType("users_models")
+    lightning_base = type("LightningModule", (), {"__module__": "lightning.pytorch.core.module"})
+    module.Net = type("Net", (lightning_base,), {"__module__": "users_models"})
+    monkeypatch.setitem(sys.modules, "users_models", module)
+    with pytest.raises(ConfigError) as caught:
+        check_components(load_config(mutated(_set("model/class_path", "users_models:Net"))))
+    [problem] = caught.value.problems
+    assert problem.field == "model.class_path"
+    assert "lightning.pytorch.core.module.LightningModule" in problem.message
+    assert "import LightningModule from pytorch_lightning" in problem.message
 
 
 def test_the_example_is_valid_and_its_classes_resolve(example_config):
