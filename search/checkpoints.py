@@ -2,7 +2,9 @@
 
 Two newest, not one: a checkpoint cut short by a crash or a full disk must not cost
 the trial its progress. Resume takes the newest checkpoint that reads back whole and
-moves a damaged one aside (``*.corrupt``), with a warning, rather than failing.
+moves a damaged one aside (``*.corrupt``), with a warning, rather than failing. A trial
+that has ended is never resumed: its epoch checkpoints are then deleted, and only the
+best stays.
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ def checkpoint_dir(trial_dir: Path) -> Path:
 def epoch_checkpoints(trial_dir: Path) -> list[Path]:
     """Epoch checkpoints, newest first (names sort by their zero-padded epoch)."""
     return sorted(checkpoint_dir(trial_dir).glob(EPOCH_PATTERN), reverse=True)
+
+
+def drop_resume_checkpoints(trial_dir: Path) -> int:
+    """Delete an ended trial's epoch checkpoints (``best.ckpt`` stays); how many there were."""
+    dropped = 0
+    for path in epoch_checkpoints(trial_dir):
+        path.unlink(missing_ok=True)
+        dropped += 1
+    return dropped
 
 
 def is_readable(path: Path) -> bool:

@@ -158,6 +158,25 @@ class Mirror:
                 del self._pushed[key]
         return sent
 
+    def delete_matching(self, folder: str, pattern: str) -> int:
+        """Delete the stored files directly in ``folder`` (relative to the study) whose
+        names match ``pattern`` (``fnmatch``); returns how many."""
+        import fnmatch
+
+        import pyarrow.fs as pafs
+
+        filesystem, base = self._fs()
+        try:
+            infos = filesystem.get_file_info(pafs.FileSelector(f"{base}/{folder}", allow_not_found=True))
+            doomed = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.base_name, pattern)]
+            for path in doomed:
+                filesystem.delete_file(path)
+        except OSError as exc:
+            raise StorageError(f"cannot delete {folder}/{pattern} in {self.uri!r}: {exc}") from None
+        for key in [k for k in self._pushed if k.rpartition("/")[0] == folder and fnmatch.fnmatch(k.rpartition("/")[2], pattern)]:
+            del self._pushed[key]
+        return len(doomed)
+
     def pull(self, *relatives: str) -> int:
         """Download the given files or directories that are missing or older here."""
         import pyarrow.fs as pafs

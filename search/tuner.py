@@ -136,8 +136,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     from .searcher import OptunaSearcher
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
-    from .tune_callbacks import (FreeRankReservations, ProgressDisplay, PushStudyFiles, RetryPolicy,
-                                 TensorBoardSessions, TimeBudget, TrialsTableRecorder)
+    from .tune_callbacks import (DropResumeCheckpoints, FreeRankReservations, ProgressDisplay, PushStudyFiles,
+                                 RetryPolicy, TensorBoardSessions, TimeBudget, TrialsTableRecorder)
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)
@@ -151,15 +151,15 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     for fields in finished:
         table.row(fields["trial"]).update(fields)
     backfill_trial_sessions(exp.tensorboard_dir, config, finished)
-    callbacks = [RetryPolicy(table, config.failure.max_retries),
+    # A distributed trial's ranks go first, before its files are touched.
+    ranks = [FreeRankReservations()] if config.resources.distributed else []
+    callbacks = [*ranks, DropResumeCheckpoints(exp, mirror), RetryPolicy(table, config.failure.max_retries),
                  TrialsTableRecorder(table, exp.trials_csv, prunes),
                  TensorBoardSessions(config, table, exp.tensorboard_dir),
+                 *([PushStudyFiles(mirror)] if mirror is not None else []),
                  ProgressDisplay(table, searcher.trial_limit), *(extra_callbacks or [])]
-    if mirror is not None:
-        callbacks.insert(3, PushStudyFiles(mirror))
     if config.resources.distributed:
         function, resources = train_distributed_trial, driver_resources()
-        callbacks.append(FreeRankReservations())
     else:
         function = train_trial
         resources = {"cpu": config.resources.cpus_per_trial, "gpu": config.resources.gpus_per_trial}

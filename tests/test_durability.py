@@ -97,3 +97,25 @@ def test_resume_takes_the_newest_readable_checkpoint(tmp_path):
     with pytest.warns(UserWarning):
         path, notes = latest_good_checkpoint(tmp_path)
     assert path is None and "restarts from its first epoch" in notes[-1]
+
+
+def test_an_ended_trials_checkpoints_that_storage_will_not_delete_warn_and_the_search_goes_on(tmp_path):
+    from types import SimpleNamespace
+
+    from hpsearch.search.storage import StorageError
+    from hpsearch.search.outcome import TRIAL_NUMBER
+    from hpsearch.search.tune_callbacks import DropResumeCheckpoints
+
+    class UnwritableStorage:
+        def delete_matching(self, folder, pattern):
+            raise StorageError(f"cannot delete {folder}/{pattern} in 's3://bucket/study': access denied")
+
+    exp = ExperimentDir(tmp_path)
+    folder = exp.trial_dir("trial_0007") / "checkpoints"
+    folder.mkdir(parents=True)
+    for name in ("best.ckpt", "epoch-0002.ckpt", "epoch-0003.ckpt"):
+        (folder / name).write_bytes(b"x")
+    with pytest.warns(UserWarning, match="trial_0007 not deleted: cannot delete trials/trial_0007/checkpoints"):
+        DropResumeCheckpoints(exp, UnwritableStorage()).on_trial_complete(
+            0, [], SimpleNamespace(config={TRIAL_NUMBER: 7}))
+    assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt"]  # the local copies went all the same

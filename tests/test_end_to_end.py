@@ -39,6 +39,14 @@ def test_every_trial_finished_and_asha_stopped_some_early(finished_search):
              r["batch_slots"]) for r in rows} == {("cpu", "32-true", "1", "single", "False", "file_system", "False")}
 
 
+def test_ended_trials_keep_only_their_best_checkpoint(finished_search):
+    # Epoch checkpoints are for resume, and an ended trial is never resumed.
+    exp_dir, _, _ = finished_search
+    for row in rows_of(exp_dir):
+        kept = sorted(p.name for p in (exp_dir / "trials" / f"trial_{int(row['trial']):04d}" / "checkpoints").iterdir())
+        assert kept == ["best.ckpt"], (row["trial"], row["state"], kept)
+
+
 def test_a_search_prints_none_of_rays_own_warnings(finished_search):
     # Ray's notice that a new local Ray has token authentication on came at every run.
     _, _, result = finished_search

@@ -96,6 +96,14 @@ def test_mirror_pushes_changes_deletes_rotated_files_and_pulls_into_a_fresh_copy
     assert second.pull("trials/trial_0000") == 0  # a file written here after the upload is kept
     assert second.pull("trials/trial_9999") == 0  # absent remotely: nothing, no error
 
+    # A third process (the driver) deletes an ended trial's epoch checkpoints it never held.
+    (checkpoints / "best.ckpt").write_bytes(b"best")
+    first.push("trials/trial_0000")
+    driver = Mirror.for_uri(uri)
+    assert driver.delete_matching("trials/trial_0000/checkpoints", "epoch-*.ckpt") == 2
+    assert keys(s3_server, "unit/study/") == {"unit/study/trials/trial_0000/checkpoints/best.ckpt"}
+    assert driver.delete_matching("trials/trial_9999/checkpoints", "epoch-*.ckpt") == 0  # none there: no error
+
 
 def test_a_bad_storage_uri_is_refused_before_ray_starts(s3_server, tmp_path, example_config):
     config = {**example_config, "storage": f"s3://no-such-bucket-{os.getpid()}/exps"}
@@ -144,6 +152,7 @@ def test_a_study_in_s3_survives_its_machine_and_resumes_from_a_fresh_process(s3_
     assert [r["state"] for r in table] == ["COMPLETE"] * 4, table
     assert any(r["resumed"] == "True" for r in table), table  # continued from a checkpoint pulled from S3
     stored = keys(s3_server, prefix)
+    assert not [k for k in stored if k.endswith(".ckpt") and "/epoch-" in k], stored  # ended: only best.ckpt
     for number in range(4):
         assert f"{prefix}trials/trial_{number:04d}/checkpoints/best.ckpt" in stored
         assert any(k.startswith(f"{prefix}tensorboard/trial_{number:04d}") for k in stored)
