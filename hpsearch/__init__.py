@@ -1,15 +1,15 @@
 """hpsearch: fast hyperparameter search for PyTorch Lightning models on Ray Tune.
 
-The public API is ``run`` and ``resume`` (see ``hpsearch.search.api``). They are
+The public API is ``run``, ``resume`` and ``check`` (see ``hpsearch.search.api``). They are
 imported lazily so that ``import hpsearch`` (and the CLI's fast paths) stay cheap.
 """
 
 __version__ = "0.1.0"
-__all__ = ["run", "resume", "load_config", "__version__"]
+__all__ = ["run", "resume", "check", "load_config", "__version__"]
 
 
 def __getattr__(name: str):
-    if name in ("run", "resume"):
+    if name in ("run", "resume", "check"):
         from .search import api
 
         return getattr(api, name)

@@ -1,4 +1,5 @@
-"""The Python API: ``run`` and ``resume`` a study. The CLI is a thin layer over these.
+"""The Python API: ``run`` and ``resume`` a study, or ``check`` its file. The CLI is a
+thin layer over these.
 
     import hpsearch
     result = hpsearch.run("experiment.yaml", {"search.num_trials": 4})
@@ -70,12 +71,7 @@ def run(
     """Validate the experiment, then search; every config mistake is raised before Ray starts.
 
     ``callbacks``: extra ``ray.tune.Callback`` objects (experiment trackers, timing)."""
-    extra = dict(_as_mapping(overrides))
-    if name is not None:
-        extra["name"] = name
-    if storage is not None:
-        extra["storage"] = storage
-    config = load_config(source, extra)
+    config = _run_config(source, overrides, name, storage)
     with thawed_at_exit():  # prepare() freezes the driver's imports for this search only
         prepare(config)
         home = StudyHome.new(config.storage, config.name)  # a URI is checked for writing here
@@ -87,6 +83,34 @@ def run(
         with study_lock(exp):
             write_config(exp, config.model_dump(mode="json"))
             return _search(config, exp, verbose, concurrency, callbacks, home.mirror)
+
+
+def check(
+    source: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+    *,
+    name: str | None = None,
+    storage: str | None = None,
+) -> tuple[ExperimentConfig, str]:
+    """What ``run`` checks before Ray starts, and nothing after: the file, the classes and
+    their arguments, one validation batch, and that the storage can be written. Starts no
+    Ray and creates nothing; raises what ``run`` would. Returns the validated config and
+    where ``run`` would put the study (a directory or URI)."""
+    config = _run_config(source, overrides, name, storage)
+    with thawed_at_exit():
+        prepare(config)
+    home = StudyHome.new(config.storage, config.name)
+    return config, home.mirror.uri if home.mirror is not None else str(home.root)
+
+
+def _run_config(source, overrides, name: str | None, storage: str | None) -> ExperimentConfig:
+    """The validated config of a new study: the file, ``overrides``, then ``name``/``storage``."""
+    extra = dict(_as_mapping(overrides))
+    if name is not None:
+        extra["name"] = name
+    if storage is not None:
+        extra["storage"] = storage
+    return load_config(source, extra)
 
 
 def resume(

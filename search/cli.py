@@ -25,10 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="start a search from an experiment file")
-    run.add_argument("config", help="experiment YAML file")
-    run.add_argument("--name", help="experiment name (default: 'name' in the file)")
-    run.add_argument("--storage", help="directory that holds experiments (default: 'storage' in the file)")
+    _add_new_study_options(run)
     _add_session_options(run)
+
+    check = commands.add_parser("check", help="check an experiment file as run does, without starting Ray")
+    _add_new_study_options(check)
+    _add_override_option(check)
 
     resume = commands.add_parser("resume", help="continue an interrupted study")
     resume.add_argument("experiment_dir", help="the experiment directory (EXP_DIR)")
@@ -56,10 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_session_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", help="join this Ray cluster (default: start a local Ray)")
+def _add_new_study_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="experiment YAML file")
+    parser.add_argument("--name", help="experiment name (default: 'name' in the file)")
+    parser.add_argument("--storage", help="directory that holds experiments (default: 'storage' in the file)")
+
+
+def _add_override_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a field by dotted key, e.g. --set search.num_trials=4 (repeatable)")
+
+
+def _add_session_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", help="join this Ray cluster (default: start a local Ray)")
+    _add_override_option(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's and Lightning's own output")
 
 
@@ -94,6 +106,22 @@ def cmd_run(args) -> int:
     result = api.run(args.config, args.overrides, name=args.name, storage=args.storage,
                      address=args.address, verbose=args.verbose)
     return _report(result)
+
+
+def cmd_check(args) -> int:
+    from . import api
+
+    config, home = api.check(args.config, args.overrides, name=args.name, storage=args.storage)
+    resources = config.resources
+    trial = (f"{resources.workers_per_trial} x ({resources.worker_cpus:g} CPU, {resources.worker_gpus:g} GPU)"
+             if resources.distributed else f"{resources.cpus_per_trial:g} CPU, {resources.gpus_per_trial:g} GPU")
+    print(f"ok: {config.name}: {config.model.class_path} on {config.data.class_path}, "
+          f"{len(config.space)} searched parameters ({', '.join(config.space) or 'none'}), "
+          f"{config.metric} ({config.mode}) logged at validation\n"
+          f"  {config.search.num_trials} trials, {config.search.max_concurrent} at a time, each {trial}; "
+          f"the cluster's room for them is checked when the search starts\n"
+          f"  the study would go to {home}")
+    return 0
 
 
 def cmd_resume(args) -> int:
@@ -188,6 +216,7 @@ def _version() -> str:
 
 COMMANDS = {
     "run": cmd_run,
+    "check": cmd_check,
     "resume": cmd_resume,
     "status": cmd_status,
     "best": cmd_best,

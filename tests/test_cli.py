@@ -56,6 +56,24 @@ def test_metric_never_logged_exits_2_before_ray_starts(tmp_path):
     assert "ray" not in result.stderr.lower().replace("array", "")
 
 
+def test_check_validates_as_run_does_with_no_ray_and_no_directory(tmp_path):
+    storage = tmp_path / "runs"
+    config = shrunk_example(storage)
+    good = write_yaml(tmp_path / "exp.yaml", config)
+    code = ("import sys; from hpsearch.search.cli import main\n"
+            "code = main(['check', sys.argv[1]])\n"
+            "print(f'EXIT={code} RAY={\"ray\" in sys.modules}')")
+    out = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True, text=True, cwd=tmp_path)
+    assert "EXIT=0 RAY=False" in out.stdout, out.stdout + out.stderr
+    assert f"ok: {config['name']}" in out.stdout and "val_acc (max) logged at validation" in out.stdout, out.stdout
+    assert str(storage / config["name"]) in out.stdout and not storage.exists()
+
+    bad = write_yaml(tmp_path / "bad.yaml", shrunk_example(storage, metric="val_auc"))
+    result = run_cli("check", str(bad), cwd=tmp_path, timeout=180)
+    assert result.returncode == EXIT_CONFIG_ERROR and "'val_auc' is never logged" in result.stderr, result.stderr
+    assert not storage.exists()
+
+
 def test_bad_set_override_is_reported_as_coming_from_set(tmp_path, capsys):
     path = write_yaml(tmp_path / "exp.yaml", shrunk_example(tmp_path / "runs"))
     assert main(["run", str(path), "--set", "search.num_trials=zero"]) == EXIT_CONFIG_ERROR
