@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .experiment import ExperimentDir
+from .study_lock import dead_holder
 from .trials_table import read_rows
 
 STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan", "PAUSED": "magenta"}
@@ -58,6 +59,11 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
             str(reason),
         )
     console.print(table)
+    running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
+    gone = dead_holder(exp) if running else None
+    if gone is not None:
+        console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) is gone, so "
+                      f"trial(s) {', '.join(running)} are not running; `hpsearch resume {exp.root}` continues them.")
 
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:

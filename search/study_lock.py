@@ -44,6 +44,27 @@ def study_lock(exp: ExperimentDir) -> Iterator[None]:
         lock.release()
 
 
+def dead_holder(exp: ExperimentDir) -> dict | None:
+    """The last driver of the study (``driver.json``) if it ran on this machine and its
+    process is gone; None if it lives, ran elsewhere, or is unknown. A driver killed
+    outright (SIGKILL, out of memory) leaves its trials RUNNING in trials.csv: this tells
+    ``status`` that nothing is running them."""
+    try:
+        info = json.loads((exp.root / HOLDER_FILE).read_text())
+        pid, host = int(info["pid"]), info["host"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return info
+    except OSError:  # alive, another user's
+        return None
+    return None
+
+
 def _holder(exp: ExperimentDir) -> str:
     try:
         info = json.loads((exp.root / HOLDER_FILE).read_text())

@@ -15,7 +15,7 @@ from hpsearch.search.checkpoints import latest_good_checkpoint
 from hpsearch.search.errors import ExperimentError, HpsearchError
 from hpsearch.search.experiment import ExperimentDir, atomic_write_text
 from hpsearch.search.searcher import repair_journal
-from hpsearch.search.study_lock import study_lock
+from hpsearch.search.study_lock import dead_holder, study_lock
 
 
 def test_atomic_write_keeps_the_old_file_when_the_disk_is_full(tmp_path, monkeypatch):
@@ -42,6 +42,20 @@ def test_a_second_driver_is_refused_naming_the_holder(tmp_path):
                 pass
     with study_lock(exp):  # released on exit: the next driver gets it
         pass
+
+
+def test_a_dead_driver_is_told_from_a_live_one_or_one_elsewhere(tmp_path):
+    import socket
+
+    exp = ExperimentDir(tmp_path)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    here = socket.gethostname()
+    for pid, host, dead in ((int(finished.stdout), here, True), (os.getpid(), here, False),
+                            (int(finished.stdout), "another-machine", False)):
+        (tmp_path / "driver.json").write_text(json.dumps({"pid": pid, "host": host, "since": "then", "command": "x"}))
+        assert (dead_holder(exp) is not None) is dead, (pid, host)
+    (tmp_path / "driver.json").unlink()
+    assert dead_holder(exp) is None  # never held: nothing to say
 
 
 def test_a_lock_left_by_a_killed_process_is_reclaimed(tmp_path):
