@@ -28,10 +28,12 @@ def test_sampled_values_override_init_args_and_data_fills_model_shape(example_co
     assert tuple(model.hparams.input_shape) == (1, 8, 8) and model.hparams.num_classes == 10
 
 
-def _preflight_in_a_child(config, results) -> None:
-    """One trial's set-up as Lightning runs it: the DataModule, the model, one validation batch."""
+def _preflight_in_a_child(config, start_together, results) -> None:
+    """One trial's set-up as Lightning runs it: the DataModule, the model, one validation
+    batch; started with the other child's, once both have imported everything."""
     try:
         model_class, data_class = check_components(config)
+        start_together.wait(timeout=120)
         run_preflight(config, model_class, data_class)
         results.put("ok")
     except Exception as exc:  # noqa: BLE001 - reported to the parent
@@ -44,9 +46,10 @@ def test_trials_on_one_node_run_prepare_data_one_at_a_time(example_config, tmp_p
     monkeypatch.syspath_prepend(str(FIXTURES))
     example_config["data"] = {"class_path": "userpkg.downloading:DownloadingDigits", "init_args": {"root": str(tmp_path)}}
     config = load_config(example_config)
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    children = [context.Process(target=_preflight_in_a_child, args=(config, results)) for _ in range(2)]
+    context = multiprocessing.get_context("spawn")  # a fork of this torch-using process can deadlock
+    results, start_together = context.Queue(), context.Barrier(2)
+    children = [context.Process(target=_preflight_in_a_child, args=(config, start_together, results))
+                for _ in range(2)]
     for child in children:
         child.start()
     outcomes = [results.get(timeout=120) for _ in children]
