@@ -26,13 +26,10 @@ def epoch_checkpoints(trial_dir: Path) -> list[Path]:
     return sorted(checkpoint_dir(trial_dir).glob(EPOCH_PATTERN), reverse=True)
 
 
-def drop_resume_checkpoints(trial_dir: Path) -> int:
-    """Delete an ended trial's epoch checkpoints (``best.ckpt`` stays); how many there were."""
-    dropped = 0
+def drop_resume_checkpoints(trial_dir: Path) -> None:
+    """Delete an ended trial's epoch checkpoints (``best.ckpt`` stays)."""
     for path in epoch_checkpoints(trial_dir):
         path.unlink(missing_ok=True)
-        dropped += 1
-    return dropped
 
 
 def is_readable(path: Path) -> bool:

@@ -173,8 +173,10 @@ class Mirror:
                 filesystem.delete_file(path)
         except OSError as exc:
             raise StorageError(f"cannot delete {folder}/{pattern} in {self.uri!r}: {exc}") from None
-        for key in [k for k in self._pushed if k.rpartition("/")[0] == folder and fnmatch.fnmatch(k.rpartition("/")[2], pattern)]:
-            del self._pushed[key]
+        for key in list(self._pushed):
+            parent, _, file_name = key.rpartition("/")
+            if parent == folder and fnmatch.fnmatch(file_name, pattern):
+                del self._pushed[key]
         return len(doomed)
 
     def pull(self, *relatives: str) -> int:

@@ -251,8 +251,8 @@ class DropResumeCheckpoints(Callback):
     storage; its ``best.ckpt`` stays. With models of gigabytes these were most of a
     study's disk: two per ended trial.
 
-    Runs first of the callbacks, so a trial is never shown as ended with them still
-    there. A failure costs only the space, with a warning: the search goes on."""
+    Runs before the trials table is written, so a trial is never shown as ended with
+    them still there. A failure costs only the space, with a warning: the search goes on."""
 
     def __init__(self, exp, mirror=None) -> None:
         self.exp, self.mirror = exp, mirror
