@@ -63,7 +63,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
     gone = dead_holder(exp) if running else None
     if gone is not None:
         console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) is gone, so "
-                      f"trial(s) {', '.join(running)} are not running; `hpsearch resume {exp.root}` continues them.")
+                      f"trial(s) {', '.join(running)} are not running; `hpsearch resume {exp.root}` continues them.",
+                      soft_wrap=True)
 
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:
