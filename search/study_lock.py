@@ -49,25 +49,30 @@ def dead_holder(exp: ExperimentDir) -> dict | None:
     process is gone; None if it lives, ran elsewhere, or is unknown. A driver killed
     outright (SIGKILL, out of memory) leaves its trials RUNNING in trials.csv: this tells
     ``status`` that nothing is running them."""
-    try:
-        info = json.loads((exp.root / HOLDER_FILE).read_text())
-        pid, host = int(info["pid"]), info["host"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if host != socket.gethostname():
+    info = _read_holder(exp)
+    if info is None or info["host"] != socket.gethostname():
         return None
     try:
-        os.kill(pid, 0)
+        os.kill(int(info["pid"]), 0)
     except ProcessLookupError:
         return info
-    except OSError:  # alive, another user's
+    except (OSError, ValueError, TypeError):  # alive and another user's, or no usable pid
         return None
     return None
 
 
 def _holder(exp: ExperimentDir) -> str:
+    info = _read_holder(exp)
+    try:
+        return f"pid {info['pid']} on {info['host']} (since {info['since']}: {info['command']})"
+    except (TypeError, KeyError):
+        return "another process"
+
+
+def _read_holder(exp: ExperimentDir) -> dict | None:
+    """``driver.json`` as written by ``study_lock``; None if absent or unreadable."""
     try:
         info = json.loads((exp.root / HOLDER_FILE).read_text())
-        return f"pid {info['pid']} on {info['host']} (since {info['since']}: {info['command']})"
-    except (OSError, ValueError, KeyError):
-        return "another process"
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and "pid" in info and "host" in info else None
