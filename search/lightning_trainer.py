@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor
 from pytorch_lightning.loggers import TensorBoardLogger
 
+from .checkpoint_callbacks import BestCheckpoint, EpochCheckpoints
+from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
 from .config import TrainerConfig
 from .devices import TrialDevice
-
-from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
 
 
 def quiet_lightning() -> None:
@@ -91,7 +91,8 @@ def build_trainer(
     profiler=None,
 ) -> pl.Trainer:
     """Checkpoints keep the best epoch (for the final evaluation) and the two newest (for
-    resume, see ``checkpoints.py``).
+    resume, see ``checkpoints.py``); an epoch that is both is written once (see
+    ``checkpoint_callbacks.py``).
 
     Checkpointing and early stopping act at the end of validation, which Lightning runs
     before ``on_train_epoch_end``: so when ``TuneReporter`` reports there, this epoch's
@@ -102,12 +103,13 @@ def build_trainer(
     takes the waits for training batches from there).
     """
     all_callbacks = list(callbacks)
-    all_callbacks.append(ModelCheckpoint(
+    best = BestCheckpoint(
         dirpath=checkpoint_dir(trial_dir), filename=Path(BEST_CHECKPOINT).stem, monitor=metric, mode=mode,
         save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=False,
-    ))
-    all_callbacks.append(ModelCheckpoint(
-        dirpath=checkpoint_dir(trial_dir), filename="epoch-{epoch:04d}", auto_insert_metric_name=False,
+    )
+    all_callbacks.append(best)  # before the epoch callback: Lightning keeps their order
+    all_callbacks.append(EpochCheckpoints(
+        best, dirpath=checkpoint_dir(trial_dir), filename="epoch-{epoch:04d}", auto_insert_metric_name=False,
         monitor="step", mode="max", save_top_k=2, enable_version_counter=False, save_on_train_epoch_end=False,
     ))
     if settings.early_stopping_patience is not None:

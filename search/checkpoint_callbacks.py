@@ -1,0 +1,88 @@
+"""A trial's two checkpoint callbacks, which write each epoch's state once.
+
+The best epoch so far is usually also one of the two newest (early in training, most
+epochs improve). Two plain ModelCheckpoints then serialize the same model and optimizer
+state twice, and serializing is most of a checkpoint's cost: 1.9-3.4 s for 600 MB here,
+against 0.4-0.5 s to copy the written file. So the best callback only records its
+decision. The newest-epochs callback runs after it and writes the file once, with both
+callbacks' updated state. That file is then copied to ``best.ckpt``.
+
+It is a copy, not a hard link. A link would tie the two names to one inode, so damage to
+one (a truncated file, a bad block) would take the best weights with the resume point.
+Sharded strategies (FSDP, DeepSpeed) write a checkpoint as a directory of shards, so
+their two callbacks each write as before.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from weakref import proxy
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.strategies import DeepSpeedStrategy, FSDPStrategy
+
+
+class _PlainStateKey(ModelCheckpoint):
+    """Saves and restores its state under plain ModelCheckpoint's key. The checkpoints stay
+    what they were, so studies started before these callbacks existed resume with their
+    best score known."""
+
+    @property
+    def state_key(self) -> str:
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+
+class BestCheckpoint(_PlainStateKey):
+    """The epoch with the best monitored value. When ``EpochCheckpoints`` writes the same
+    step, this file is a copy of that write (see the module docstring)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._deferred_path: str | None = None  # this step's best, until the epoch file exists
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if isinstance(trainer.strategy, (FSDPStrategy, DeepSpeedStrategy)):
+            super()._save_checkpoint(trainer, filepath)
+            return
+        # The same decision on every rank (ModelCheckpoint reduces it), so no rank waits
+        # in a barrier of trainer.save_checkpoint that the others skip.
+        self._deferred_path = filepath
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+
+    def copy_from(self, trainer: pl.Trainer, written: str) -> None:
+        """Called by ``EpochCheckpoints`` once it has written ``written`` for this step."""
+        if self._deferred_path is None:
+            return
+        target, self._deferred_path = self._deferred_path, None
+        if trainer.is_global_zero:  # only rank 0 writes checkpoint files
+            replace_with_copy(written, target)
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._deferred_path is not None:  # no epoch file was written at this step
+            target, self._deferred_path = self._deferred_path, None
+            super()._save_checkpoint(trainer, target)
+
+
+class EpochCheckpoints(_PlainStateKey):
+    """The newest epochs, for resume; hands each file it writes to ``best``."""
+
+    def __init__(self, best: BestCheckpoint, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.best = best
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        self.best.copy_from(trainer, filepath)
+
+
+def replace_with_copy(source: str, target: str) -> None:
+    """Make ``target`` a copy of ``source`` in one rename, so a reader never sees half of it."""
+    partial = f"{target}.partial"
+    shutil.copyfile(source, partial)
+    os.replace(partial, target)

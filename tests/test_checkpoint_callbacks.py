@@ -1,0 +1,127 @@
+"""A trial's checkpoints: each epoch's state is serialized once, best.ckpt stays right and
+independent of the resume files, and resume knows the best score."""
+
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from hpsearch.models.mlp import MLPClassifier
+from hpsearch.models.synthetic import SyntheticImagesDataModule
+
+STATE_KEY = "ModelCheckpoint{'monitor': 'score', 'mode': 'max', 'every_n_train_steps': 0, " \
+            "'every_n_epochs': 1, 'train_time_interval': None}"
+
+
+class ScriptedScore(MLPClassifier):
+    """Logs ``scores[epoch]`` as the search metric ``score``."""
+
+    def __init__(self, scores: list[float], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.scores = scores
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("score", float(self.scores[self.current_epoch]))
+
+
+def data() -> SyntheticImagesDataModule:
+    return SyntheticImagesDataModule(num_samples=40, image_size=4, channels=1, batch_size=8, val_fraction=0.2,
+                                     test_fraction=0.2)
+
+
+def fit(tmp_path, scores: list[float], monkeypatch, resume_from=None) -> int:
+    """Fit for ``len(scores)`` epochs; returns how many checkpoints were serialized."""
+    from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
+    from hpsearch.search.devices import trial_device
+    from hpsearch.search.lightning_trainer import build_trainer
+
+    saves: list[str] = []
+    save = pl.Trainer.save_checkpoint
+
+    def counted_save(trainer, filepath, *args, **kwargs):
+        saves.append(str(filepath))
+        return save(trainer, filepath, *args, **kwargs)
+
+    monkeypatch.setattr(pl.Trainer, "save_checkpoint", counted_save)
+    settings = TrainerConfig(early_stopping_patience=None)
+    dm = data()
+    model = ScriptedScore(scores, input_shape=dm.input_shape, num_classes=dm.num_classes)
+    trainer = build_trainer(settings, device=trial_device(settings, LoaderConfig(), ResourcesConfig()),
+                            metric="score", mode="max", max_epochs=len(scores), trial_dir=tmp_path,
+                            tensorboard_run=tmp_path / "tb" / "run", callbacks=[])
+    trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
+    return len(saves)
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def test_each_epoch_is_serialized_once_and_best_is_a_separate_copy(tmp_path, monkeypatch):
+    saves = fit(tmp_path, [1.0, 3.0, 2.0, 4.0], monkeypatch)
+    # two plain ModelCheckpoints serialized 4 epochs + 3 new bests = 7 times
+    assert saves == 4
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "epoch-0002.ckpt", "epoch-0003.ckpt"]
+    best, newest = load(folder / "best.ckpt"), load(folder / "epoch-0003.ckpt")
+    assert best["epoch"] == 3 and best["global_step"] == newest["global_step"]
+    assert all(torch.equal(best["state_dict"][k], v) for k, v in newest["state_dict"].items())
+    # a copy, not a link: damage to the resume file leaves the best weights whole
+    assert (folder / "best.ckpt").stat().st_ino != (folder / "epoch-0003.ckpt").stat().st_ino
+    # every epoch file holds the best score as of its own epoch, under ModelCheckpoint's key
+    assert load(folder / "epoch-0002.ckpt")["callbacks"][STATE_KEY]["best_model_score"] == 3.0
+    assert newest["callbacks"][STATE_KEY]["best_model_score"] == 4.0
+
+
+def test_a_resumed_trial_keeps_its_best_when_later_epochs_are_worse(tmp_path, monkeypatch):
+    fit(tmp_path, [1.0, 3.0, 2.0], monkeypatch)
+    folder = tmp_path / "checkpoints"
+    assert load(folder / "best.ckpt")["epoch"] == 1
+    fit(tmp_path, [1.0, 3.0, 2.0, 2.5], monkeypatch, resume_from=folder / "epoch-0002.ckpt")
+    # 2.5 is below the restored best (3.0): best.ckpt is still epoch 1's, though
+    # epoch-0001.ckpt, the file it was copied from, has been rotated away
+    assert load(folder / "best.ckpt")["epoch"] == 1
+    assert sorted(p.name for p in folder.glob("epoch-*")) == ["epoch-0002.ckpt", "epoch-0003.ckpt"]
+
+
+def test_a_best_epoch_no_epoch_file_was_written_for_is_written_at_the_epochs_end(tmp_path):
+    from hpsearch.search.checkpoint_callbacks import BestCheckpoint
+
+    dm = data()
+    best = BestCheckpoint(dirpath=tmp_path, filename="best", monitor="score", mode="max", save_top_k=1,
+                          enable_version_counter=False, save_on_train_epoch_end=False)
+    trainer = pl.Trainer(max_epochs=2, callbacks=[best], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(ScriptedScore([2.0, 1.0], input_shape=dm.input_shape, num_classes=dm.num_classes), datamodule=dm)
+    assert load(tmp_path / "best.ckpt")["epoch"] == 0
+    assert not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
+def test_sharded_strategies_write_best_themselves(strategy):
+    """Their checkpoints are directories of shards, which ``replace_with_copy`` cannot copy."""
+    from pytorch_lightning.strategies import DeepSpeedStrategy, FSDPStrategy
+
+    from hpsearch.search.checkpoint_callbacks import BestCheckpoint
+
+    written: list[str] = []
+
+    class Sharded(FSDPStrategy if strategy == "fsdp" else DeepSpeedStrategy):
+        def __init__(self) -> None:  # no process group or DeepSpeed needed to ask the type
+            pass
+
+    class FakeTrainer:
+        global_step = 5
+
+        def __init__(self) -> None:
+            self.strategy = Sharded()
+
+        def save_checkpoint(self, path, weights_only=False):
+            written.append(path)
+
+        is_global_zero, loggers = True, []
+
+    best = BestCheckpoint(dirpath="/nonexistent", filename="best", monitor="score", mode="max")
+    best._save_checkpoint(FakeTrainer(), "/nonexistent/best.ckpt")
+    assert written == ["/nonexistent/best.ckpt"] and best._deferred_path is None
