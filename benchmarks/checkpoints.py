@@ -1,0 +1,135 @@
+"""Checkpoint cost of one trial: hpsearch's callbacks against two plain ModelCheckpoints.
+
+    python benchmarks/checkpoints.py                 # 25M parameters (300 MB with Adam), 5 rounds
+    python benchmarks/checkpoints.py --layers 50 --rounds 3
+
+Both ways keep what a trial needs: ``best.ckpt`` for the final evaluation and the two
+newest epochs for resume. The baseline is two plain ModelCheckpoints, which serialize an
+epoch that is both new and best twice. hpsearch's ``build_trainer`` serializes it once and
+copies the file. Each round fits the same MLP of ``--layers`` 1000x1000 layers for
+``--epochs`` epochs, both ways, in alternating order. The metric improves at every epoch
+but one, as it does early in most trials. The table gives the medians over the rounds of
+the seconds spent checkpointing per epoch (the checkpoint callbacks' time at the end of
+validation) and of the whole fit. The last line gives hpsearch/baseline ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+
+class WideMLP(pl.LightningModule):
+    """A model whose checkpoint is big and whose epochs are short: checkpointing dominates."""
+
+    def __init__(self, layers: int, scores: list[float]) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(*[torch.nn.Linear(1000, 1000) for _ in range(layers)])
+        self.scores = scores
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("score", self.scores[self.current_epoch])
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-6)
+
+
+class CheckpointTimer(pl.Callback):
+    """Seconds from the end of validation to the end of the epoch: the checkpoint
+    callbacks' work (Lightning runs them last in ``on_validation_end``)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._started = 0.0
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._started = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.seconds.append(time.perf_counter() - self._started)
+
+
+def plain_callbacks(folder: Path) -> list[pl.Callback]:
+    return [
+        ModelCheckpoint(dirpath=folder, filename="best", monitor="score", mode="max", save_top_k=1,
+                        enable_version_counter=False, save_on_train_epoch_end=False),
+        ModelCheckpoint(dirpath=folder, filename="epoch-{epoch:04d}", auto_insert_metric_name=False,
+                        monitor="step", mode="max", save_top_k=2, enable_version_counter=False,
+                        save_on_train_epoch_end=False),
+    ]
+
+
+def fit_once(way: str, layers: int, epochs: int, batches: int, folder: Path) -> tuple[float, float, float]:
+    """(checkpoint seconds per epoch, fit seconds, checkpoint MB) for one fit."""
+    from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
+    from hpsearch.search.devices import trial_device
+    from hpsearch.search.lightning_trainer import build_trainer
+
+    torch.manual_seed(0)
+    scores = [float(e) for e in range(epochs)]
+    scores[-2], scores[-1] = scores[-1], scores[-2]  # one epoch that is not a new best
+    data = torch.utils.data.TensorDataset(torch.randn(batches * 32, 1000))
+    train = torch.utils.data.DataLoader(data, batch_size=32)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 1000)), batch_size=32)
+    timer = CheckpointTimer()
+    settings = TrainerConfig(early_stopping_patience=None)
+    if way == "hpsearch":
+        trainer = build_trainer(settings, device=trial_device(settings, LoaderConfig(), ResourcesConfig()),
+                                metric="score", mode="max", max_epochs=epochs, trial_dir=folder,
+                                tensorboard_run=folder / "tb", callbacks=[timer])
+    else:
+        trainer = pl.Trainer(max_epochs=epochs, callbacks=[timer, *plain_callbacks(folder / "checkpoints")],
+                             logger=False, enable_progress_bar=False, enable_model_summary=False,
+                             num_sanity_val_steps=0)
+    started = time.perf_counter()
+    trainer.fit(WideMLP(layers, scores), train, val)
+    fit_s = time.perf_counter() - started
+    megabytes = (folder / "checkpoints" / "best.ckpt").stat().st_size / 1e6
+    return statistics.fmean(timer.seconds), fit_s, megabytes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=25, help="1000x1000 layers (1M parameters each)")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--batches", type=int, default=4, help="training batches of 32 per epoch")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    from hpsearch.search.lightning_trainer import quiet_lightning
+
+    quiet_lightning()
+    ways = ["plain ModelCheckpoint x2 (baseline)", "hpsearch"]
+    measured: dict[str, list[tuple[float, float, float]]] = {way: [] for way in ways}
+    for round_number in range(args.rounds):
+        order = ways if round_number % 2 == 0 else ways[::-1]
+        for way in order:
+            with tempfile.TemporaryDirectory() as folder:
+                measured[way].append(fit_once("hpsearch" if way == "hpsearch" else "plain", args.layers,
+                                              args.epochs, args.batches, Path(folder)))
+    medians = {way: [statistics.median(run[i] for run in runs) for i in range(3)] for way, runs in measured.items()}
+    print(f"{'way':<38}{'checkpoint MB':>14}{'checkpoint s/epoch':>20}{'fit s':>8}")
+    for way, (per_epoch, fit_s, megabytes) in medians.items():
+        print(f"{way:<38}{megabytes:>14.0f}{per_epoch:>20.2f}{fit_s:>8.2f}")
+    base, ours = medians[ways[0]], medians["hpsearch"]
+    print(f"ratios hpsearch/baseline: checkpoint time per epoch {ours[0] / base[0]:.2f}x, "
+          f"fit time {ours[1] / base[1]:.2f}x ({args.epochs} epochs, {args.epochs - 1} new bests, "
+          f"medians of {args.rounds} rounds)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
