@@ -74,7 +74,8 @@ def plain_callbacks(folder: Path) -> list[pl.Callback]:
 
 
 def fit_once(way: str, layers: int, epochs: int, batches: int, folder: Path) -> tuple[float, float, float]:
-    """(checkpoint seconds per epoch, fit seconds, checkpoint MB) for one fit."""
+    """(checkpoint seconds per epoch, fit seconds, checkpoint MB) for one fit; ``way``:
+    ``hpsearch`` or ``plain``."""
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
     from hpsearch.search.lightning_trainer import build_trainer
@@ -112,19 +113,19 @@ def main() -> int:
     from hpsearch.search.lightning_trainer import quiet_lightning
 
     quiet_lightning()
-    ways = ["plain ModelCheckpoint x2 (baseline)", "hpsearch"]
+    labels = {"plain": "plain ModelCheckpoint x2 (baseline)", "hpsearch": "hpsearch"}
+    ways = list(labels)
     measured: dict[str, list[tuple[float, float, float]]] = {way: [] for way in ways}
     for round_number in range(args.rounds):
         order = ways if round_number % 2 == 0 else ways[::-1]
         for way in order:
             with tempfile.TemporaryDirectory() as folder:
-                measured[way].append(fit_once("hpsearch" if way == "hpsearch" else "plain", args.layers,
-                                              args.epochs, args.batches, Path(folder)))
+                measured[way].append(fit_once(way, args.layers, args.epochs, args.batches, Path(folder)))
     medians = {way: [statistics.median(run[i] for run in runs) for i in range(3)] for way, runs in measured.items()}
     print(f"{'way':<38}{'checkpoint MB':>14}{'checkpoint s/epoch':>20}{'fit s':>8}")
     for way, (per_epoch, fit_s, megabytes) in medians.items():
-        print(f"{way:<38}{megabytes:>14.0f}{per_epoch:>20.2f}{fit_s:>8.2f}")
-    base, ours = medians[ways[0]], medians["hpsearch"]
+        print(f"{labels[way]:<38}{megabytes:>14.0f}{per_epoch:>20.2f}{fit_s:>8.2f}")
+    base, ours = medians["plain"], medians["hpsearch"]
     print(f"ratios hpsearch/baseline: checkpoint time per epoch {ours[0] / base[0]:.2f}x, "
           f"fit time {ours[1] / base[1]:.2f}x ({args.epochs} epochs, {args.epochs - 1} new bests, "
           f"medians of {args.rounds} rounds)")

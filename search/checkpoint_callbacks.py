@@ -2,8 +2,9 @@
 
 The best epoch so far is usually also one of the two newest (early in training, most
 epochs improve). Two plain ModelCheckpoints then serialize the same model and optimizer
-state twice, and serializing is most of a checkpoint's cost: 1.9-3.4 s for 600 MB here,
-against 0.4-0.5 s to copy the written file. So the best callback only records its
+state twice: 1.9-3.4 s for 600 MB here, against 0.4-0.5 s to copy the written file. (Both
+write the same bytes, so where the disk is the limit the copy saves little; see
+``benchmarks/checkpoints.py``.) So the best callback only records its
 decision. The newest-epochs callback runs after it and writes the file once, with both
 callbacks' updated state. That file is then copied to ``best.ckpt``.
 
