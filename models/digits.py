@@ -22,3 +22,7 @@ class DigitsDataModule(InMemoryImageDataModule):
         images = torch.from_numpy(rows[:, :-1].reshape(-1, 1, 8, 8) / 16.0)
         labels = torch.from_numpy(rows[:, -1].astype(np.int64))
         return images, labels
+
+    def tensor_key(self):
+        stat = DIGITS_FILE.stat()
+        return str(DIGITS_FILE), stat.st_size, stat.st_mtime_ns

@@ -9,6 +9,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from ..search.worker_data import once_per_worker
 from ._batch_slots import BatchSlots, workers_are_forked
 from ._loading import SplitLoaders, split_sizes
 
@@ -110,6 +111,15 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         self._splits: dict[str, ImageFileDataset] | None = None
 
     def list_files(self) -> tuple[list[Path], list[int]]:
+        """Every image file under the class folders, and its class; listed once per trial
+        worker (``once_per_worker``): listing a million files takes seconds. The key holds
+        the class folders' modification times, so adding or removing a file directly in
+        one lists again."""
+        folders = [self.root / name for name in self.classes]
+        key = (str(self.root.resolve()), tuple(self.classes), tuple(f.stat().st_mtime_ns for f in folders))
+        return once_per_worker(key, self._walk)
+
+    def _walk(self) -> tuple[list[Path], list[int]]:
         files, labels = [], []
         for label, name in enumerate(self.classes):
             for path in sorted((self.root / name).rglob("*")):

@@ -41,3 +41,6 @@ class SyntheticImagesDataModule(InMemoryImageDataModule):
         labels = labels[torch.randperm(self.num_samples, generator=generator)]
         images = prototypes[labels] + self.noise * torch.randn((self.num_samples, *shape), generator=generator)
         return images.float(), labels.long()
+
+    def tensor_key(self):
+        return self.num_samples, self.image_size, self.channels, self._num_classes, self.noise, self.data_seed

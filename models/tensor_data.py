@@ -6,6 +6,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import TensorDataset, default_collate
 
+from ..search.worker_data import once_per_worker
 from ._loading import SplitLoaders, split_sizes
 
 
@@ -31,6 +32,10 @@ class InMemoryImageDataModule(SplitLoaders, pl.LightningDataModule):
     Batches are sliced from memory, so worker processes would only add start-up and
     pickling costs: in-memory data is always loaded in the main process, whatever
     ``num_workers`` says (``effective_num_workers`` reports what ran).
+
+    A subclass whose ``tensor_key`` names what its tensors are built from has them built
+    once per trial worker (``once_per_worker``) and reused by that worker's later trials,
+    unless ``reuse_in_worker`` is false.
     """
 
     def __init__(
@@ -44,6 +49,7 @@ class InMemoryImageDataModule(SplitLoaders, pl.LightningDataModule):
         pin_memory: bool = False,
         persistent_workers: bool = True,
         prefetch_factor: int | None = None,
+        reuse_in_worker: bool = True,
     ) -> None:
         super().__init__()
         if int(batch_size) < 1:
@@ -57,19 +63,33 @@ class InMemoryImageDataModule(SplitLoaders, pl.LightningDataModule):
         self.pin_memory = bool(pin_memory)
         self.persistent_workers = False
         self.prefetch_factor = None
+        self.reuse_in_worker = bool(reuse_in_worker)
         self._splits: dict[str, TensorDataset] | None = None
         images, _ = self.load_tensors()
         self.input_shape = tuple(images.shape[1:])
         self.num_classes = int(self._labels.max().item()) + 1
 
     def load_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images ``(N, C, H, W)`` as float32 and integer labels ``(N,)``; cached."""
+        """Images ``(N, C, H, W)`` as float32 and integer labels ``(N,)``; built once per
+        instance, and once per trial worker where ``tensor_key`` allows it. Never changed
+        in place: the worker's next trial may get the same tensors."""
         if not hasattr(self, "_images"):
-            self._images, self._labels = self.build_tensors()
+            key = self.tensor_key() if self.reuse_in_worker else None
+            if key is None:
+                self._images, self._labels = self.build_tensors()
+            else:
+                klass = type(self)
+                self._images, self._labels = once_per_worker((klass.__module__, klass.__qualname__, key),
+                                                             self.build_tensors)
         return self._images, self._labels
 
     def build_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def tensor_key(self):
+        """Everything ``build_tensors`` depends on, as a hashable value; ``None`` (the
+        default) when that is unknown, and the tensors are then built in every trial."""
+        return None
 
     def setup(self, stage: str | None = None) -> None:
         if self._splits is not None:

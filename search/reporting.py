@@ -75,15 +75,18 @@ class TuneReporter(pl.Callback):
 
     def __init__(self, metric: str, mode: str, max_epochs: int, report: Callable[[dict], None],
                  static_fields: dict[str, Any], before_report: Callable[[], Any] | None = None,
-                 report_on_every_rank: bool = False, started: float | None = None) -> None:
+                 report_on_every_rank: bool = False, started: float | None = None,
+                 fields_at_train_start: Callable[[], dict[str, Any]] | None = None) -> None:
         """``before_report``: called on rank 0 once the epoch's files are written and before
         the report (with URI storage it uploads them: the study must never know of an epoch
-        whose checkpoint is not in storage)."""
+        whose checkpoint is not in storage). ``fields_at_train_start``: reported fields
+        known only once the DataModule's ``setup`` has run."""
         self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
         self.before_report = before_report
         self.report_on_every_rank = report_on_every_rank
         self.report = report
         self.static_fields = dict(static_fields)
+        self.fields_at_train_start = fields_at_train_start
         self.best: float | None = None
         self.reported = False
         self._pending: dict[str, Any] | None = None  # composed at an epoch's end, sent just after
@@ -102,6 +105,8 @@ class TuneReporter(pl.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         if self._startup_s is None:
             self._startup_s = time.perf_counter() - self.started
+        if self.fields_at_train_start is not None:
+            self.static_fields.update(self.fields_at_train_start())
         self._unchecked_from_step = trainer.global_step  # a resumed trial's steps go on from its checkpoint
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:

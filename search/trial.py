@@ -24,6 +24,7 @@ from .gc_pause import collector_paused
 from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, TRIAL_NUMBER
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
+from .worker_data import IN_TRIAL_ENV, WORKER_DATA
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         mirror.pull(*own_files)
     trial_dir.mkdir(parents=True, exist_ok=True)
     # User code may want to know which trial it is part of (e.g. to write files beside it).
-    os.environ["HPSEARCH_TRIAL_NUMBER"], os.environ["HPSEARCH_TRIAL_DIR"] = str(number), str(trial_dir)
+    os.environ[IN_TRIAL_ENV], os.environ["HPSEARCH_TRIAL_DIR"] = str(number), str(trial_dir)
     import pytorch_lightning as pl
     import torch
 
@@ -99,6 +100,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         pl.seed_everything(config.search.seed + number, workers=True, verbose=False)
     settings = config.with_trainer_params(params)
     device = trial_device(settings, config.loader, config.resources)
+    reuses_before = WORKER_DATA.reuses
     datamodule = build_datamodule(config, data_class, params, device.loader_options)
     model = build_model(config, model_class, params, datamodule)
     resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
@@ -122,7 +124,9 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     publish = (lambda: mirror.push(*own_files)) if mirror is not None else None
     reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
                             report=_timed(report, started), static_fields=static_fields, before_report=publish,
-                            report_on_every_rank=parallel.report_on_every_rank, started=started)
+                            report_on_every_rank=parallel.report_on_every_rank, started=started,
+                            # by the training's start, the DataModule's setup has asked for its data
+                            fields_at_train_start=lambda: {"hps_data_reused": WORKER_DATA.reuses > reuses_before})
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
                             tensorboard_run=tensorboard_run, callbacks=[reporter],

@@ -108,16 +108,19 @@ def test_resume_extends_a_finished_study_without_rerunning_its_trials(finished_s
 
 
 def test_a_users_own_module_by_import_path(tmp_path):
-    """A package beside the experiment, not installed, reaches Ray's workers."""
+    """A package beside the experiment, not installed, reaches Ray's workers; its data,
+    asked for through ``hpsearch.once_per_worker``, is built once per trial worker."""
     shutil.copytree(FIXTURES / "userpkg", tmp_path / "userpkg")
+    setups = tmp_path / "setups.log"
     config = {
         "name": "user-regression",
         "model": {"class_path": "userpkg.regression:LinearRegressor", "init_args": {"in_features": 4}},
-        "data": {"class_path": "userpkg.regression:NoisyLinearData", "init_args": {"in_features": 4}},
+        "data": {"class_path": "userpkg.regression:NoisyLinearData",
+                 "init_args": {"in_features": 4, "log_to": str(setups)}},
         "space": {"model.lr": {"type": "float", "low": 0.001, "high": 0.05, "log": True},
                   "model.hidden": {"type": "categorical", "choices": [4, 16]}},
         "metric": "val_mse", "mode": "min",
-        "search": {"num_trials": 2, "max_concurrent": 2, "sampler": "random", "seed": 1},
+        "search": {"num_trials": 3, "max_concurrent": 2, "sampler": "random", "seed": 1},
         "scheduler": {"type": "none", "max_epochs": 2},
         "storage": "runs",
     }
@@ -126,7 +129,17 @@ def test_a_users_own_module_by_import_path(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     best = json.loads((tmp_path / "runs" / "user-regression" / "best.json").read_text())
     assert best["metric"] == "val_mse" and best["value"] >= 0 and best["test_metrics"] == {}
-    assert [r["state"] for r in rows_of(tmp_path / "runs" / "user-regression")] == ["COMPLETE", "COMPLETE"]
+    rows = rows_of(tmp_path / "runs" / "user-regression")
+    assert [r["state"] for r in rows] == ["COMPLETE"] * 3
+    # Each trial set its data up once; each worker process built it for its first trial only.
+    lines = [line.split() for line in setups.read_text().splitlines()]
+    assert [how for _, how, trial in lines if trial == "driver"] == ["built"]  # the preflight
+    lines = [(pid, how) for pid, how, trial in lines if trial != "driver"]
+    assert len(lines) == 3
+    for pid in {pid for pid, _ in lines}:
+        assert [how for p, how in lines if p == pid] == ["built"] + ["reused"] * (sum(p == pid for p, _ in lines) - 1)
+    assert sum(how == "reused" for _, how in lines) >= 1  # two workers, three trials
+    assert sorted(r["data_reused"] for r in rows) == sorted(str(how == "reused") for _, how in lines)
 
 
 def _get_json(url: str, body: dict | None = None):
