@@ -18,7 +18,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     row = table.best_row()
     if row is None:
         return None
-    params = {name: row[name] for name in config.space if name in row}
+    params = sampled_params(config, exp, int(row["trial"]))
     if mirror is not None:
         mirror.pull(f"trials/{trial_name(int(row['trial']))}/checkpoints/{BEST_CHECKPOINT}")
     checkpoint = checkpoint_dir(exp.trial_dir(trial_name(int(row["trial"])))) / BEST_CHECKPOINT
@@ -41,6 +41,16 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     }
     write_json(exp.best_json, best)
     return best
+
+
+def sampled_params(config: ExperimentConfig, exp: ExperimentDir, number: int) -> dict[str, Any]:
+    """Trial ``number``'s values exactly as sampled, from the Optuna study. trials.csv
+    shows them for reading (floats to 6 digits, None as an empty cell, the string "007"
+    as a number) and cannot give them back: the test evaluation rebuilt the best model
+    with what it read there, which failed for a None or a numeric-looking string."""
+    from .searcher import open_study
+
+    return dict(open_study(exp.root, config.name, config.mode).trials[number].params)
 
 
 def resolved_config(config: ExperimentConfig, params: dict[str, Any]) -> dict[str, Any]:

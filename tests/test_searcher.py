@@ -111,3 +111,32 @@ def test_classify(trial_result, error, pruned, expected):
         prunes.record("t", 1)
     outcome = classify("t", trial_result, error, "val_acc", prunes)
     assert (outcome.state, outcome.reason) == expected
+
+
+def test_best_json_gives_the_values_exactly_as_sampled(tmp_path, example_config):
+    """trials.csv shows values for reading (6 digits, None as an empty cell, "007" like a
+    number); best.json and the test evaluation must get the sampled ones back."""
+    import json
+
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.results import finalize
+    from hpsearch.search.trials_table import TrialsTable
+
+    example_config["space"] = {"model.lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
+                               "model.optimizer": {"type": "categorical", "choices": [None]},
+                               "data.split_seed": {"type": "categorical", "choices": ["007"]}}
+    example_config["search"].update(num_trials=1, max_concurrent=1)
+    config = load_config(example_config)
+    searcher = OptunaSearcher(config, tmp_path, PruneLog())
+    sampled = searcher.suggest("a")["params"]
+    searcher.on_trial_complete("a", result(1, 0.9, finished=True, reason="max_epochs"))
+    table = TrialsTable(config.metric, config.mode, list(config.space))
+    table.row(0).update(state="COMPLETE", best=0.9, **sampled)
+    table.save(tmp_path / "trials.csv")
+    assert TrialsTable.load(tmp_path / "trials.csv", config.metric, config.mode, list(config.space)).rows[0] \
+        .get("data.split_seed") == 7  # what reading the table back gives
+
+    best = finalize(config, ExperimentDir(tmp_path))
+    assert best["params"] == sampled == json.loads((tmp_path / "best.json").read_text())["params"]
+    assert sampled["model.optimizer"] is None and sampled["data.split_seed"] == "007"
+    assert best["config"]["data"]["init_args"]["split_seed"] == "007"
