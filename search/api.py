@@ -156,11 +156,13 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
     thaws it with ``thawed_at_exit``."""
     from .components import check_components
     from .distributed import check_strategy_available
+    from .space import check_sampler
 
     with collector_paused(freeze_survivors=True):
         model_class, data_class = check_components(config)
         from .devices import precision_fallback_warning
     check_strategy_available(config)
+    check_sampler(config)
     precision_fallback_warning(config.trainer, config.resources)
     if config.search.preflight if preflight is None else preflight:
         from .preflight import run_preflight

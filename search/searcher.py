@@ -70,9 +70,18 @@ def make_sampler(config: ExperimentConfig, seed_offset: int = 0) -> optuna.sampl
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     if kind == "grid":
-        return optuna.samplers.GridSampler({k: grid_values(p) for k, p in config.space.items()}, seed=seed)
+        return _Grid({k: grid_values(p) for k, p in config.space.items()}, seed=seed)
     # constant_liar keeps concurrent trials from being sampled at the same point.
     return optuna.samplers.TPESampler(seed=seed, constant_liar=config.search.max_concurrent > 1)
+
+
+class _Grid(optuna.samplers.GridSampler):
+    """Optuna's grid, without its own stop at the last point: ``Study.stop`` works only
+    inside ``study.optimize``, so told from Tune it raised, and the grid's last trial was
+    retried as if it had failed. The searcher stops at the grid's size itself."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
 
 
 class OptunaSearcher(Searcher):

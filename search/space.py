@@ -6,12 +6,15 @@ in the Optuna study, trials.csv and TensorBoard.
 
 from __future__ import annotations
 
+import importlib.util
+import warnings
 from typing import Any
 
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
+from .errors import ConfigError
 
 
 def to_distribution(param: FloatParam | IntParam | CategoricalParam) -> BaseDistribution:
@@ -41,3 +44,15 @@ def grid_size(config: ExperimentConfig) -> int:
     for param in config.space.values():
         size *= len(grid_values(param))
     return size
+
+
+def check_sampler(config: ExperimentConfig) -> None:
+    """Before anything starts: the sampler's optional package is installed, and a grid
+    smaller than ``num_trials`` is said to end the search early."""
+    if config.search.sampler == "gp" and importlib.util.find_spec("scipy") is None:
+        # Optuna's GP sampler imports SciPy only once its first 10 random trials are done.
+        raise ConfigError([config.problem(
+            "search.sampler", "'gp' needs SciPy, which is not installed: pip install 'hpsearch[gp]'")])
+    if config.search.sampler == "grid" and grid_size(config) < config.search.num_trials:
+        warnings.warn(f"search.num_trials is {config.search.num_trials} but the grid has {grid_size(config)} points: "
+                      f"the search ends after {grid_size(config)} trials", stacklevel=2)

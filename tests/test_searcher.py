@@ -140,3 +140,17 @@ def test_best_json_gives_the_values_exactly_as_sampled(tmp_path, example_config)
     assert best["params"] == sampled == json.loads((tmp_path / "best.json").read_text())["params"]
     assert sampled["model.optimizer"] is None and sampled["data.split_seed"] == "007"
     assert best["config"]["data"]["init_args"]["split_seed"] == "007"
+
+
+def test_a_grid_search_ends_at_the_grids_size_without_an_error(tmp_path, example_config):
+    example_config["space"] = {"model.lr": {"type": "float", "low": 0.01, "high": 0.02, "step": 0.01}}
+    example_config["search"].update(sampler="grid", num_trials=6, max_concurrent=1)
+    config = load_config(example_config)
+    searcher = OptunaSearcher(config, tmp_path, PruneLog())
+    for trial_id in ("a", "b"):
+        searcher.suggest(trial_id)
+        searcher.on_trial_complete(trial_id, result(1, 0.5, finished=True, reason="max_epochs"))
+    assert searcher.suggest("c") == Searcher.FINISHED
+    study = open_study(tmp_path, config.name, config.mode)
+    assert sorted(t.params["model.lr"] for t in study.trials) == [0.01, 0.02]
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]

@@ -56,3 +56,28 @@ def test_every_sampler_builds_and_samples(sampler, example_config, tmp_path):
     study = optuna.create_study(sampler=make_sampler(config), direction="maximize")
     trial = study.ask(fixed_distributions=to_distributions(config))
     assert set(trial.params) == set(config.space)
+
+
+def test_gp_without_scipy_is_refused_naming_the_field(example_config, monkeypatch):
+    import importlib.util
+
+    from hpsearch.search.errors import ConfigError
+    from hpsearch.search.space import check_sampler
+
+    example_config["search"]["sampler"] = "gp"
+    config = load_config(example_config)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "scipy" else real_find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"search\.sampler.*'gp' needs SciPy.*hpsearch\[gp\]"):
+        check_sampler(config)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    check_sampler(config)
+
+
+def test_a_grid_smaller_than_num_trials_is_announced(example_config):
+    from hpsearch.search.space import check_sampler
+
+    example_config["search"].update(sampler="grid", num_trials=6)
+    example_config["space"] = {"model.lr": {"type": "float", "low": 0.01, "high": 0.02, "step": 0.01}}
+    with pytest.warns(UserWarning, match="num_trials is 6 but the grid has 2 points"):
+        check_sampler(load_config(example_config))
