@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     # hpsearch's own warnings read as one line, like its errors.
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
 
+    if args.command in ("run", "resume"):
+        _ctrl_c_heard()
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
@@ -98,6 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _ctrl_c_heard() -> None:
+    """A search started as a script's background job (``hpsearch run ... &``) begins with
+    SIGINT ignored, and a Ctrl+C or ``kill -INT`` before the search loop (validation, the
+    preflight, Ray's start: 10-16 s) was lost while the whole search ran. A search is
+    stopped by it from its first moment, background or not, as ``api`` does once it runs."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def cmd_run(args) -> int:

@@ -313,3 +313,16 @@ def test_ctrl_c_twice_stops_at_once_and_the_study_still_resumes(tmp_path):
     assert code == 0, output
     assert_complete_study(exp_dir, "twice")
     assert "test_acc" in json.loads((exp_dir / "best.json").read_text())["test_metrics"]  # evaluated on resume
+
+
+def test_ctrl_c_during_start_up_stops_a_background_job_too(tmp_path):
+    """A script's background ``hpsearch run ... &`` starts with SIGINT ignored; a Ctrl+C
+    (or ``kill -INT``) while it validates and starts Ray must stop it as it stops a
+    foreground one, not be lost while the whole search runs."""
+    path = experiment(tmp_path, "early")
+    process = start("run", str(path), cwd=tmp_path, sigint=signal.SIG_IGN)
+    time.sleep(2)  # importing torch and Lightning for the preflight, before Ray starts
+    process.send_signal(signal.SIGINT)
+    code, output = finish(process, timeout=120)
+    assert code == 130, output
+    assert not any(r["state"] == "COMPLETE" for r in rows(tmp_path / "runs" / "early"))
