@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -215,6 +216,21 @@ class Mirror:
         return self.push(*[name for name in STUDY_FILES if (self.local / name).exists()])
 
 
+def check_local_writable(base: Path) -> None:
+    """That studies can be made under ``base``: a directory made and removed in its
+    nearest existing ancestor, so a file, a read-only or a virtual file system (``/proc``)
+    is an error before Ray starts, naming the location."""
+    existing = base
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{str(existing)!r} is a file")
+        os.rmdir(tempfile.mkdtemp(prefix=".hpsearch-probe-", dir=existing))
+    except OSError as exc:
+        raise StorageError(f"cannot write to storage {str(base)!r}: {exc}") from None
+
+
 @dataclass(frozen=True)
 class StudyHome:
     """Where a new or existing study's files are: ``root`` is the directory hpsearch
@@ -229,6 +245,7 @@ class StudyHome:
         can be written, so a wrong bucket or credentials fail before Ray starts."""
         if not is_uri(storage):
             base = local_path(storage)
+            check_local_writable(base)
             return cls(base / free_name(name, lambda candidate: (base / candidate).exists()))
         chosen = free_name(name, lambda candidate: Mirror.for_uri(join_uri(storage, candidate)).exists())
         mirror = Mirror.for_uri(join_uri(storage, chosen))
@@ -236,9 +253,18 @@ class StudyHome:
         return cls(mirror.local, mirror)
 
     def create(self) -> ExperimentDir:
-        if self.mirror is not None and self.root.exists():
-            shutil.rmtree(self.root)  # a stale working copy of a study no longer in storage
-        return ExperimentDir.make(self.root)
+        """The study's directory, made now. A local name taken since ``new`` chose it (two
+        runs of one file started together) gets the next free name instead."""
+        if self.mirror is not None:
+            if self.root.exists():
+                shutil.rmtree(self.root)  # a stale working copy of a study no longer in storage
+            return ExperimentDir.make(self.root)
+        root = self.root
+        while True:
+            try:
+                return ExperimentDir.make(root)
+            except FileExistsError:
+                root = root.parent / free_name(self.root.name, lambda candidate: (root.parent / candidate).exists())
 
     @classmethod
     def existing(cls, location: str | os.PathLike, *parts: str) -> tuple[ExperimentDir, "Mirror | None"]:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,25 @@ def test_an_ended_trials_checkpoints_that_storage_will_not_delete_warn_and_the_s
         DropResumeCheckpoints(exp, UnwritableStorage()).on_trial_complete(
             0, [], SimpleNamespace(config={TRIAL_NUMBER: 7}))
     assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt"]  # the local copies went all the same
+
+
+def test_local_storage_that_cannot_hold_a_study_is_an_error_before_anything_is_made(tmp_path):
+    from hpsearch.search.storage import StorageError, StudyHome
+
+    a_file = tmp_path / "exp.yaml"
+    a_file.write_text("name: x\n")
+    for storage in (a_file, a_file / "runs", Path("/proc/hpsearch-runs")):
+        with pytest.raises(StorageError, match="cannot write to storage"):
+            StudyHome.new(str(storage), "study")
+    home = StudyHome.new(str(tmp_path / "new" / "runs"), "study")
+    assert home.root == tmp_path / "new" / "runs" / "study"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]  # the probe left nothing
+
+
+def test_two_runs_that_chose_the_same_name_get_two_studies(tmp_path):
+    from hpsearch.search.storage import StudyHome
+
+    first, second = StudyHome.new(str(tmp_path), "race"), StudyHome.new(str(tmp_path), "race")
+    assert first.root == second.root
+    made = [first.create().root, second.create().root]
+    assert made[0] == tmp_path / "race" and made[1].name.startswith("race-") and made[1].is_dir()
