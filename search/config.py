@@ -11,8 +11,11 @@ import math
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr, field_validator,
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PrivateAttr, Strict, field_validator,
                       model_validator)
+
+# A count: a whole number above 0, strictly (pydantic would take ``true`` as 1 and ``3.0`` as 3).
+PositiveInt = Annotated[int, Strict(), Field(gt=0)]
 
 SEARCHABLE_SECTIONS = ("model", "data", "trainer")
 # Trainer settings that change how fast a trial runs, not what it learns: searching
@@ -61,6 +64,7 @@ class FloatParam(StrictModel):
         _check_range(self.low, self.high, self.log)
         if self.log and self.step is not None:
             raise ValueError("'step' and 'log' cannot be combined (Optuna samples either on a grid or log-uniformly)")
+        _check_step(self.low, self.high, self.step)
         return self
 
 
@@ -76,6 +80,7 @@ class IntParam(StrictModel):
         _check_range(self.low, self.high, self.log)
         if self.log and self.step != 1:
             raise ValueError("'log: true' needs 'step: 1' for int parameters (Optuna's rule)")
+        _check_step(self.low, self.high, self.step)
         return self
 
 
@@ -98,6 +103,11 @@ def _check_range(low: float, high: float, log: bool) -> None:
         raise ValueError(f"low ({low}) must be <= high ({high})")
     if log and low <= 0:
         raise ValueError(f"log: true needs low > 0 (got low={low})")
+
+
+def _check_step(low: float, high: float, step: float | None) -> None:
+    if step is not None and high > low and step > high - low:
+        raise ValueError(f"step ({step}) is larger than high - low ({high - low:g}): only low would ever be sampled")
 
 
 Param = Annotated[Union[FloatParam, IntParam, CategoricalParam], Field(discriminator="type")]

@@ -39,6 +39,8 @@ def load_config(
 
 def read_yaml(path: Path) -> tuple[dict[str, Any], LineMap]:
     """The file's mapping and the line of every key in it."""
+    if path.is_dir():
+        raise ConfigError.single("", f"{str(path)!r} is a directory; give the experiment's YAML file")
     if not path.is_file():
         raise ConfigError.single("", f"experiment file {str(path)!r} does not exist")
     text = path.read_text()
@@ -53,16 +55,22 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], LineMap]:
     if not isinstance(data, dict):
         raise ConfigError.single("", "the file must be a YAML mapping of settings", 1, str(path))
     lines: LineMap = {}
-    _collect_lines(node, (), lines)
+    _collect_lines(node, (), lines, str(path))
     return data, lines
 
 
-def _collect_lines(node: yaml.Node, prefix: tuple[str, ...], lines: LineMap) -> None:
+def _collect_lines(node: yaml.Node, prefix: tuple[str, ...], lines: LineMap, origin: str) -> None:
+    """Every key's line; a key given twice in one mapping is an error (YAML would keep the
+    last silently: a second ``mode:`` flipped the search's direction unseen)."""
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             path = prefix + (str(key_node.value),)
-            lines[path] = key_node.start_mark.line + 1
-            _collect_lines(value_node, path, lines)
+            line = key_node.start_mark.line + 1
+            if path in lines:
+                raise ConfigError.single(".".join(path), f"given twice, on lines {lines[path]} and {line}",
+                                         line, origin)
+            lines[path] = line
+            _collect_lines(value_node, path, lines, origin)
 
 
 def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:

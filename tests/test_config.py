@@ -52,6 +52,12 @@ BAD_SCHEMA = [
     ("unknown trainer setting", _set("space/trainer.momentum", {"type": "float", "low": 0.1, "high": 1.0}), "space", "trainer has no setting 'momentum'"),
     ("num_trials zero", _set("search/num_trials", 0), "search.num_trials", "greater than 0"),
     ("num_trials negative", _set("search/num_trials", -3), "search.num_trials", "greater than 0"),
+    ("num_trials true", _set("search/num_trials", True), "search.num_trials", "valid integer"),
+    ("max_epochs 3.0", _set("scheduler/max_epochs", 3.0), "scheduler.max_epochs", "valid integer"),
+    ("step above the range", _set("space/model.lr", {"type": "float", "low": 1e-3, "high": 0.1, "step": 1.0}),
+     "space.model.lr", "step (1.0) is larger than high - low"),
+    ("int step above the range", _set("space/data.batch_size", {"type": "int", "low": 32, "high": 48, "step": 32}),
+     "space.data.batch_size", "step (32) is larger than high - low"),
     ("unknown sampler", _set("search/sampler", "bayes"), "search.sampler", "'tpe'"),
     ("bad mode", _set("mode", "maximize"), "mode", "'min' or 'max'"),
     ("missing metric", _delete("metric"), "metric", "required key is missing"),
@@ -152,6 +158,22 @@ def test_malformed_yaml_names_the_line(tmp_path):
 def test_a_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="is a directory; give the experiment's YAML file"):
+        load_config(tmp_path)
+
+
+def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
+    """YAML keeps the last of two equal keys: a second ``mode:`` flipped the search unseen."""
+    source = open(__import__("conftest").EXAMPLE).read()
+    first = next(i for i, l in enumerate(source.splitlines(), 1) if l.startswith("mode:"))
+    path = tmp_path / "x.yaml"
+    path.write_text(source + "mode: min\n")
+    last = len(path.read_text().splitlines())
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    assert problem.field == "mode" and problem.line == last
+    assert f"given twice, on lines {first} and {last}" in problem.message
 
 
 def test_all_problems_are_reported_at_once():
