@@ -34,7 +34,7 @@ from .study_lock import study_lock
 from .trials_table import read_rows
 
 # Changing these on resume would make the study's history meaningless.
-FROZEN_ON_RESUME = ("model", "data", "space", "metric", "mode", "scheduler")
+FROZEN_ON_RESUME = ("name", "model", "data", "space", "metric", "mode", "scheduler")
 
 
 @dataclass
@@ -139,6 +139,10 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     if changed:
         raise ConfigError([config.problem(k, "cannot change on resume (the study's history depends on it); "
                                              "start a new experiment instead") for k in changed])
+    started = len(read_rows(exp.trials_csv)) if exp.trials_csv.is_file() else 0
+    if config.search.num_trials < started:
+        raise ConfigError([config.problem("search.num_trials", f"the study already has {started} trials; "
+                                                               f"num_trials cannot be lower on resume")])
     prepare(config, preflight=False)
     from .tuner import start_ray
 

@@ -99,3 +99,23 @@ def test_resume_refuses_a_changed_search_space(tmp_path, capsys):
     assert main(["resume", str(exp.root), "--set", "space.model.lr.high=0.5"]) == EXIT_CONFIG_ERROR
     assert "space" in capsys.readouterr().err
     assert main(["resume", str(exp.root), "--set", "metric=val_loss"]) == EXIT_CONFIG_ERROR
+
+
+def test_resume_refuses_a_new_name_or_fewer_trials_than_the_study_has(tmp_path, capsys):
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.trials_table import TrialsTable
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    config = load_config(shrunk_example(tmp_path))
+    write_config(exp, config.model_dump(mode="json"))
+    table = TrialsTable(config.metric, config.mode, list(config.space))
+    for number in range(3):
+        table.row(number).update(state="COMPLETE", best=0.5)
+    table.save(exp.trials_csv)
+    # The study is named in its Optuna journal: a new name would start an empty one.
+    assert main(["resume", str(exp.root), "--set", "name=other"]) == EXIT_CONFIG_ERROR
+    assert "name" in capsys.readouterr().err
+    assert main(["resume", str(exp.root), "--set", "search.num_trials=2"]) == EXIT_CONFIG_ERROR
+    assert "search.num_trials" in (err := capsys.readouterr().err) and "already has 3 trials" in err
+    assert "name: " + config.name in exp.config_file.read_text()
