@@ -162,6 +162,12 @@ def _report(result) -> int:
         print(f"search stopped before the study was complete; continue it with:\n  {result.resume_command}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    if not result.best:
+        # Every trial failed (or none reported its metric): a search with no result is a failure.
+        states = [trial.get("state") for trial in result.trials]
+        print(f"no trial produced a result: {states.count('FAILED')} of {len(states)} failed; see why with:\n"
+              f"  hpsearch status {result.experiment_dir}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -178,13 +184,28 @@ def cmd_best(args) -> int:
 
     exp = _experiment(args.experiment_dir)
     if not exp.best_json.is_file():
-        raise ExperimentError(f"{exp.root} has no best.json yet (no trial has finished, or the search is running)")
+        raise ExperimentError(f"{exp.root} has no best.json: {_why_no_best(exp)}")
     best = json.loads(exp.best_json.read_text())
     if args.json:
         print(json.dumps(best, indent=2))
     else:
         print_best(best)
     return 0
+
+
+def _why_no_best(exp) -> str:
+    """Why a study has no best.json, from its trials: none has scored yet, or its last
+    session ended before writing it (the best trial is evaluated once the search ends)."""
+    from .trials_table import read_rows
+
+    rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
+    scored = [row for row in rows if row.get("state") in ("COMPLETE", "PRUNED") and row.get("best") not in ("", None)]
+    if not scored:
+        failed = sum(row.get("state") == "FAILED" for row in rows)
+        return (f"no trial has a result yet ({len(rows)} started, {failed} failed; "
+                f"see hpsearch status {exp.root})")
+    return (f"{len(scored)} trials have results, but the search has not finished or ended before its "
+            f"evaluation of the best trial; if no search is running, hpsearch resume {exp.root} writes it")
 
 
 def cmd_tensorboard(args) -> int:

@@ -119,3 +119,41 @@ def test_resume_refuses_a_new_name_or_fewer_trials_than_the_study_has(tmp_path, 
     assert main(["resume", str(exp.root), "--set", "search.num_trials=2"]) == EXIT_CONFIG_ERROR
     assert "search.num_trials" in (err := capsys.readouterr().err) and "already has 3 trials" in err
     assert "name: " + config.name in exp.config_file.read_text()
+
+
+def _study_with(tmp_path, states):
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.trials_table import TrialsTable
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    config = load_config(shrunk_example(tmp_path))
+    write_config(exp, config.model_dump(mode="json"))
+    table = TrialsTable(config.metric, config.mode, list(config.space))
+    for number, state in enumerate(states):
+        table.row(number).update(state=state, **({"best": 0.5} if state == "COMPLETE" else {}))
+    table.save(exp.trials_csv)
+    return exp
+
+
+def test_best_says_why_a_study_has_no_best_json(tmp_path, capsys):
+    failed = _study_with(tmp_path / "a", ["FAILED", "FAILED"])
+    assert main(["best", str(failed.root)]) == 1
+    assert "no trial has a result yet (2 started, 2 failed" in capsys.readouterr().err
+    cut_short = _study_with(tmp_path / "b", ["COMPLETE", "COMPLETE", "FAILED"])
+    assert main(["best", str(cut_short.root)]) == 1
+    assert f"2 trials have results" in (err := capsys.readouterr().err) and f"hpsearch resume {cut_short.root}" in err
+
+
+def test_a_search_whose_every_trial_failed_exits_with_1_saying_so(tmp_path, capsys):
+    from hpsearch.search.api import SearchResult
+    from hpsearch.search.cli import _report
+
+    result = SearchResult(tmp_path, "complete", None, [{"state": "FAILED"}, {"state": "FAILED"}], 9.0)
+    assert _report(result) == 1
+    assert "no trial produced a result: 2 of 2 failed" in capsys.readouterr().err
+    result = SearchResult(tmp_path, "complete", {"value": 0.9, "metric": "val_acc", "mode": "max", "trial": 0,
+                                                 "params": {}, "state": "COMPLETE", "epochs": 1,
+                                                 "checkpoint": None, "test_metrics": {}},
+                          [{"state": "COMPLETE"}], 9.0)
+    assert _report(result) == 0
