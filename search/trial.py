@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -101,8 +102,18 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     settings = config.with_trainer_params(params)
     device = trial_device(settings, config.loader, config.resources)
     reuses_before = WORKER_DATA.reuses
-    datamodule = build_datamodule(config, data_class, params, device.loader_options)
-    model = build_model(config, model_class, params, datamodule)
+    try:
+        datamodule = build_datamodule(config, data_class, params, device.loader_options)
+        model = build_model(config, model_class, params, datamodule)
+    except OSError:
+        raise  # reading files: another try, or another node, may succeed
+    except Exception as exc:
+        # The sampled values themselves are at fault (a bad combination the constructor
+        # rejects): every retry would raise the same, so the trial fails at once.
+        report({TRIAL_NUMBER: number, FINISHED: True,
+                FAILURE: f"building the trial's {_failed_class(exc, data_class, model_class)} raised "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]})
+        return
     resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
     if resume_from is not None:
         _after_earlier_event_files(tensorboard_run)
@@ -189,6 +200,16 @@ def _validate_quietly(model, datamodule, device) -> dict[str, Any]:
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.validate(model, datamodule=datamodule, verbose=False)
     return dict(trainer.callback_metrics)
+
+
+def _failed_class(exc: BaseException, data_class: type, model_class: type) -> str:
+    """Which of the user's classes raised ``exc``, from its traceback (model or DataModule)."""
+    names = [frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname") else frame.f_code.co_name
+             for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    for klass in (data_class, model_class):
+        if any(name.split(".")[0] == klass.__name__ for name in names):
+            return klass.__name__
+    return f"{data_class.__name__} or {model_class.__name__}"
 
 
 def _failure_reason(exc: BaseException) -> str | None:
