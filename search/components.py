@@ -240,3 +240,21 @@ def user_code_roots(config: ExperimentConfig) -> list[str]:
         if str(location) not in roots:
             roots.append(str(location))
     return roots
+
+
+def raised_by(exc: BaseException, *classes: type) -> type | None:
+    """Which of the user's ``classes`` raised ``exc``: the one with a method (its own or an
+    inherited one defined outside Lightning and torch) nearest the raise in the traceback."""
+    import traceback
+
+    def own_names(klass: type) -> set[str]:
+        return {c.__name__ for c in klass.__mro__
+                if c.__module__.split(".")[0] not in ("pytorch_lightning", "lightning", "torch", "builtins")}
+
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    for frame in reversed(frames):
+        enclosing = getattr(frame.f_code, "co_qualname", "").split(".")[:-1]  # "Cls.method" -> ["Cls"]
+        for klass in classes:
+            if own_names(klass).intersection(enclosing):
+                return klass
+    return None

@@ -12,7 +12,7 @@ import tempfile
 import warnings
 from typing import Any
 
-from .components import build_datamodule, build_model
+from .components import build_datamodule, build_model, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .errors import ConfigError
 from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
@@ -55,7 +55,9 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
             with ctrl_c_interrupts():
                 trainer.validate(model, datamodule=datamodule, verbose=False)
         except Exception as exc:
-            raise ConfigError([config.problem("model.class_path", f"one validation batch failed: {type(exc).__name__}: {exc}")]) from None
+            # Name the class at fault: a DataModule's setup or loader raises here too.
+            field = "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
+            raise ConfigError([config.problem(field, f"one validation batch failed: {type(exc).__name__}: {exc}")]) from None
     logged = sorted(trainer.callback_metrics)
     if config.metric not in logged:
         raise ConfigError([config.problem(

@@ -12,12 +12,11 @@ from __future__ import annotations
 import errno
 import os
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .components import build_datamodule, build_model, resolve_class
+from .components import build_datamodule, build_model, raised_by, resolve_class
 from .config import ExperimentConfig
 from .experiment import ExperimentDir, trial_name
 from .checkpoints import global_step_of, latest_good_checkpoint
@@ -111,7 +110,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         # The sampled values themselves are at fault (a bad combination the constructor
         # rejects): every retry would raise the same, so the trial fails at once.
         report({TRIAL_NUMBER: number, FINISHED: True,
-                FAILURE: f"building the trial's {_failed_class(exc, data_class, model_class)} raised "
+                FAILURE: f"building the trial's {_class_name(raised_by(exc, data_class, model_class))} raised "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]})
         return
     resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
@@ -202,14 +201,8 @@ def _validate_quietly(model, datamodule, device) -> dict[str, Any]:
     return dict(trainer.callback_metrics)
 
 
-def _failed_class(exc: BaseException, data_class: type, model_class: type) -> str:
-    """Which of the user's classes raised ``exc``, from its traceback (model or DataModule)."""
-    names = [frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname") else frame.f_code.co_name
-             for frame, _ in traceback.walk_tb(exc.__traceback__)]
-    for klass in (data_class, model_class):
-        if any(name.split(".")[0] == klass.__name__ for name in names):
-            return klass.__name__
-    return f"{data_class.__name__} or {model_class.__name__}"
+def _class_name(klass: type | None) -> str:
+    return klass.__name__ if klass is not None else "model or DataModule"
 
 
 def _failure_reason(exc: BaseException) -> str | None:

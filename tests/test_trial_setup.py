@@ -117,6 +117,28 @@ def test_preflight_reports_a_constructor_that_raises(example_config):
     assert caught.value.problems[0].field == "model.init_args" and "lbfgs" in str(caught.value)
 
 
+def test_preflight_names_the_class_whose_method_failed(example_config):
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule
+
+    class BrokenSetup(DigitsDataModule):
+        def setup(self, stage=None):
+            raise RuntimeError("setup exploded")
+
+    class BrokenValidation(CNNClassifier):
+        def validation_step(self, batch, batch_idx):
+            raise RuntimeError("validation exploded")
+
+    config = load_config(example_config)
+    model_class, data_class = check_components(config)
+    for model, data, field, said in ((model_class, BrokenSetup, "data.class_path", "setup exploded"),
+                                     (BrokenValidation, data_class, "model.class_path", "validation exploded")):
+        with pytest.raises(ConfigError) as caught:
+            run_preflight(config, model, data)
+        [problem] = caught.value.problems
+        assert problem.field == field and said in problem.message
+
+
 def test_ctrl_c_during_the_preflight_batch_is_an_interrupt_not_an_exit(example_config):
     # Lightning turns Ctrl+C inside validate() into sys.exit(1); the driver must see Ctrl+C.
     import signal
