@@ -3,6 +3,7 @@ live progress display, and the search's time budget."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 import warnings
@@ -232,6 +233,30 @@ class PushStudyFiles(Callback):
         self._push(force=True)
 
 
+def _traceback_at(trial) -> str:
+    path = getattr(trial, "error_file", None)
+    return f" (traceback: {path})" if path else ""
+
+
+class _TrialTracebacks(logging.Filter):
+    """Drops Ray Tune's log of a failed trial task, a full traceback for every try of every
+    failing trial: ``ProgressDisplay`` says it in one line, and the traceback stays in the
+    trial's error file."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Trial task failed for trial")
+
+
+TRIAL_TRACEBACKS = _TrialTracebacks()
+
+
+def quiet_trial_tracebacks(quiet: bool) -> None:
+    """Whether the driver's console shows Ray Tune's traceback of each failed trial try
+    (it does with ``-v``)."""
+    logger = logging.getLogger("ray.tune.execution.tune_controller")
+    (logger.addFilter if quiet else logger.removeFilter)(TRIAL_TRACEBACKS)
+
+
 def _last_error_line(trial) -> str:
     """The exception line of a failed trial's traceback, e.g. 'ValueError: bad lr'."""
     path = getattr(trial, "error_file", None)
@@ -371,12 +396,23 @@ class ProgressDisplay(Callback):
         self._announce(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._announce(trial)
+        self._announce(trial, _traceback_at(trial))
 
-    def _announce(self, trial) -> None:
+    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
+        """One line per retry, in place of the traceback Ray Tune would print (see
+        ``quiet_trial_tracebacks``); the traceback stays in the file it names."""
+        if trial.config.get(GIVE_UP):
+            return  # out of retries (``RetryPolicy``): its end as FAILED is announced instead
+        number = int(trial.config[TRIAL_NUMBER])
+        self._say(f"trial {number}: retrying from its last checkpoint after {_last_error_line(trial)}"
+                  f"{_traceback_at(trial)}")
+
+    def _announce(self, trial, note: str = "") -> None:
         row = self.table.rows.get(int(trial.config[TRIAL_NUMBER]), {})
-        line = (f"trial {row.get('trial')}: {row.get('state')} ({row.get('reason')}) "
-                f"{self.table.metric}={row.get('best', 'n/a')} after {row.get('epochs', 0)} epochs")
+        self._say(f"trial {row.get('trial')}: {row.get('state')} ({row.get('reason')}) "
+                  f"{self.table.metric}={row.get('best', 'n/a')} after {row.get('epochs', 0)} epochs{note}")
+
+    def _say(self, line: str) -> None:
         if self._live is not None:
             self._live.console.print(line)
             self._refresh()

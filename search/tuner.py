@@ -137,7 +137,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
     from .tune_callbacks import (DropResumeCheckpoints, FreeRankReservations, ProgressDisplay, PushStudyFiles,
-                                 RetryPolicy, TensorBoardSessions, TimeBudget, TrialsTableRecorder)
+                                 RetryPolicy, TensorBoardSessions, TimeBudget, TrialsTableRecorder,
+                                 quiet_trial_tracebacks)
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)
@@ -195,10 +196,12 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
         ),
     )
     outcome = SESSION_INTERRUPTED
+    quiet_trial_tracebacks(not verbose)
     try:
         tuner.fit()
         outcome = _session_outcome(searcher.is_complete(), budget is not None and budget.reached)
     finally:
+        quiet_trial_tracebacks(False)
         if table.pause_running(PAUSE_REASONS[outcome]):
             table.save(exp.trials_csv)
     return outcome

@@ -237,6 +237,13 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     assert code == 0, output
     table = {int(r["trial"]): r for r in rows(exp_dir)}
     assert len(table) == NUM_TRIALS
+    # Each retry is one line naming the error and where its traceback is; Ray Tune's own
+    # traceback of every try stays off the console (without -v).
+    assert "Trial task failed" not in output and "Traceback (most recent call last)" not in output, output
+    retried = re.search(r"trial 1: retrying from its last checkpoint after RuntimeError: injected failure \(once\) "
+                        r"\(traceback: (\S+)\)", output)
+    assert retried and "injected failure (once)" in Path(retried.group(1)).read_text(), output
+    assert output.count("trial 2: retrying") == 2
 
     once = table[1]  # raised once at epoch 2, retried from its epoch-1 checkpoint
     assert (once["state"], once["attempts"], once["resumed"]) == ("COMPLETE", "2", "True")
