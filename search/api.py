@@ -26,7 +26,7 @@ from typing import Any
 from .config import ExperimentConfig
 from .config_loading import load_config
 from .errors import ConfigError, HpsearchError, Interrupted
-from .experiment import ExperimentDir, record_session, write_config
+from .experiment import ExperimentDir, close_killed_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED
 from .storage import Mirror, StudyHome
@@ -189,6 +189,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     from .tuner import run_session
 
     started, started_at = time.monotonic(), time.time()
+    close_killed_sessions(exp)
     record_session(exp, started_at, None, "running")
     if mirror is not None:
         mirror.push_study_files()

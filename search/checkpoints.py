@@ -46,10 +46,10 @@ def latest_good_checkpoint(trial_dir: Path) -> tuple[Path | None, list[str]]:
     notes: list[str] = []
     for path in epoch_checkpoints(trial_dir):
         if is_readable(path):
-            return path, notes
+            return path, notes + ([f"resuming from {path.name}"] if notes else [])
         aside = path.with_suffix(".corrupt")
         path.replace(aside)
-        note = f"checkpoint {path.name} is damaged (moved to {aside.name}); resuming from an older one"
+        note = f"checkpoint {path.name} is damaged (moved to {aside.name})"
         warnings.warn(note, stacklevel=2)
         notes.append(note)
     if notes:

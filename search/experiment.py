@@ -143,5 +143,26 @@ def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None
     write_json(exp.sessions_json, sessions)
 
 
+def close_killed_sessions(exp: ExperimentDir) -> int:
+    """Mark as ``killed`` the sessions that never ended (their driver got SIGKILL or ran out
+    of memory), as of trials.csv's last write before the next session: the last moment each
+    is known to have worked. Called by a new session, which holds the study's lock, so none
+    of them is still running. Returns how many were closed."""
+    sessions = sorted(read_sessions(exp), key=lambda s: float(s["started_at"]))
+    last_write = exp.trials_csv.stat().st_mtime if exp.trials_csv.is_file() else 0.0
+    closed = 0
+    for index, session in enumerate(sessions):
+        if session.get("ended_at") is not None:
+            continue
+        started = float(session["started_at"])
+        next_start = float(sessions[index + 1]["started_at"]) if index + 1 < len(sessions) else time.time()
+        ended = min(max(last_write, started), next_start)
+        session.update(ended_at=ended, outcome="killed", seconds=round(ended - started, 3))
+        closed += 1
+    if closed:
+        write_json(exp.sessions_json, sessions)
+    return closed
+
+
 def write_config(exp: ExperimentDir, config_dump: dict[str, Any]) -> None:
     atomic_write_text(exp.config_file, yaml.safe_dump(config_dump, sort_keys=False))

@@ -357,6 +357,7 @@ class ProgressDisplay(Callback):
         self.started = time.monotonic()
         self.console = None
         self._live = None
+        self._noted: set[str] = set()
 
     def setup(self, **info) -> None:
         from rich.console import Console
@@ -387,9 +388,15 @@ class ProgressDisplay(Callback):
             self._live.update(self._render())
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        notes = result.get("hps_notes")
+        if notes and trial.trial_id not in self._noted:
+            # Said once per trial (every report carries them): e.g. a damaged checkpoint set aside.
+            self._noted.add(trial.trial_id)
+            self._say(f"trial {trial.config[TRIAL_NUMBER]}: {notes}")
         self._refresh()
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self._noted.discard(trial.trial_id)  # a retry says its own notes
         self._refresh()
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:

@@ -106,12 +106,14 @@ def test_resume_takes_the_newest_readable_checkpoint(tmp_path):
     (folder / "epoch-0001.ckpt").write_bytes(data[: len(data) // 2])  # cut short
     with pytest.warns(UserWarning, match="damaged"):
         path, notes = latest_good_checkpoint(tmp_path)
-    assert path == folder / "epoch-0000.ckpt" and len(notes) == 1
+    assert path == folder / "epoch-0000.ckpt"
+    assert notes == ["checkpoint epoch-0001.ckpt is damaged (moved to epoch-0001.corrupt)", "resuming from epoch-0000.ckpt"]
     assert (folder / "epoch-0001.corrupt").exists()
     (folder / "epoch-0000.ckpt").write_bytes(b"")
     with pytest.warns(UserWarning):
         path, notes = latest_good_checkpoint(tmp_path)
     assert path is None and "restarts from its first epoch" in notes[-1]
+    assert not any("resuming from" in note for note in notes)  # it does not resume: say only what happens
 
 
 def test_an_ended_trials_checkpoints_that_storage_will_not_delete_warn_and_the_search_goes_on(tmp_path):
@@ -156,3 +158,23 @@ def test_two_runs_that_chose_the_same_name_get_two_studies(tmp_path):
     assert first.root == second.root
     made = [first.create().root, second.create().root]
     assert made[0] == tmp_path / "race" and made[1].name.startswith("race-") and made[1].is_dir()
+
+
+def test_a_killed_session_is_closed_by_the_next_as_of_its_last_write(tmp_path):
+    """SIGKILL leaves a session 'running' with no end; the next session closes it, and the
+    study's wall time counts it until trials.csv's last write, not until today."""
+    from hpsearch.search.experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session
+    from hpsearch.search.study_summary import _wall_seconds
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    record_session(exp, 1000.0, 1010.0, "interrupted")
+    record_session(exp, 2000.0, None, "running")  # killed
+    exp.trials_csv.write_text("trial,state\n")
+    os.utime(exp.trials_csv, (2013.0, 2013.0))
+    assert close_killed_sessions(exp) == 1
+    killed = read_sessions(exp)[-1]
+    assert (killed["outcome"], killed["ended_at"], killed["seconds"]) == ("killed", 2013.0, 13.0)
+    record_session(exp, 5000.0, 5012.5, "complete")
+    os.utime(exp.trials_csv, (5012.0, 5012.0))  # the resumed session wrote it later
+    assert _wall_seconds(exp) == 10.0 + 13.0 + 12.5
+    assert close_killed_sessions(exp) == 0

@@ -174,6 +174,13 @@ def test_sigkill_then_resume_loses_nothing_and_falls_back_from_a_damaged_checkpo
     resumed = next(r for r in rows(exp_dir) if int(r["trial"]) == running)
     assert resumed["resumed"] == "True" or len(checkpoints) == 1, resumed
     assert checkpoints[-1].with_suffix(".corrupt").exists()  # set aside, not loaded
+    # ... and said on the console, with what the trial resumed from instead.
+    assert f"trial {running}: checkpoint {checkpoints[-1].name} is damaged (moved to " in output, output
+    older = f"resuming from {checkpoints[-2].name}" if len(checkpoints) > 1 else "restarts from its first epoch"
+    assert older in output, output
+    sessions = json.loads((exp_dir / "sessions.json").read_text())
+    assert [s["outcome"] for s in sessions] == ["killed", "complete"], sessions
+    assert 0 < sessions[0]["seconds"] < sessions[1]["started_at"] - sessions[0]["started_at"], sessions
 
 
 def interrupt_after_a_trial(tmp_path: Path, name: str, stop_signal=signal.SIGINT, press_again_once=None,
