@@ -232,7 +232,7 @@ class ExperimentConfig(StrictModel):
         """A ``Problem`` for ``field`` (dotted; space keys keep their dots), located in the file."""
         from .errors import Problem
 
-        parts = _split_field(field)
+        parts = split_field(field)
         for end in range(len(parts), 0, -1):
             line = self._lines.get(parts[:end])
             if line is not None:
@@ -285,7 +285,7 @@ class ExperimentConfig(StrictModel):
         return TrainerConfig.model_validate(merged)
 
 
-def _split_field(field: str) -> tuple[str, ...]:
+def split_field(field: str) -> tuple[str, ...]:
     """``space.model.lr.low`` -> ``("space", "model.lr", "low")``: space keys hold a dot."""
     parts = field.split(".")
     if parts[0] == "space" and len(parts) >= 3:

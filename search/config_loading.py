@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .config import ExperimentConfig
+from .config import ExperimentConfig, split_field
 from .errors import ConfigError, Problem
 
 LineMap = dict[tuple[str, ...], int]
@@ -33,7 +33,7 @@ def load_config(
         raw, lines = read_yaml(Path(source))
     for key, value in parse_overrides(overrides).items():
         apply_override(raw, key, value)
-        lines[tuple(key.split("."))] = 0  # 0: "came from --set", reported as such
+        lines[split_field(key)] = 0  # 0: "came from --set", reported as such
     return validate(raw, lines, origin)
 
 
@@ -134,6 +134,8 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
         message = "required key is missing"
     elif error["type"] == "union_tag_invalid":
         message = "type must be one of 'float', 'int', 'categorical'"
+    elif error["type"] == "union_tag_not_found":
+        message = "needs a 'type': 'float', 'int' or 'categorical' (space keys are 'model.<arg>', 'data.<arg>' or 'trainer.<setting>')"
     line = _line_of(tuple(loc), lines)
     if line == 0:
         return Problem(".".join(loc), message, None, "--set")
@@ -141,6 +143,10 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
 
 
 def _line_of(loc: tuple[str, ...], lines: LineMap) -> int | None:
+    """The line of the field at fault, or 0 when ``--set`` changed something inside it
+    (``--set space.model.lr.high=-1`` breaks ``space.model.lr``, which the file set)."""
+    if any(line == 0 and key[:len(loc)] == loc for key, line in lines.items()):
+        return 0
     for end in range(len(loc), 0, -1):
         if loc[:end] in lines:
             return lines[loc[:end]]

@@ -220,3 +220,15 @@ def test_loading_does_not_mutate_the_callers_dict(example_config):
     before = copy.deepcopy(example_config)
     load_config(example_config, ["search.num_trials=2"])
     assert example_config == before
+
+
+def test_a_set_that_breaks_a_field_of_the_file_is_blamed_on_the_set(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text(open(__import__("conftest").EXAMPLE).read())
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["space.model.lr.high=-1"])
+    [problem] = caught.value.problems
+    assert problem.field == "space.model.lr" and "(--set)" in str(problem) and str(path) not in str(problem)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["space.model.dropout.type=float"])  # no such space key: lands as space.model
+    assert any("needs a 'type'" in p.message for p in caught.value.problems), caught.value
