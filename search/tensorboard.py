@@ -25,6 +25,7 @@ def logdir_spec(experiments: list[ExperimentDir]) -> list[str]:
 
 def serve(experiments: list[ExperimentDir], host: str = "127.0.0.1", port: int = 6006) -> int:
     """Run TensorBoard in the foreground until Ctrl+C; its URL is printed first."""
+    _check_port_free(host, port)
     command = [sys.executable, "-m", "tensorboard.main", *logdir_spec(experiments),
                "--host", host, "--port", str(port), "--reload_interval", "5"]
     print(f"TensorBoard at http://{host}:{port}/  (Ctrl+C to stop)", flush=True)
@@ -42,3 +43,19 @@ def serve(experiments: list[ExperimentDir], host: str = "127.0.0.1", port: int =
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """A port in use is said plainly, with the way out, instead of TensorBoard's own log
+    line and exit status 255 after the URL was already printed."""
+    import socket
+
+    from .errors import HpsearchError
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TensorBoard's server binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise HpsearchError(f"cannot serve TensorBoard on {host}:{port} ({exc.strerror}); "
+                                f"another TensorBoard may be running there: pass --port N") from None

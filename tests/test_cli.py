@@ -157,3 +157,19 @@ def test_a_search_whose_every_trial_failed_exits_with_1_saying_so(tmp_path, caps
                                                  "checkpoint": None, "test_metrics": {}},
                           [{"state": "COMPLETE"}], 9.0)
     assert _report(result) == 0
+
+
+def test_tensorboard_on_a_port_in_use_says_so_and_starts_nothing(tmp_path, capsys):
+    import socket
+
+    from hpsearch.search.experiment import ExperimentDir
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    (exp.root / "experiment.yaml").write_text("name: study\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["tensorboard", str(exp.root), "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot serve TensorBoard on 127.0.0.1:{port}" in err and "--port" in err
