@@ -131,6 +131,8 @@ def _optuna_plot(name: str, study, summary: StudySummary, importances: bool = Fa
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # Matplotlib's note on a plot whose values are all equal (e.g. every trial failed alike).
+        warnings.filterwarnings("ignore", message="Attempting to set identical low and high")
         options = {"evaluator": optuna.importance.PedAnovaImportanceEvaluator()} if importances else {}
         try:
             axes = getattr(optuna_plots, name)(scored, target_name=summary.metric, **options)
