@@ -159,7 +159,9 @@ def test_a_study_in_s3_survives_its_machine_and_resumes_from_a_fresh_process(s3_
     best = json.loads(read_object(s3_server, prefix + "best.json"))
     assert best["checkpoint_uri"].startswith(uri) and best["test_metrics"]
     sessions = json.loads(read_object(s3_server, prefix + "sessions.json"))
-    assert [s["outcome"] for s in sessions] == ["running", "complete"]  # the killed one never ended
+    # The killed session never ended itself; the resumed one closed it, in storage too.
+    assert [s["outcome"] for s in sessions] == ["killed", "complete"]
+    assert sessions[0]["seconds"] is not None
 
     status = run_cli("status", uri, cwd=tmp_path, timeout=60,
                      env={**s3_server, "HPSEARCH_CACHE": str(tmp_path / "laptop")})
