@@ -105,12 +105,8 @@ def check(
 
 def _run_config(source, overrides, name: str | None, storage: str | None) -> ExperimentConfig:
     """The validated config of a new study: the file, ``overrides``, then ``name``/``storage``."""
-    extra = dict(_as_mapping(overrides))
-    if name is not None:
-        extra["name"] = name
-    if storage is not None:
-        extra["storage"] = storage
-    return load_config(source, extra)
+    options = {key: value for key, value in (("name", name), ("storage", storage)) if value is not None}
+    return load_config(source, overrides, options)
 
 
 def resume(
@@ -293,9 +289,3 @@ def _user_error_in(exc: BaseException) -> HpsearchError | None:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-def _as_mapping(overrides: Iterable[str] | Mapping[str, Any]) -> Mapping[str, Any]:
-    from .config_loading import parse_overrides
-
-    return parse_overrides(overrides)

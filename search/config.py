@@ -199,7 +199,7 @@ class FailureConfig(StrictModel):
 class ExperimentConfig(StrictModel):
     """One experiment file. Field names are the user contract; keep them stable."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
+    name: str = Field(max_length=100, description="the study's folder name under storage")
     model: ComponentConfig
     data: ComponentConfig
     space: dict[str, Param]
@@ -213,6 +213,14 @@ class ExperimentConfig(StrictModel):
     failure: FailureConfig = Field(default_factory=FailureConfig)
     storage: str = Field("./runs", min_length=1, description="a directory (shared on a cluster) or a cloud URI")
 
+    @field_validator("name")
+    @classmethod
+    def _name_is_one_folder(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+            raise ValueError(f"{value!r} names the study's folder: use letters, digits, '.', '_' and '-', "
+                             "starting with a letter or digit (no '/' or spaces)")
+        return value
+
     @field_validator("storage")
     @classmethod
     def _known_storage_scheme(cls, value: str) -> str:
@@ -223,9 +231,9 @@ class ExperimentConfig(StrictModel):
                                  f"{', '.join(s + '://' for s in STORAGE_SCHEMES)}")
         return value
 
-    # Where each key came from (YAML line, or 0 for --set), so that later checks that
-    # need the user's classes can still point at the line at fault.
-    _lines: dict[tuple[str, ...], int] = PrivateAttr(default_factory=dict)
+    # Where each key came from (YAML line, or the command-line option that set it), so
+    # that later checks that need the user's classes can still point at the fault.
+    _lines: dict[tuple[str, ...], int | str] = PrivateAttr(default_factory=dict)
     _origin: str = PrivateAttr("<dict>")
 
     def problem(self, field: str, message: str):
@@ -235,8 +243,10 @@ class ExperimentConfig(StrictModel):
         parts = split_field(field)
         for end in range(len(parts), 0, -1):
             line = self._lines.get(parts[:end])
+            if isinstance(line, str):
+                return Problem(field, message, None, line)
             if line is not None:
-                return Problem(field, message, line or None, self._origin if line else "--set")
+                return Problem(field, message, line, self._origin)
         return Problem(field, message)
 
     @field_validator("space")

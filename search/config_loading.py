@@ -18,14 +18,22 @@ from pydantic import ValidationError
 from .config import ExperimentConfig, split_field
 from .errors import ConfigError, Problem
 
-LineMap = dict[tuple[str, ...], int]
+# Where each key came from: its line in the file, or the command-line option that set it
+# ("--set", "--name", "--storage"), so that an error blames what the user typed.
+LineMap = dict[tuple[str, ...], int | str]
+SET = "--set"
 
 
 def load_config(
     source: str | Path | Mapping[str, Any],
     overrides: Iterable[str] | Mapping[str, Any] = (),
+    options: Mapping[str, Any] | None = None,
 ) -> ExperimentConfig:
-    """Parse, override and validate an experiment from a YAML path or a plain dict."""
+    """Parse, override and validate an experiment from a YAML path or a plain dict.
+
+    ``options`` are top-level fields given by command-line options of the same name
+    (``{"name": ...}`` for ``--name``); they apply last and errors blame the option.
+    """
     if isinstance(source, Mapping):
         raw, lines, origin = copy.deepcopy(dict(source)), {}, "<dict>"
     else:
@@ -33,7 +41,10 @@ def load_config(
         raw, lines = read_yaml(Path(source))
     for key, value in parse_overrides(overrides).items():
         apply_override(raw, key, value)
-        lines[split_field(key)] = 0  # 0: "came from --set", reported as such
+        lines[split_field(key)] = SET
+    for key, value in (options or {}).items():
+        raw[key] = value
+        lines[(key,)] = f"--{key}"
     return validate(raw, lines, origin)
 
 
@@ -137,16 +148,17 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
     elif error["type"] == "union_tag_not_found":
         message = "needs a 'type': 'float', 'int' or 'categorical' (space keys are 'model.<arg>', 'data.<arg>' or 'trainer.<setting>')"
     line = _line_of(tuple(loc), lines)
-    if line == 0:
-        return Problem(".".join(loc), message, None, "--set")
+    if isinstance(line, str):
+        return Problem(".".join(loc), message, None, line)
     return Problem(".".join(loc), message, line, origin if line else None)
 
 
-def _line_of(loc: tuple[str, ...], lines: LineMap) -> int | None:
-    """The line of the field at fault, or 0 when ``--set`` changed something inside it
+def _line_of(loc: tuple[str, ...], lines: LineMap) -> int | str | None:
+    """The line of the field at fault, or the option that changed something inside it
     (``--set space.model.lr.high=-1`` breaks ``space.model.lr``, which the file set)."""
-    if any(line == 0 and key[:len(loc)] == loc for key, line in lines.items()):
-        return 0
+    for key, line in lines.items():
+        if isinstance(line, str) and key[:len(loc)] == loc:
+            return line
     for end in range(len(loc), 0, -1):
         if loc[:end] in lines:
             return lines[loc[:end]]

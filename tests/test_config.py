@@ -68,7 +68,7 @@ BAD_SCHEMA = [
     ("empty space", _set("space", {}), "space", "space is empty"),
     ("grid float without step", _set("search/sampler", "grid"), "", "needs a 'step' on float parameter space.model.lr"),
     ("bad class path", _set("model/class_path", "my.module:"), "model.class_path", "package.module:ClassName"),
-    ("bad name", _set("name", "my experiment/1"), "name", "pattern"),
+    ("bad name", _set("name", "my experiment/1"), "name", "study's folder"),
     ("unknown loader hand-over", _set("loader", {"sharing_strategy": "pipes"}), "loader.sharing_strategy",
      "'file_system' or 'file_descriptor'"),
 ]
@@ -195,6 +195,20 @@ def test_override_errors_name_the_key_and_say_it_came_from_set(example_config):
         load_config(example_config, ["search.num_trials=-1"])
     [problem] = caught.value.problems
     assert problem.field == "search.num_trials" and problem.source == "--set"
+
+
+def test_a_bad_name_or_storage_option_is_blamed_on_that_option_not_on_set(example_config):
+    with pytest.raises(ConfigError) as caught:
+        load_config(example_config, [], {"name": "../x"})
+    [problem] = caught.value.problems
+    assert problem.field == "name" and problem.source == "--name" and problem.line is None
+    with pytest.raises(ConfigError) as caught:
+        load_config(example_config, ["name=../x"])
+    assert caught.value.problems[0].source == "--set"
+    # The option wins over the file and over --set, as on the command line.
+    config = load_config(example_config, ["name=from-set"], {"name": "from-option"})
+    assert config.name == "from-option"
+    assert config.problem("name", "taken").source == "--name"
 
 
 def test_override_syntax_errors():
