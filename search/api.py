@@ -11,6 +11,7 @@ directory -> search session (Optuna + ASHA over Lightning trials) -> best.json.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -47,6 +48,7 @@ class SearchResult:
     best: dict[str, Any] | None = None
     trials: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
+    already_complete: bool = False  # a resume that found nothing to do, and started nothing
 
     @property
     def complete(self) -> bool:
@@ -139,6 +141,9 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     if config.search.num_trials < started:
         raise ConfigError([config.problem("search.num_trials", f"the study already has {started} trials; "
                                                                f"num_trials cannot be lower on resume")])
+    finished = _complete_study(exp, config)
+    if finished is not None:
+        return finished
     prepare(config, preflight=False)
     from .tuner import start_ray
 
@@ -146,6 +151,23 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     concurrency = _plan(config)
     write_config(exp, config.model_dump(mode="json"))
     return _search(config, exp, verbose, concurrency, callbacks, mirror)
+
+
+def _complete_study(exp: ExperimentDir, config: ExperimentConfig) -> SearchResult | None:
+    """The study as it stands when its last session completed it and nothing is left to
+    run; None otherwise. Resuming it then starts neither Ray nor a session (it used to
+    start both, only for Tune to find every trial done)."""
+    from .experiment import read_sessions
+    from .outcome import FINISHED_STATES
+
+    sessions = sorted(read_sessions(exp), key=lambda s: float(s["started_at"]))
+    if not sessions or sessions[-1].get("outcome") != SESSION_COMPLETE or not exp.best_json.is_file():
+        return None
+    trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
+    if len(trials) < config.search.num_trials or any(t.get("state") not in FINISHED_STATES for t in trials):
+        return None
+    return SearchResult(exp.root, SESSION_COMPLETE, json.loads(exp.best_json.read_text()), trials,
+                        already_complete=True)
 
 
 def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:

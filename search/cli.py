@@ -149,6 +149,9 @@ def _report(result) -> int:
     from .status_view import print_best
 
     print(f"experiment: {result.experiment_dir}  ({result.elapsed_s:.1f}s)")
+    if result.already_complete:
+        print(f"the study was already complete ({len(result.trials)} trials); nothing was run. "
+              f"Add trials with: {result.resume_command} --set search.num_trials=N")
     if result.best:
         print_best(result.best)
     if result.outcome == SESSION_TIME_BUDGET:

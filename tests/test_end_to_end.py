@@ -107,6 +107,28 @@ def test_resume_extends_a_finished_study_without_rerunning_its_trials(finished_s
     assert len(study_of(copy, config["name"]).trials) == 7
 
 
+def test_resuming_a_complete_study_starts_nothing_and_changes_nothing(finished_search, tmp_path, monkeypatch):
+    from hpsearch.search import api, tuner
+
+    exp_dir, config, _ = finished_search
+    copy = tmp_path / "copy"
+    shutil.copytree(exp_dir, copy)
+    before = {name: (copy / name).read_bytes() for name in ("trials.csv", "sessions.json", "best.json")}
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started for a study with nothing left to run")
+
+    monkeypatch.setattr(tuner, "start_ray", no_ray)
+    result = api.resume(copy)
+    assert result.already_complete and result.complete
+    assert result.best == json.loads(before["best.json"]) and len(result.trials) == 6
+    assert {name: (copy / name).read_bytes() for name in before} == before
+
+    printed = run_cli("resume", str(copy), cwd=tmp_path, timeout=120)
+    assert printed.returncode == 0, printed.stdout + printed.stderr
+    assert "already complete (6 trials)" in printed.stdout and "search.num_trials=N" in printed.stdout
+
+
 def test_a_users_own_module_by_import_path(tmp_path):
     """A package beside the experiment, not installed, reaches Ray's workers; its data,
     asked for through ``hpsearch.once_per_worker``, is built once per trial worker."""
