@@ -49,18 +49,22 @@ def loader_options(loader: LoaderConfig, resources: ResourcesConfig, on_gpu: boo
     """DataLoader options: workers from the CPUs of one trial worker, pinned memory only on GPU.
 
     On CPU the main process trains, so one of the trial's CPUs is left to it; on GPU
-    every CPU the trial holds can decode data.
+    every CPU the trial holds can decode data. With no worker processes, persistent
+    workers and prefetching do not apply and are given as off: a user's DataModule that
+    passes them straight to ``DataLoader`` would otherwise fail every trial (torch
+    refuses both when ``num_workers`` is 0).
     """
     cpus = int(resources.worker_cpus)
     workers = loader.num_workers
     if workers == "auto":
         workers = cpus if on_gpu else max(0, cpus - 1)
     pin = on_gpu if loader.pin_memory == "auto" else loader.pin_memory
+    workers = int(workers)
     return {
-        "num_workers": int(workers),
+        "num_workers": workers,
         "pin_memory": bool(pin),
-        "persistent_workers": loader.persistent_workers,
-        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": loader.persistent_workers and workers > 0,
+        "prefetch_factor": loader.prefetch_factor if workers > 0 else None,
     }
 
 

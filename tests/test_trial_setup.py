@@ -72,6 +72,23 @@ def test_loader_options_follow_the_trial_resources(example_config):
     assert loader_options(fixed.loader, fixed.resources, on_gpu=True)["pin_memory"] is False
 
 
+def test_loader_options_with_no_worker_processes_are_valid_for_a_plain_dataloader(example_config):
+    # A user's DataModule that passes hpsearch's options straight to DataLoader: with the
+    # default 1 CPU per trial there are no worker processes, and torch refuses
+    # persistent_workers or prefetch_factor then (every trial failed).
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    config = load_config(example_config, ["resources.cpus_per_trial=1", "loader.prefetch_factor=4"])
+    options = loader_options(config.loader, config.resources, on_gpu=False)
+    assert options["num_workers"] == 0 and options["persistent_workers"] is False and options["prefetch_factor"] is None
+    batches = list(DataLoader(TensorDataset(torch.arange(6.0)), batch_size=4, **options))
+    assert [len(b[0]) for b in batches] == [4, 2]
+    with_workers = load_config(example_config, ["resources.cpus_per_trial=3", "loader.prefetch_factor=4"])
+    kept = loader_options(with_workers.loader, with_workers.resources, on_gpu=False)
+    assert (kept["num_workers"], kept["persistent_workers"], kept["prefetch_factor"]) == (2, True, 4)
+
+
 def test_fp16_on_cpu_falls_back_to_bf16_silently_in_the_trial():
     # The one warning is the driver's (tests/test_resources.py); trials only record it.
     with warnings.catch_warnings(record=True) as caught:
