@@ -236,10 +236,13 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started)
 
 
+_TUNE_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGUSR1") if hasattr(signal, name))
+
+
 @contextmanager
 def _stop_signals_interrupt():
     """SIGTERM (a scheduler's or a pre-emption's stop) stops gracefully, like Ctrl+C; the
-    second of either stops at once.
+    second of either stops at once. On exit every handler it or Ray Tune changed is put back.
 
     That holds in a process started with SIGINT ignored too, as a job script's background
     ``hpsearch run ... &`` is: Ray Tune takes the first Ctrl+C or SIGTERM regardless, then
@@ -247,17 +250,20 @@ def _stop_signals_interrupt():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    # Ray Tune installs its own SIGINT and SIGUSR1 handlers and leaves them: after a
+    # search, a notebook's or REPL's next Ctrl+C only set an event on the finished Tuner.
+    previous = {signum: signal.getsignal(signum) for signum in _TUNE_SIGNALS}
     previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
-    sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    if sigint_ignored:
+    if previous[signal.SIGINT] == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with _graceful_stop_announced():
             yield
     finally:
         signal.signal(signal.SIGTERM, previous_term)
-        if sigint_ignored:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum, handler in previous.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(signum, handler)
 
 
 GRACEFUL_STOP_MESSAGE = ("hpsearch: stopping. Running trials stop now (resume continues them from their last "

@@ -80,21 +80,31 @@ def test_a_freeze_made_inside_is_undone_and_an_earlier_one_is_left_alone():
         gc.unfreeze()
 
 
-def test_the_driver_is_frozen_while_it_searches_and_thawed_after(tmp_path):
-    """hpsearch.run in the user's own session: the imports' objects stay frozen only
-    while the search runs."""
+def test_the_users_session_is_left_as_it_was_frozen_objects_and_signal_handlers(tmp_path):
+    """hpsearch.run in the user's own session (a notebook, a REPL): the imports' objects
+    stay frozen only while the search runs, and Ctrl+C works again afterwards (Ray Tune
+    left its own SIGINT handler, which swallowed the next one)."""
     config = shrunk_example(tmp_path, **{"search/num_trials": 2, "scheduler/max_epochs": 1})
     script = textwrap.dedent(f"""
-        import gc, json
+        import gc, json, os, signal, time
         import hpsearch
         from ray import tune
+        before = {{signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGUSR1)}}
         frozen_during = []
         class Probe(tune.Callback):
             def on_trial_result(self, iteration, trials, trial, result, **info):
                 frozen_during.append(gc.get_freeze_count())
         result = hpsearch.run(json.loads({json.dumps(config)!r}), callbacks=[Probe()])
+        restored = all(signal.getsignal(signum) is handler for signum, handler in before.items())
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(2)
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
         print(json.dumps({{"during": min(frozen_during), "after": gc.get_freeze_count(),
-                          "enabled": gc.isenabled(), "trials": len(result.trials)}}))
+                          "enabled": gc.isenabled(), "trials": len(result.trials),
+                          "restored": restored, "interrupted": interrupted}}))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)
@@ -104,6 +114,7 @@ def test_the_driver_is_frozen_while_it_searches_and_thawed_after(tmp_path):
     assert seen["during"] > 100_000
     assert seen["after"] == 0
     assert seen["enabled"] is True
+    assert seen["restored"] is True and seen["interrupted"] is True
 
 
 def test_a_trial_worker_imports_the_training_stack_without_collections_then_freezes_it(example_config):
