@@ -26,7 +26,7 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .config_loading import load_config
-from .errors import ConfigError, HpsearchError, Interrupted
+from .errors import ConfigError, HpsearchError, Interrupted, Problem
 from .experiment import ExperimentDir, close_killed_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED
@@ -73,6 +73,7 @@ def run(
     """Validate the experiment, then search; every config mistake is raised before Ray starts.
 
     ``callbacks``: extra ``ray.tune.Callback`` objects (experiment trackers, timing)."""
+    callbacks = _tune_callbacks(callbacks)
     config = _run_config(source, overrides, name, storage)
     with thawed_at_exit():  # prepare() freezes the driver's imports for this search only
         prepare(config)
@@ -105,6 +106,25 @@ def check(
     return config, home.mirror.uri if home.mirror is not None else str(home.root)
 
 
+def _tune_callbacks(callbacks: Iterable[Any]) -> list[Any]:
+    """``callbacks`` as a list, each checked to be a ``ray.tune.Callback`` before anything
+    starts: a Lightning callback (an easy mix-up) failed inside Tune after the study's
+    directory was made."""
+    callbacks = list(callbacks)
+    if not callbacks:
+        return callbacks
+    from ray.tune import Callback
+
+    wrong = [(index, c) for index, c in enumerate(callbacks) if not isinstance(c, Callback)]
+    if wrong:
+        lightning = any(type(c).__module__.startswith(("pytorch_lightning", "lightning")) for _, c in wrong)
+        hint = (" Lightning callbacks go in your LightningModule's configure_callbacks()." if lightning else "")
+        raise ConfigError([Problem(f"callbacks[{index}]", f"{type(c).__name__} is not a ray.tune.Callback; "
+                                   f"callbacks= takes Ray Tune callbacks, which see the whole search.{hint}")
+                           for index, c in wrong])
+    return callbacks
+
+
 def _run_config(source, overrides, name: str | None, storage: str | None) -> ExperimentConfig:
     """The validated config of a new study: the file, ``overrides``, then ``name``/``storage``."""
     options = {key: value for key, value in (("name", name), ("storage", storage)) if value is not None}
@@ -124,6 +144,7 @@ def resume(
 
     ``experiment_dir`` may be the study's URI (``s3://bucket/exps/name``): a study
     survives the cluster it ran on and resumes on another."""
+    callbacks = _tune_callbacks(callbacks)
     exp, mirror = StudyHome.existing(experiment_dir)
     with study_lock(exp), thawed_at_exit():  # prepare() freezes the driver's imports for this search only
         return _resume_locked(exp, overrides, address, verbose, callbacks, mirror)

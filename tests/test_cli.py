@@ -173,3 +173,21 @@ def test_tensorboard_on_a_port_in_use_says_so_and_starts_nothing(tmp_path, capsy
         assert main(["tensorboard", str(exp.root), "--port", str(port)]) == 1
     err = capsys.readouterr().err
     assert f"cannot serve TensorBoard on 127.0.0.1:{port}" in err and "--port" in err
+
+
+def test_a_callback_that_is_not_a_tune_callback_is_refused_before_anything_starts(tmp_path):
+    from pytorch_lightning.callbacks import LearningRateMonitor
+    from ray import tune
+
+    from hpsearch.search import api
+    from hpsearch.search.errors import ConfigError
+
+    storage = tmp_path / "runs"
+    with pytest.raises(ConfigError) as caught:
+        api.run(shrunk_example(storage), callbacks=[tune.Callback(), LearningRateMonitor()])
+    [problem] = caught.value.problems
+    assert problem.field == "callbacks[1]" and "LearningRateMonitor is not a ray.tune.Callback" in problem.message
+    assert "configure_callbacks" in problem.message
+    assert not storage.exists()
+    with pytest.raises(ConfigError, match=r"callbacks\[0\]"):
+        api.resume(tmp_path / "no-such-study", callbacks=[print])
