@@ -29,6 +29,16 @@ Scalar = Union[None, bool, int, float, str]
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs", "file")
 
 
+class FieldValueError(ValueError):
+    """A check across fields that blames one of them: ``field`` is dotted, relative to the
+    model that raises it, so the error names it and its line (a plain ``ValueError`` in a
+    model validator is located at the model itself)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class StrictModel(BaseModel):
     """Rejects unknown keys, so a typo is an error and not a silently ignored setting."""
 
@@ -131,7 +141,8 @@ class SchedulerConfig(StrictModel):
     @model_validator(mode="after")
     def _grace_within_budget(self):
         if self.grace_period > self.max_epochs:
-            raise ValueError(f"grace_period ({self.grace_period}) must be <= max_epochs ({self.max_epochs})")
+            raise FieldValueError("grace_period", f"grace_period ({self.grace_period}) must be <= max_epochs "
+                                  f"({self.max_epochs})")
         return self
 
 
@@ -188,7 +199,8 @@ class ResourcesConfig(StrictModel):
     @model_validator(mode="after")
     def _gpu_fractions_fit_one_device(self):
         if self.worker_gpus > 1 and self.worker_gpus != int(self.worker_gpus):
-            raise ValueError(f"a GPU request above 1 must be whole (got {self.worker_gpus:g})")
+            field = "gpus_per_worker" if self.gpus_per_worker is not None else "gpus_per_trial"
+            raise FieldValueError(field, f"a GPU request above 1 must be whole (got {self.worker_gpus:g})")
         return self
 
 
@@ -271,9 +283,9 @@ class ExperimentConfig(StrictModel):
     def _strategy_needs_workers(self):
         strategy = self.trainer.strategy
         if strategy == "ddp" and not self.resources.distributed:
-            raise ValueError("trainer.strategy 'ddp' needs resources.workers_per_trial > 1")
+            raise FieldValueError("trainer.strategy", "'ddp' needs resources.workers_per_trial > 1")
         if strategy == "fsdp" and self.resources.worker_gpus == 0:
-            raise ValueError("trainer.strategy 'fsdp' shards over GPUs: set resources.gpus_per_worker >= 1")
+            raise FieldValueError("trainer.strategy", "'fsdp' shards over GPUs: set resources.gpus_per_worker >= 1")
         return self
 
     @model_validator(mode="after")
@@ -281,7 +293,7 @@ class ExperimentConfig(StrictModel):
         if self.search.sampler == "grid":
             for key, param in self.space.items():
                 if isinstance(param, FloatParam) and param.step is None:
-                    raise ValueError(f"sampler 'grid' needs a 'step' on float parameter space.{key}")
+                    raise FieldValueError(f"space.{key}", "sampler 'grid' needs a 'step' on this float parameter")
         return self
 
     def params_for(self, section: str, params: dict[str, Any]) -> dict[str, Any]:

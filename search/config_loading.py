@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .config import ExperimentConfig, split_field
+from .config import ExperimentConfig, FieldValueError, split_field
 from .errors import ConfigError, Problem
 
 # Where each key came from: its line in the file, or the command-line option that set it
@@ -139,6 +139,9 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
     # not a key of the file, so it is dropped when naming the field.
     loc = [str(part) for part in error["loc"] if not (isinstance(part, str) and part in ("float", "int", "categorical"))]
     message = error["msg"].removeprefix("Value error, ")
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldValueError):
+        loc, message = [*loc, *split_field(cause.field)], str(cause)
     if error["type"] == "extra_forbidden":
         message = "unknown key (check the spelling; see the README for the allowed keys)"
     elif error["type"] == "missing":

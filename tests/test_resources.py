@@ -57,16 +57,18 @@ def test_distributed_trials_hold_no_cpu_for_their_driver():
     assert driver_resources()["cpu"] == 0 and driver_resources()["memory"] > 0
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"trainer": {"strategy": "ddp"}}, "needs resources.workers_per_trial > 1"),
-    ({"trainer": {"strategy": "fsdp"}, "resources": {"workers_per_trial": 2}}, "shards over GPUs"),
-    ({"resources": {"gpus_per_worker": 1.5, "workers_per_trial": 2}}, "must be whole"),
+@pytest.mark.parametrize("settings, field, message", [
+    ({"trainer": {"strategy": "ddp"}}, "trainer.strategy", "needs resources.workers_per_trial > 1"),
+    ({"trainer": {"strategy": "fsdp"}, "resources": {"workers_per_trial": 2}}, "trainer.strategy", "shards over GPUs"),
+    ({"resources": {"gpus_per_worker": 1.5, "workers_per_trial": 2}}, "resources.gpus_per_worker", "must be whole"),
 ])
-def test_inconsistent_distributed_settings_are_config_errors(example_config, settings, message):
+def test_inconsistent_distributed_settings_are_config_errors_naming_the_field(example_config, settings, field,
+                                                                               message):
     for section, values in settings.items():
         example_config[section] = {**example_config.get(section, {}), **values}
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as caught:
         load_config(example_config)
+    assert [problem.field for problem in caught.value.problems] == [field]
 
 
 def test_strategy_cannot_be_searched(example_config):
