@@ -40,8 +40,8 @@ def load_config(
         origin = str(source)
         raw, lines = read_yaml(Path(source))
     for key, value in parse_overrides(overrides).items():
-        apply_override(raw, key, value)
-        lines[split_field(key)] = SET
+        for path in apply_override(raw, key, value):
+            lines[path] = SET
     for key, value in (options or {}).items():
         raw[key] = value
         lines[(key,)] = f"--{key}"
@@ -100,29 +100,52 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, A
     return parsed
 
 
-def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> None:
-    """Set ``dotted_key`` in ``tree``, preferring existing keys that themselves hold dots.
+def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> list[tuple[str, ...]]:
+    """Set ``dotted_key`` in ``tree``; return the paths it set, for blaming errors on it.
 
-    ``space.model.lr.high`` must reach ``tree["space"]["model.lr"]["high"]``, so at each
-    level the longest run of parts that names an existing key wins.
+    ``space.model.lr.high`` reaches ``tree["space"]["model.lr"]["high"]`` (space keys
+    hold a dot). A mapping merges into the mapping already there, key by key, as YAML
+    users expect of ``{"search": {"num_trials": 3}}``: replacing the section would drop
+    the file's other settings unseen. A search-space parameter is the exception: a new
+    definition replaces the old one whole (its keys depend on its type).
     """
-    parts = dotted_key.split(".")
-    node = tree
-    while parts:
-        for width in range(len(parts), 0, -1):
-            key = ".".join(parts[:width])
-            if key in node or width == 1:
-                break
-        parts = parts[width:]
-        if not parts:
-            node[key] = value
-            return
+    *parents, last = split_field(dotted_key)
+    node, created = tree, []
+    for index, key in enumerate(parents):
         child = node.get(key)
         if not isinstance(child, dict):
             if child is not None:
-                raise ConfigError.single(dotted_key, f"--set cannot descend into {key!r}, which is not a mapping")
+                raise ConfigError.single(dotted_key, f"--set cannot descend into {'.'.join(parents[:index + 1])!r}, "
+                                                     "which is not a mapping")
             child = node[key] = {}
+            created.append(tuple(parents[:index + 1]))
         node = child
+    path = (*parents, last)
+    node[last] = _merged(node.get(last), value, path)
+    return [*created, path, *_leaf_paths(value, path)]
+
+
+def _merged(old: Any, new: Any, path: tuple[str, ...]) -> Any:
+    if not (isinstance(new, Mapping) and isinstance(old, dict)) or _is_space_parameter(path):
+        return copy.deepcopy(new)
+    merged = dict(old)
+    for key, value in new.items():
+        merged[key] = _merged(old.get(key), value, (*path, str(key)))
+    return merged
+
+
+def _is_space_parameter(path: tuple[str, ...]) -> bool:
+    return len(path) == 2 and path[0] == "space"
+
+
+def _leaf_paths(value: Any, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+    if not isinstance(value, Mapping):
+        return []
+    paths = []
+    for key, child in value.items():
+        child_path = (*path, str(key))
+        paths += [child_path, *_leaf_paths(child, child_path)]
+    return paths
 
 
 def validate(raw: dict[str, Any], lines: LineMap, origin: str) -> ExperimentConfig:

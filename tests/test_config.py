@@ -66,6 +66,8 @@ BAD_SCHEMA = [
     ("bad precision", _set("trainer/precision", "fp8"), "trainer.precision", "'32-true'"),
     ("negative cpus", _set("resources/cpus_per_trial", -1), "resources.cpus_per_trial", "greater than 0"),
     ("empty space", _set("space", {}), "space", "space is empty"),
+    ("space entry without a type", _set("space/model.dropout", {"low": 0.1, "high": 0.5}), "space.model.dropout",
+     "needs a 'type'"),
     ("grid float without step", _set("search/sampler", "grid"), "space.model.lr", "grid' needs a 'step' on this float"),
     ("bad class path", _set("model/class_path", "my.module:"), "model.class_path", "package.module:ClassName"),
     ("bad name", _set("name", "my experiment/1"), "name", "study's folder"),
@@ -216,11 +218,27 @@ def test_override_syntax_errors():
         parse_overrides(["search.num_trials"])
 
 
-def test_apply_override_prefers_existing_dotted_keys():
+def test_apply_override_reaches_space_keys_which_hold_a_dot():
     tree = {"space": {"model.lr": {"low": 1}}}
     apply_override(tree, "space.model.lr.low", 2)
     apply_override(tree, "search.seed", 5)
-    assert tree == {"space": {"model.lr": {"low": 2}}, "search": {"seed": 5}}
+    apply_override(tree, "space.model.channels", {"type": "categorical", "choices": [8, 16]})  # a new one
+    assert tree == {"space": {"model.lr": {"low": 2}, "model.channels": {"type": "categorical", "choices": [8, 16]}},
+                    "search": {"seed": 5}}
+
+
+def test_a_mapping_override_merges_into_its_section_but_replaces_a_parameter(tmp_path):
+    path = write_yaml(tmp_path / "x.yaml", {**example_dict(), "search": {"num_trials": 2, "sampler": "random", "seed": 7}})
+    config = load_config(path, {"search": {"num_trials": 3}, "model.init_args": {"dropout": 0.2}})
+    assert (config.search.num_trials, config.search.sampler, config.search.seed) == (3, "random", 7)
+    assert config.model.init_args == {**example_dict()["model"]["init_args"], "dropout": 0.2}
+    # A parameter's keys depend on its type: a new definition replaces the old whole.
+    replaced = load_config(path, ["space.model.lr={type: categorical, choices: [0.01, 0.1]}"])
+    assert replaced.space["model.lr"].choices == [0.01, 0.1]
+    # An error inside what a mapping override set is blamed on it, not on the file's line.
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {"search": {"num_trials": 0}})
+    assert [(p.field, p.source) for p in caught.value.problems] == [("search.num_trials", "--set")]
 
 
 def test_trainer_params_are_validated_when_applied(example_config):
@@ -244,5 +262,7 @@ def test_a_set_that_breaks_a_field_of_the_file_is_blamed_on_the_set(tmp_path):
     [problem] = caught.value.problems
     assert problem.field == "space.model.lr" and "(--set)" in str(problem) and str(path) not in str(problem)
     with pytest.raises(ConfigError) as caught:
-        load_config(path, ["space.model.dropout.type=float"])  # no such space key: lands as space.model
-    assert any("needs a 'type'" in p.message for p in caught.value.problems), caught.value
+        load_config(path, ["space.model.dropout.type=float"])  # a new parameter, given only its type
+    assert {(p.field, p.source, p.message) for p in caught.value.problems} == {
+        ("space.model.dropout.low", "--set", "required key is missing"),
+        ("space.model.dropout.high", "--set", "required key is missing")}, caught.value
