@@ -98,6 +98,20 @@ class CategoricalParam(StrictModel):
     type: Literal["categorical"]
     choices: list[Scalar] = Field(min_length=1)
 
+    @field_validator("choices", mode="before")
+    @classmethod
+    def _scalars(cls, choices: Any) -> Any:
+        """One clear error for a list or mapping among the choices (pydantic gave one line
+        per union member for each: eight lines for two list choices)."""
+        if isinstance(choices, list):
+            for index, choice in enumerate(choices):
+                if not isinstance(choice, (type(None), bool, int, float, str)):
+                    raise ValueError(
+                        f"choice {index} ({choice!r}) is a {type(choice).__name__}: choices must be null, true/false, "
+                        "numbers or strings (Optuna stores them as such). To search over lists or mappings, "
+                        "give names as choices and map each name to its value in your class's constructor")
+        return choices
+
     @field_validator("choices")
     @classmethod
     def _distinct(cls, choices: list[Scalar]) -> list[Scalar]:

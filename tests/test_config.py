@@ -66,6 +66,8 @@ BAD_SCHEMA = [
     ("bad precision", _set("trainer/precision", "fp8"), "trainer.precision", "'32-true'"),
     ("negative cpus", _set("resources/cpus_per_trial", -1), "resources.cpus_per_trial", "greater than 0"),
     ("empty space", _set("space", {}), "space", "space is empty"),
+    ("list choices", _set("space/model.layers", {"type": "categorical", "choices": [[32], [64, 32]]}),
+     "space.model.layers.choices", "choice 0 ([32]) is a list: choices must be null, true/false, numbers or strings"),
     ("space entry without a type", _set("space/model.dropout", {"low": 0.1, "high": 0.5}), "space.model.dropout",
      "needs a 'type'"),
     ("grid float without step", _set("search/sampler", "grid"), "space.model.lr", "grid' needs a 'step' on this float"),
