@@ -174,9 +174,13 @@ class TuneReporter(pl.Callback):
         epoch's start, or the end of training) because Lightning logs the epoch's training
         metrics, and runs the model's own ``on_train_epoch_end``, after every callback's
         ``on_train_epoch_end``; Tune may stop the trial at the report, and a trial pruned
-        there would otherwise never have that epoch's ``train_loss`` in TensorBoard."""
+        there would otherwise never have that epoch's ``train_loss`` in TensorBoard. The
+        epoch's time is taken here too, so it includes the model's epoch-end work."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
+            # The epoch ends here, after the model's own on_train_epoch_end (EMA updates,
+            # epoch-level metrics): its time belongs to the epoch and to the compute spent.
+            pending["hps_epoch_time_s"] = time.perf_counter() - self._epoch_started
             self._deliver(trainer, pending)
 
     def report_restored(self, trainer: pl.Trainer, validation_metrics) -> None:
@@ -244,14 +248,13 @@ class TuneReporter(pl.Callback):
         })
         if trainer.global_rank == 0:
             self._log_search_metric(trainer)
-            if trainer.logger is not None:
-                trainer.logger.log_metrics({f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS},
-                                           step=trainer.global_step)
         return metrics
 
     def _deliver(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
         if trainer.global_rank == 0:
             if trainer.logger is not None:
+                trainer.logger.log_metrics({f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS},
+                                           step=trainer.global_step)
                 # Events reach disk before the report: a driver killed right after it
                 # must not leave TensorBoard missing epochs the study has.
                 trainer.logger.experiment.flush()
