@@ -152,6 +152,10 @@ class TuneReporter(pl.Callback):
         self._val_seconds, self._checkpoint_started = now - self._val_started, now
         self._epoch_cpu_s = time.process_time() - self._cpu_at_epoch_start
         self._validated = not trainer.sanity_checking
+        if self._validated:
+            # Checked here, before the checkpoint callbacks, so that a metric the model never
+            # logs is named by hpsearch (with what was logged) and not by ModelCheckpoint.
+            self._checked(trainer, trainer.callback_metrics)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
         self._check_losses_finite(trainer)

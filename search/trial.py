@@ -209,11 +209,11 @@ def _failure_reason(exc: BaseException) -> str | None:
     """A one-line reason for faults that a retry cannot fix; None for those it might."""
     import torch
 
-    from .reporting import NonFiniteError
+    from .reporting import MetricNotLoggedError, NonFiniteError
 
     if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
         return f"OOM: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'out of memory'}"[:300]
-    if isinstance(exc, NonFiniteError):
+    if isinstance(exc, (NonFiniteError, MetricNotLoggedError)):
         return str(exc)
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"disk full: {exc}"[:300]

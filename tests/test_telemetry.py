@@ -69,16 +69,16 @@ class SlowEpochEnd(MLPClassifier):
         time.sleep(0.4)
 
 
-def reports_of(tmp_path, model, datamodule, epochs: int = 2) -> list[dict]:
+def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_acc") -> list[dict]:
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
     from hpsearch.search.lightning_trainer import build_trainer
     from hpsearch.search.reporting import TuneReporter
 
     reports: list[dict] = []
-    reporter = TuneReporter("val_acc", "max", epochs, report=reports.append, static_fields={})
+    reporter = TuneReporter(metric, "max", epochs, report=reports.append, static_fields={})
     device = trial_device(TrainerConfig(), LoaderConfig(), ResourcesConfig())
-    trainer = build_trainer(TrainerConfig(), device=device, metric="val_acc", mode="max", max_epochs=epochs,
+    trainer = build_trainer(TrainerConfig(), device=device, metric=metric, mode="max", max_epochs=epochs,
                             trial_dir=tmp_path / "trial", tensorboard_run=tmp_path / "tb" / "run",
                             callbacks=[reporter], profiler=reporter.fetch_timer)
     trainer.fit(model, datamodule=datamodule)
@@ -115,6 +115,18 @@ def test_the_models_own_epoch_end_work_counts_in_the_epochs_time(tmp_path):
     data = SlowLoadingData(item_seconds=0.0)
     for report in reports_of(tmp_path, mlp_for(data, SlowEpochEnd), data, epochs=3):
         assert report["hps_epoch_time_s"] >= 0.4, report["hps_epoch_time_s"]
+
+
+def test_a_metric_the_model_never_logs_is_named_by_hpsearch_and_fails_the_trial_at_once(tmp_path):
+    # With the preflight off, a typo in 'metric' reached Lightning first: its EarlyStopping
+    # or ModelCheckpoint error blamed callbacks the user never configured, and was retried.
+    from hpsearch.search.reporting import MetricNotLoggedError
+    from hpsearch.search.trial import _failure_reason
+
+    data = SlowLoadingData(item_seconds=0.0)
+    with pytest.raises(MetricNotLoggedError, match="'val_accuracy' was not logged.*logged: .*val_acc") as caught:
+        reports_of(tmp_path, mlp_for(data), data, metric="val_accuracy")
+    assert _failure_reason(caught.value) == str(caught.value)
 
 
 def test_each_epoch_reports_the_cpu_time_its_training_and_validation_used(tmp_path):
