@@ -168,7 +168,7 @@ def _report(result) -> int:
     if not result.best:
         # Every trial failed (or none reported its metric): a search with no result is a failure.
         states = [trial.get("state") for trial in result.trials]
-        print(f"no trial produced a result: {states.count('FAILED')} of {len(states)} failed; see why with:\n"
+        print(f"no trial finished with a result: {states.count('FAILED')} of {len(states)} failed; see why with:\n"
               f"  hpsearch status {result.experiment_dir}", file=sys.stderr)
         return 1
     return 0
@@ -202,11 +202,15 @@ def _why_no_best(exp) -> str:
     from .trials_table import read_rows
 
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
-    scored = [row for row in rows if row.get("state") in ("COMPLETE", "PRUNED") and row.get("best") not in ("", None)]
-    if not scored:
-        failed = sum(row.get("state") == "FAILED" for row in rows)
+    reported = [row for row in rows if row.get("best") not in ("", None)]
+    scored = [row for row in reported if row.get("state") in ("COMPLETE", "PRUNED")]
+    failed = sum(row.get("state") == "FAILED" for row in rows)
+    if not reported:
         return (f"no trial has a result yet ({len(rows)} started, {failed} failed; "
                 f"see hpsearch status {exp.root})")
+    if not scored:
+        return (f"no trial has finished with a result yet ({len(reported)} reported epochs, {failed} of them "
+                f"failed later, and a failed trial does not count); hpsearch status {exp.root} shows them")
     return (f"{len(scored)} trials have results, but the search has not finished or ended before its "
             f"evaluation of the best trial; if no search is running, hpsearch resume {exp.root} writes it")
 

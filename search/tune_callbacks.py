@@ -128,7 +128,7 @@ class RetryPolicy(Callback):
             return
         faults = int(row.get("attempts") or 1)  # attempts so far, each ended by a fault
         if faults > self.max_retries:
-            trial.config[GIVE_UP] = f"failed {faults} times: {_last_error_line(trial)}"
+            trial.config[GIVE_UP] = f"failed {faults} time{'s' if faults != 1 else ''}: {_last_error_line(trial)}"
         else:
             row["attempts"] = faults + 1
 

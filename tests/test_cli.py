@@ -143,6 +143,13 @@ def test_best_says_why_a_study_has_no_best_json(tmp_path, capsys):
     cut_short = _study_with(tmp_path / "b", ["COMPLETE", "COMPLETE", "FAILED"])
     assert main(["best", str(cut_short.root)]) == 1
     assert f"2 trials have results" in (err := capsys.readouterr().err) and f"hpsearch resume {cut_short.root}" in err
+    # Trials with epochs but none finished (a search still running, or each failed after
+    # an epoch): not "no result yet", which contradicted status.
+    running = _study_with(tmp_path / "c", ["RUNNING", "FAILED"])
+    table_path = running.trials_csv
+    table_path.write_text(table_path.read_text().replace("RUNNING,,,", "RUNNING,,0.7,", 1).replace("FAILED,,,", "FAILED,,0.6,", 1))
+    assert main(["best", str(running.root)]) == 1
+    assert "no trial has finished with a result yet (2 reported epochs, 1 of them failed later" in capsys.readouterr().err
 
 
 def test_a_search_whose_every_trial_failed_exits_with_1_saying_so(tmp_path, capsys):
@@ -151,7 +158,7 @@ def test_a_search_whose_every_trial_failed_exits_with_1_saying_so(tmp_path, caps
 
     result = SearchResult(tmp_path, "complete", None, [{"state": "FAILED"}, {"state": "FAILED"}], 9.0)
     assert _report(result) == 1
-    assert "no trial produced a result: 2 of 2 failed" in capsys.readouterr().err
+    assert "no trial finished with a result: 2 of 2 failed" in capsys.readouterr().err
     result = SearchResult(tmp_path, "complete", {"value": 0.9, "metric": "val_acc", "mode": "max", "trial": 0,
                                                  "params": {}, "state": "COMPLETE", "epochs": 1,
                                                  "checkpoint": None, "test_metrics": {}},
