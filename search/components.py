@@ -113,9 +113,27 @@ def check_components(config: ExperimentConfig) -> tuple[type, type]:
             problems.append(config.problem(f"{section}.class_path", kind))
             continue
         problems += _argument_problems(config, section, classes[section])
+    if not problems:
+        problems += _loader_problems(config, classes["model"], classes["data"])
     if problems:
         raise ConfigError(problems)
     return classes["model"], classes["data"]
+
+
+def _loader_problems(config: ExperimentConfig, model_class: type, data_class: type) -> list[Problem]:
+    """A trial trains and validates every epoch (validation scores it for the search), so
+    one of the two classes must define each loader. Found here, it is the DataModule's
+    fault, not the model's, and it is found with the preflight off too."""
+    import pytorch_lightning as pl
+
+    problems = []
+    for hook, why in (("train_dataloader", "to train on"), ("val_dataloader", "to score each epoch by")):
+        defined = [klass for klass, base in ((data_class, pl.LightningDataModule), (model_class, pl.LightningModule))
+                   if getattr(klass, hook, None) is not getattr(base, hook)]
+        if not defined:
+            problems.append(config.problem("data.class_path", f"{data_class.__name__} defines no {hook}() (nor does "
+                                           f"{model_class.__name__}): hpsearch needs one {why}"))
+    return problems
 
 
 def _kind_problem(section: str, klass: type) -> str | None:

@@ -111,6 +111,21 @@ def test_bad_components_are_rejected_naming_the_field(label, change, field, mess
     assert any(p.field == field and message in p.message for p in problems), [str(p) for p in problems]
 
 
+def test_a_datamodule_without_a_val_dataloader_is_blamed_not_the_model(monkeypatch):
+    import pytorch_lightning as pl
+
+    from hpsearch.models.digits import DigitsDataModule
+
+    module = types.ModuleType("users_data")
+    module.NoValData = type("NoValData", (DigitsDataModule,), {"val_dataloader": pl.LightningDataModule.val_dataloader,
+                                                                "__module__": "users_data"})
+    monkeypatch.setitem(sys.modules, "users_data", module)
+    with pytest.raises(ConfigError) as caught:
+        check_components(load_config(mutated(_set("data/class_path", "users_data:NoValData"))))
+    [problem] = caught.value.problems
+    assert problem.field == "data.class_path" and "NoValData defines no val_dataloader()" in problem.message
+
+
 def test_a_model_built_on_the_lightning_package_is_told_to_use_pytorch_lightning(monkeypatch):
     # The 'lightning' package is not installed here: its class is imitated by its module name.
     module = types.ModuleType("users_models")
