@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from .experiment import ExperimentDir
 
@@ -19,8 +21,24 @@ def logdir_spec(experiments: list[ExperimentDir]) -> list[str]:
         name = exp.root.name
         names[name] = names.get(name, 0) + 1
         label = name if names[name] == 1 else f"{name}-{names[name]}"
-        parts.append(f"{label}:{exp.tensorboard_dir}")
+        parts.append(f"{label}:{_without_commas(exp.tensorboard_dir)}")
     return ["--logdir_spec", ",".join(parts)]
+
+
+def _without_commas(path: Path) -> str:
+    """``path`` as TensorBoard's ``--logdir_spec`` can hold it: the list is split at commas,
+    with no escape, so a study under a folder named with a comma was silently dropped. The
+    path relative to here is used when that has none; otherwise the study is refused."""
+    if "," not in str(path):
+        return str(path)
+    relative = os.path.relpath(path)
+    if "," not in relative:
+        return relative
+    from .errors import HpsearchError
+
+    raise HpsearchError(f"TensorBoard cannot show {path} beside other studies: its path holds a comma, which "
+                        "TensorBoard's list of studies cannot; run hpsearch tensorboard on it alone, or from a "
+                        "folder whose relative path to it has no comma")
 
 
 def serve(experiments: list[ExperimentDir], host: str = "127.0.0.1", port: int = 6006) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -198,3 +199,20 @@ def test_a_callback_that_is_not_a_tune_callback_is_refused_before_anything_start
     assert not storage.exists()
     with pytest.raises(ConfigError, match=r"callbacks\[0\]"):
         api.resume(tmp_path / "no-such-study", callbacks=[print])
+
+
+def test_several_studies_for_tensorboard_survive_a_comma_in_their_path(tmp_path, monkeypatch):
+    from hpsearch.search.errors import HpsearchError
+    from hpsearch.search.tensorboard import logdir_spec
+
+    plain = _study_with(tmp_path / "plain", ["COMPLETE"])
+    commas = _study_with(tmp_path / "a,b", ["COMPLETE"])
+    monkeypatch.chdir(tmp_path / "a,b")  # the comma is above here: the relative path has none
+    flag, spec = logdir_spec([plain, commas])
+    groups = dict(part.split(":", 1) for part in spec.split(","))
+    assert flag == "--logdir_spec" and len(groups) == 2  # TensorBoard's own split keeps both
+    assert {(tmp_path / "a,b" / path).resolve() if not path.startswith("/") else Path(path)
+            for path in groups.values()} == {plain.tensorboard_dir.resolve(), commas.tensorboard_dir.resolve()}
+    monkeypatch.chdir(tmp_path / "plain")
+    with pytest.raises(HpsearchError, match="holds a comma"):
+        logdir_spec([plain, commas])
