@@ -11,7 +11,6 @@ directory -> search session (Optuna + ASHA over Lightning trials) -> best.json.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -187,7 +186,7 @@ def _complete_study(exp: ExperimentDir, config: ExperimentConfig) -> SearchResul
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     if len(trials) < config.search.num_trials or any(t.get("state") not in FINISHED_STATES for t in trials):
         return None
-    return SearchResult(exp.root, SESSION_COMPLETE, json.loads(exp.best_json.read_text()), trials,
+    return SearchResult(exp.root, SESSION_COMPLETE, exp.stored_best(), trials,
                         already_complete=True)
 
 

@@ -186,9 +186,9 @@ def cmd_best(args) -> int:
     from .status_view import print_best
 
     exp = _experiment(args.experiment_dir)
-    if not exp.best_json.is_file():
+    best = exp.stored_best()
+    if best is None:
         raise ExperimentError(f"{exp.root} has no best.json: {_why_no_best(exp)}")
-    best = json.loads(exp.best_json.read_text())
     if args.json:
         print(json.dumps(best, indent=2))
     else:

@@ -64,6 +64,15 @@ class ExperimentDir:
     def trial_dir(self, trial_name: str) -> Path:
         return self.trials_dir / trial_name
 
+    def stored_config(self) -> dict[str, Any]:
+        """experiment.yaml as written by run/resume; an ``ExperimentError`` naming the file
+        when it was emptied or edited into something else (the readers crashed on it)."""
+        return _readable(self.config_file, yaml.safe_load, "YAML mapping")
+
+    def stored_best(self) -> dict[str, Any] | None:
+        """best.json, or None before a search has written it (same errors as ``stored_config``)."""
+        return _readable(self.best_json, json.loads, "JSON object") if self.best_json.is_file() else None
+
     @classmethod
     def existing(cls, path: str | Path) -> "ExperimentDir":
         """An experiment directory that must already hold a study started by hpsearch."""
@@ -83,6 +92,18 @@ class ExperimentDir:
         root.mkdir(parents=True)
         (root / "trials").mkdir()
         return cls(root)
+
+
+def _readable(path: Path, parse, kind: str) -> dict[str, Any]:
+    try:
+        data = parse(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ExperimentError(f"{path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                              "it is written whole by hpsearch, so it was damaged or edited") from None
+    if not isinstance(data, dict):
+        raise ExperimentError(f"{path} holds no {kind} (it is empty or was edited); it is written whole by hpsearch, "
+                              "so it was damaged")
+    return data
 
 
 def free_name(name: str, taken) -> str:

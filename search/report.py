@@ -68,7 +68,13 @@ def _open_study(exp: ExperimentDir, summary: StudySummary):
 
     if not (exp.root / STUDY_FILE).is_file():
         return None
-    return open_study(exp.root, summary.name, summary.mode)
+    try:
+        return open_study(exp.root, summary.name, summary.mode)
+    except ValueError as exc:  # json's errors among them: a line edited into something else
+        from .errors import ExperimentError
+
+        raise ExperimentError(f"{exp.root / STUDY_FILE} cannot be read ({type(exc).__name__}: {exc}); a line of it "
+                              "was damaged or edited (a torn last line, as a crash leaves, is repaired)") from None
 
 
 def _learning_curves(study, summary: StudySummary):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -23,7 +22,7 @@ def _console() -> Console:
 
 def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
     console = console or _console()
-    config = yaml.safe_load(exp.config_file.read_text())
+    config = exp.stored_config()
     metric, params = config["metric"], list(config["space"])
     if not exp.trials_csv.is_file():
         console.print(f"{exp.root}: no trial has started yet")

@@ -7,12 +7,10 @@ adds the plots on top of the same numbers.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
 
 from .experiment import ExperimentDir, read_sessions
 from .outcome import FINISHED_STATES, PAUSED, RUNNING
@@ -56,11 +54,11 @@ class StudySummary:
 
 
 def summarize(exp: ExperimentDir) -> StudySummary:
-    config = yaml.safe_load(exp.config_file.read_text())
+    config = exp.stored_config()
     scheduler = config.get("scheduler", {})
     max_epochs = int(scheduler.get("max_epochs", 20))
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
-    best = json.loads(exp.best_json.read_text()) if exp.best_json.is_file() else None
+    best = exp.stored_best()
     counts = {state: sum(1 for r in rows if r.get("state") == state) for state in (*FINISHED_STATES, PAUSED, RUNNING)}
     pruning = stopping = 0.0
     for row in rows:

@@ -216,3 +216,24 @@ def test_several_studies_for_tensorboard_survive_a_comma_in_their_path(tmp_path,
     monkeypatch.chdir(tmp_path / "plain")
     with pytest.raises(HpsearchError, match="holds a comma"):
         logdir_spec([plain, commas])
+
+
+@pytest.mark.parametrize("damage", ["empty experiment.yaml", "truncated best.json", "garbage journal line"])
+def test_a_damaged_study_file_is_named_by_the_reading_commands_without_a_traceback(tmp_path, capsys, damage):
+    exp = _study_with(tmp_path, ["COMPLETE"])
+    (exp.root / "best.json").write_text('{"value": 0.5, "metric": "val_acc", "mode": "max", "trial": 0}\n')
+    if damage == "empty experiment.yaml":
+        exp.config_file.write_text("")
+        commands, named = (["status"], ["compare"], ["report"]), exp.config_file
+    elif damage == "truncated best.json":
+        exp.best_json.write_text('{"value": 0.5, "met')
+        commands, named = (["best"], ["compare"], ["report"]), exp.best_json
+    else:
+        from hpsearch.search.searcher import STUDY_FILE
+
+        (exp.root / STUDY_FILE).write_text("this is not json\n{}\n")
+        commands, named = (["report"],), exp.root / STUDY_FILE
+    for command in commands:
+        assert main([*command, str(exp.root)]) == 1, command
+        err = capsys.readouterr().err
+        assert str(named) in err and "damaged" in err and "Traceback" not in err, (command, err)
