@@ -77,14 +77,14 @@ def run(
     with thawed_at_exit():  # prepare() freezes the driver's imports for this search only
         prepare(config)
         home = StudyHome.new(config.storage, config.name)  # a URI is checked for writing here
-        from .tuner import start_ray
+        from .tuner import ray_for_search
 
-        start_ray(config, address, verbose)
-        concurrency = _plan(config)
-        exp = home.create()
-        with study_lock(exp):
-            write_config(exp, config.model_dump(mode="json"))
-            return _search(config, exp, verbose, concurrency, callbacks, home.mirror)
+        with ray_for_search(config, address, verbose):
+            concurrency = _plan(config)
+            exp = home.create()
+            with study_lock(exp):
+                write_config(exp, config.model_dump(mode="json"))
+                return _search(config, exp, verbose, concurrency, callbacks, home.mirror)
 
 
 def check(
@@ -165,12 +165,12 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     if finished is not None:
         return finished
     prepare(config, preflight=False)
-    from .tuner import start_ray
+    from .tuner import ray_for_search
 
-    start_ray(config, address, verbose)
-    concurrency = _plan(config)
-    write_config(exp, config.model_dump(mode="json"))
-    return _search(config, exp, verbose, concurrency, callbacks, mirror)
+    with ray_for_search(config, address, verbose):
+        concurrency = _plan(config)
+        write_config(exp, config.model_dump(mode="json"))
+        return _search(config, exp, verbose, concurrency, callbacks, mirror)
 
 
 def _complete_study(exp: ExperimentDir, config: ExperimentConfig) -> SearchResult | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -50,17 +51,41 @@ def ray_settings() -> dict[str, str]:
     return {**{name: os.environ.get(name, value) for name, value in RAY_DEFAULTS.items()}, **RAY_ENV}
 
 
-def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> None:
+@contextmanager
+def ray_for_search(config: ExperimentConfig, address: str | None, verbose: bool) -> Iterator[None]:
+    """Ray for one search (see ``start_ray``). A Ray that the search started stays up for
+    the next search of this Python session, except when the search ran in a thread other
+    than the main one: there it is shut down, because Ray's exit handler, run from the main
+    thread at the interpreter's end, then waited 60 s for its GCS and exited with status 1."""
+    import threading
+
+    started = start_ray(config, address, verbose)
+    try:
+        yield
+    finally:
+        if started and threading.current_thread() is not threading.main_thread():
+            import ray
+
+            ray.shutdown()
+
+
+def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> bool:
     """Join the cluster at ``address`` (or at ``RAY_ADDRESS``, which ``ray job submit``
     sets), else start a private local Ray: never an unrelated Ray that happens to run on
-    this machine. Ship the user's code to the workers."""
+    this machine. Ship the user's code to the workers. Returns whether it started Ray: a
+    Ray this process had already started (the user's own ``ray.init``, an earlier search)
+    is used as it is, with Ray Tune's logs quieted all the same."""
     import ray
 
     os.environ.update(ray_settings())
     target = address or os.environ.get("RAY_ADDRESS") or "local"
     runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
     if ray.is_initialized():
-        return
+        _quiet_tune_logs(verbose)
+        if address is not None:
+            warnings.warn(f"address={address!r} is ignored: this process already runs Ray (ray.init was called); "
+                          "the search uses that one", stacklevel=3)
+        return False
     with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose):
         ray.init(
             address=target,
@@ -70,6 +95,14 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> N
             log_to_driver=verbose,
             configure_logging=True,
         )
+    _quiet_tune_logs(verbose)
+    return True
+
+
+def _quiet_tune_logs(verbose: bool) -> None:
+    """Ray Tune's INFO and WARNING lines stay off the console unless ``verbose``: hpsearch's
+    own progress display says what happens (the failed-metrics-fetch warning at a search's
+    end, for one, is about files hpsearch does not use)."""
     if not verbose:
         for name in ("ray.tune", "ray.train", "ray.air"):
             logging.getLogger(name).setLevel(logging.ERROR)

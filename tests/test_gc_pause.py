@@ -179,3 +179,4 @@ def test_the_gpu_test_evaluation_task_imports_the_stack_paused_and_frozen(exampl
     assert seen["collections"] == 0
     assert seen["frozen"] > 100_000
     assert seen["enabled"] is True
+

@@ -1,0 +1,35 @@
+"""hpsearch.run called from the user's own Python: in a thread, on the user's own Ray."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from conftest import shrunk_example
+
+
+def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path):
+    """A web app or notebook tool runs the search in a thread: the interpreter then exits
+    at once with status 0 (Ray's exit handler waited 60 s for its GCS and exited 1). A
+    user's own ray.init is used as it is, with Ray Tune's log lines still kept quiet."""
+    config = shrunk_example(tmp_path, **{"search/num_trials": 1, "scheduler/max_epochs": 1})
+    script = textwrap.dedent(f"""
+        import json, threading
+        import ray
+        import hpsearch
+        config = json.loads({json.dumps(config)!r})
+        results = []
+        thread = threading.Thread(target=lambda: results.append(hpsearch.run(config)))
+        thread.start()
+        thread.join()
+        print("THREAD", len(results[0].trials), ray.is_initialized(), flush=True)
+        ray.init(num_cpus=2, include_dashboard=False)
+        result = hpsearch.run({{**config, "name": "on-my-ray"}})
+        print("OWN", len(result.trials), ray.is_initialized(), flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "THREAD 1 False" in out.stdout and "OWN 1 True" in out.stdout, out.stdout
+    assert "Failed to fetch metrics" not in out.stderr and "Failed to connect to GCS" not in out.stderr, out.stderr[-3000:]
