@@ -14,6 +14,7 @@ from typing import Any
 
 from .components import build_datamodule, build_model, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
+from .devices import loader_options
 from .errors import ConfigError
 from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
 
@@ -36,7 +37,9 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     import pytorch_lightning as pl
 
     params = representative_params(config)
-    loader = {"num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None}
+    # The trials' own options, with no loader processes to start for one batch.
+    loader = loader_options(config.loader.model_copy(update={"num_workers": 0, "pin_memory": False}),
+                            config.resources, on_gpu=False)
     try:
         datamodule = build_datamodule(config, data_class, params, loader)
     except Exception as exc:

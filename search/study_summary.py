@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from .experiment import ExperimentDir, read_sessions
 from .outcome import FINISHED_STATES, PAUSED, RUNNING
 from .trials_table import read_rows

@@ -78,14 +78,14 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> b
     import ray
 
     os.environ.update(ray_settings())
-    target = address or os.environ.get("RAY_ADDRESS") or "local"
-    runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
     if ray.is_initialized():
         _quiet_tune_logs(verbose)
         if address is not None:
             warnings.warn(f"address={address!r} is ignored: this process already runs Ray (ray.init was called); "
                           "the search uses that one", stacklevel=3)
         return False
+    target = address or os.environ.get("RAY_ADDRESS") or "local"
+    runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
     with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose):
         ray.init(
             address=target,
