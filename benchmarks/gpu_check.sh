@@ -5,6 +5,7 @@
 #
 # Each step is time-boxed (one hang must not cost the rest of a short lease), writes its whole
 # log to OUTDIR/<step>.log and prints its last lines; OUTDIR/summary.txt gets one line per step.
+# GPU_CHECK_STEPS="gpu_tests precision" runs only the steps named (a rerun of failed ones).
 # Where the machine lacks hpsearch's packages and ./.whl holds wheels, they are installed into /tmp/site.
 set -u
 out=${1:-gpu-check}
@@ -21,6 +22,7 @@ fi
 step() {  # step NAME SECONDS TAIL_LINES COMMAND...
   local name=$1 limit=$2 lines=$3 started rc
   shift 3
+  if [ -n "${GPU_CHECK_STEPS:-}" ] && [[ " $GPU_CHECK_STEPS " != *" $name "* ]]; then return 0; fi
   started=$(date +%s)
   timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
   rc=$?

@@ -4,9 +4,11 @@
     python benchmarks/precision_and_ddp.py --quick    # a CPU smoke run (bf16 vs 32 on CPU)
 
 Rows: samples/s of the built-in CNN on synthetic images for each precision on one
-device (a plain Lightning Trainer), then one hpsearch trial on 1 GPU and, where the
+device (a plain Lightning Trainer), then the same through one hpsearch trial on 1 GPU
+(as a search runs it: Ray Tune, hpsearch's trial set-up and telemetry) and, where the
 machine has N > 1 GPUs, DDP through hpsearch's Ray Train path on N. Ratios are against
-32-true (precision) and against the 1-GPU trial (DDP), measured in the same run.
+32-true of the same kind of row, and DDP's against the 1-GPU bf16-mixed trial, all
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ def samples_per_second(precision: str, accelerator: str, image_size: int, sample
     return int(samples * 0.7) / (time.perf_counter() - started)
 
 
-def ddp_samples_per_second(workers: int, image_size: int, samples: int, channels: int) -> float:
+def hpsearch_samples_per_second(workers: int, precision: str, image_size: int, samples: int, channels: int) -> float:
+    """One trial through hpsearch (Ray Tune, its trial set-up and telemetry) on ``workers`` GPUs."""
     import hpsearch
 
     with tempfile.TemporaryDirectory() as storage:
         result = hpsearch.run({
-            "name": f"ddp-{workers}", "storage": storage,
+            "name": f"gpu-{workers}-{precision}", "storage": storage,
             "model": {"class_path": "cnn", "init_args": {"channels": channels}},
             "data": {"class_path": "synthetic-images",
                      "init_args": {"num_samples": samples, "image_size": image_size, "batch_size": 256}},
@@ -50,10 +53,15 @@ def ddp_samples_per_second(workers: int, image_size: int, samples: int, channels
             "metric": "val_acc", "mode": "max",
             "search": {"num_trials": 1, "max_concurrent": 1, "preflight": False},
             "scheduler": {"type": "none", "max_epochs": 3},
-            "trainer": {"precision": "bf16-mixed"},
+            "trainer": {"precision": precision},
             "resources": {"workers_per_trial": workers, "cpus_per_worker": 2, "gpus_per_worker": 1},
         })
-        return float(result.trials[0]["samples_per_s"])
+        trial = result.trials[0]
+        if not trial.get("samples_per_s"):
+            print(f"hpsearch trial on {workers} GPU(s), {precision}: no samples/s ({trial.get('state')}: "
+                  f"{trial.get('error') or trial.get('reason')})")
+            return float("nan")
+        return float(trial["samples_per_s"])
 
 
 def main() -> int:
@@ -70,13 +78,17 @@ def main() -> int:
         rate = samples_per_second(precision, accelerator, size, samples, channels)
         base = base or rate
         rows.append((f"{accelerator} {precision}", rate, rate / base))
-    if gpu and torch.cuda.device_count() >= 1:
-        one = None
-        for workers in sorted({1, torch.cuda.device_count()}):
-            rate = ddp_samples_per_second(workers, size, samples, channels)
-            one = one or rate
-            label = "hpsearch trial 1 gpu bf16" if workers == 1 else f"hpsearch ddp {workers} gpus bf16"
-            rows.append((label, rate, rate / one))
+    if gpu:
+        base = None
+        for precision in precisions:
+            rate = hpsearch_samples_per_second(1, precision, size, samples, channels)
+            base = base or rate
+            rows.append((f"hpsearch trial 1 gpu {precision}", rate, rate / base))
+            one = rate  # the last: bf16-mixed, DDP's per-GPU baseline
+        if torch.cuda.device_count() > 1:
+            workers = torch.cuda.device_count()
+            rate = hpsearch_samples_per_second(workers, "bf16-mixed", size, samples, channels)
+            rows.append((f"hpsearch ddp {workers} gpus bf16-mixed", rate, rate / one))
     print(f"{'configuration':<28}{'samples/s':>12}{'ratio':>8}")
     for name, rate, ratio in rows:
         print(f"{name:<28}{rate:>12.0f}{ratio:>8.2f}")

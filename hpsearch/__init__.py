@@ -5,7 +5,19 @@ your DataModules, ``once_per_worker`` (see ``hpsearch.search.worker_data``). The
 imported lazily so that ``import hpsearch`` (and the CLI's fast paths) stay cheap.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# In the source checkout this folder holds only this file: search/ and models/ sit beside it
+# and become hpsearch.search and hpsearch.models when installed. A process that imports
+# hpsearch from the checkout anyway (Ray starts its workers in the driver's working
+# directory, ahead of site-packages) finds them there, instead of failing every trial with
+# "No module named 'hpsearch.search'" under a non-editable install run from the checkout.
+if not _os.path.isdir(_os.path.join(__path__[0], "search")):
+    _checkout = _os.path.dirname(_os.path.abspath(__path__[0]))
+    if _os.path.isfile(_os.path.join(_checkout, "search", "__init__.py")):
+        __path__.append(_checkout)
 __all__ = ["run", "resume", "check", "load_config", "once_per_worker", "__version__"]
 
 

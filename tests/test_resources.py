@@ -61,6 +61,8 @@ def test_distributed_trials_hold_no_cpu_for_their_driver():
     ({"trainer": {"strategy": "ddp"}}, "trainer.strategy", "needs resources.workers_per_trial > 1"),
     ({"trainer": {"strategy": "fsdp"}, "resources": {"workers_per_trial": 2}}, "trainer.strategy", "shards over GPUs"),
     ({"resources": {"gpus_per_worker": 1.5, "workers_per_trial": 2}}, "resources.gpus_per_worker", "must be whole"),
+    ({"resources": {"gpus_per_worker": 0.5, "workers_per_trial": 2}}, "resources.gpus_per_worker", "cannot share a GPU"),
+    ({"resources": {"gpus_per_trial": 0.25, "workers_per_trial": 4}}, "resources.gpus_per_trial", "cannot share a GPU"),
 ])
 def test_inconsistent_distributed_settings_are_config_errors_naming_the_field(example_config, settings, field,
                                                                                message):

@@ -189,6 +189,25 @@ def test_user_code_outside_site_packages_is_shipped_to_workers(example_config, m
     assert user_code_roots(load_config(example_config | {"model": {"class_path": "cnn"}})) == []
 
 
+def test_hpsearch_imported_from_the_checkout_finds_its_subpackages():
+    """A Ray worker started in the checkout imports its hpsearch/ folder ahead of an installed
+    (non-editable) copy; that folder must still give hpsearch.search and hpsearch.models."""
+    import site
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    # -S: no site processing, so no editable-install finder: only the checkout and the
+    # third-party packages, as a worker sees them under a plain `pip install .`.
+    probe = ("import sys; sys.path[:0] = [''] ; sys.path += %r; "
+             "import hpsearch.search.config, hpsearch.models.cnn; "
+             "print(hpsearch.search.config.__file__); print(hpsearch.models.cnn.__file__)") % site.getsitepackages()
+    result = subprocess.run([sys.executable, "-S", "-c", probe], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(REPO / "search" / "config.py"), str(REPO / "models" / "cnn.py")]
+
+
 def test_a_required_argument_nobody_provides_is_an_error(example_config, monkeypatch):
     monkeypatch.chdir(FIXTURES)
     example_config["model"] = {"class_path": "userpkg.regression:LinearRegressor"}
