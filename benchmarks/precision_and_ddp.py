@@ -25,11 +25,13 @@ from hpsearch.models.cnn import CNNClassifier
 from hpsearch.models.synthetic import SyntheticImagesDataModule
 
 
-def samples_per_second(precision: str, accelerator: str, image_size: int, samples: int, channels: int) -> float:
+def samples_per_second(precision: str, accelerator: str, image_size: int, samples: int, channels: int,
+                       cudnn_benchmark: bool = False) -> float:
     data = SyntheticImagesDataModule(num_samples=samples, image_size=image_size, channels=3, batch_size=256,
                                      pin_memory=accelerator == "gpu")
     model = CNNClassifier(input_shape=data.input_shape, num_classes=data.num_classes, channels=channels)
     trainer = pl.Trainer(accelerator=accelerator, devices=1, precision=precision, max_epochs=2, logger=False,
+                         benchmark=cudnn_benchmark,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          limit_val_batches=0, num_sanity_val_steps=0)
     trainer.fit(model, datamodule=data)  # epoch 1 warms up kernels and autotuning
@@ -67,10 +69,16 @@ def hpsearch_samples_per_second(workers: int, precision: str, image_size: int, s
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small CPU run that checks the script works")
+    parser.add_argument("--image-size", type=int, help="default: 64 on GPU, 16 on CPU")
+    parser.add_argument("--channels", type=int, help="the CNN's first conv width; default: 64 on GPU, 16 on CPU")
+    parser.add_argument("--samples", type=int, help="default: 20000 on GPU, 2000 on CPU")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.quick
     accelerator = "gpu" if gpu else "cpu"
     size, samples, channels = (64, 20000, 64) if gpu else (16, 2000, 16)
+    size, samples, channels = args.image_size or size, args.samples or samples, args.channels or channels
+    print(f"the CNN ({channels}/{2 * channels}/{2 * channels} channels) on {samples} synthetic "
+          f"{size}x{size} images, batch 256, 70% for training")
     rows = []
     precisions = ["32-true", "16-mixed", "bf16-mixed"] if gpu else ["32-true", "bf16-mixed"]
     base = None
@@ -78,7 +86,9 @@ def main() -> int:
         rate = samples_per_second(precision, accelerator, size, samples, channels)
         base = base or rate
         rows.append((f"{accelerator} {precision}", rate, rate / base))
-    if gpu:
+    if gpu:  # Lightning's benchmark=True: cuDNN times its algorithms for each new input shape
+        rate = samples_per_second("bf16-mixed", accelerator, size, samples, channels, cudnn_benchmark=True)
+        rows.append(("gpu bf16-mixed cudnn.bench", rate, rate / base))
         base = None
         for precision in precisions:
             rate = hpsearch_samples_per_second(1, precision, size, samples, channels)

@@ -121,14 +121,14 @@ class TuneReporter(pl.Callback):
         self._batch_started = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._train_seconds += time.perf_counter() - self._batch_started
-        self._train_samples += _batch_size(batch)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             finite = torch.isfinite(loss.detach())
             self._losses_finite = finite if self._losses_finite is None else self._losses_finite & finite
             if (batch_idx + 1) % FINITE_CHECK_EVERY == 0:
-                self._check_losses_finite(trainer)
+                self._check_losses_finite(trainer)  # waits for the queued steps: training time
+        self._train_seconds += time.perf_counter() - self._batch_started
+        self._train_samples += _batch_size(batch)
 
     def _check_losses_finite(self, trainer: pl.Trainer) -> None:
         """Raise if a training loss since the last check was NaN or infinite: the one
@@ -142,12 +142,18 @@ class TuneReporter(pl.Callback):
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
+            waiting_from = time.perf_counter()
+            _wait_for_device(pl_module)
             self._check_losses_finite(trainer)
+            # On a GPU a step's hooks end once its kernels are queued, not run: what is still
+            # queued when the epoch's training ends is training time, waited for here.
+            self._train_seconds += time.perf_counter() - waiting_from
         self._val_started = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # Checkpoint callbacks run their on_validation_end after this one (Lightning
         # orders them last): the time until on_train_epoch_end is checkpointing.
+        _wait_for_device(pl_module)  # validation's queued kernels belong to its time
         now = time.perf_counter()
         self._val_seconds, self._checkpoint_started = now - self._val_started, now
         self._epoch_cpu_s = time.process_time() - self._cpu_at_epoch_start
@@ -281,6 +287,14 @@ class TuneReporter(pl.Callback):
 
 def _is_scalar(value: Any) -> bool:
     return isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+
+
+def _wait_for_device(pl_module) -> None:
+    """Wait for the kernels queued on the module's GPU (once an epoch, at the boundaries the
+    telemetry measures), so time spent there is not counted in the next phase."""
+    device = getattr(pl_module, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _batch_size(batch: Any) -> int:
