@@ -6,7 +6,8 @@
 # Each step is time-boxed (one hang must not cost the rest of a short lease), writes its whole
 # log to OUTDIR/<step>.log and prints its last lines; OUTDIR/summary.txt gets one line per step.
 # GPU_CHECK_STEPS="gpu_tests precision" runs only the steps named (a rerun of failed ones).
-# Where the machine lacks hpsearch's packages and ./.whl holds wheels, they are installed into /tmp/site.
+# Where the machine lacks hpsearch's packages and ./.whl holds wheels, they are installed into
+# /tmp/site (benchmarks/gpu_check_wheels.py prepares ./.whl for a machine with no package index).
 set -u
 out=${1:-gpu-check}
 mkdir -p "$out"
