@@ -11,7 +11,7 @@ import math
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PrivateAttr, Strict, field_validator,
+from pydantic import (BaseModel, ValidationError, ConfigDict, Field, PositiveFloat, PrivateAttr, Strict, field_validator,
                       model_validator)
 
 # A count: a whole number above 0, strictly (pydantic would take ``true`` as 1 and ``3.0`` as 3).
@@ -77,6 +77,12 @@ class FloatParam(StrictModel):
         _check_step(self.low, self.high, self.step)
         return self
 
+    def edge_values(self) -> list[float]:
+        """The lowest and highest values a sampler can give (on a grid, its last point)."""
+        top = self.high if self.step is None else round(
+            self.low + math.floor((self.high - self.low) / self.step + 1e-9) * self.step, 12)
+        return [self.low] if top == self.low else [self.low, top]
+
 
 class IntParam(StrictModel):
     type: Literal["int"]
@@ -92,6 +98,11 @@ class IntParam(StrictModel):
             raise ValueError("'log: true' needs 'step: 1' for int parameters (Optuna's rule)")
         _check_step(self.low, self.high, self.step)
         return self
+
+    def edge_values(self) -> list[int]:
+        """The lowest and highest values a sampler can give."""
+        top = self.low + (self.high - self.low) // self.step * self.step
+        return [self.low] if top == self.low else [self.low, top]
 
 
 class CategoricalParam(StrictModel):
@@ -118,6 +129,10 @@ class CategoricalParam(StrictModel):
         if len({repr(c) for c in choices}) != len(choices):
             raise ValueError("choices must be distinct")
         return choices
+
+    def edge_values(self) -> list[Scalar]:
+        """Every choice: any of them can be sampled."""
+        return list(self.choices)
 
 
 def _check_range(low: float, high: float, log: bool) -> None:
@@ -307,6 +322,21 @@ class ExperimentConfig(StrictModel):
             raise FieldValueError("trainer.strategy", "'ddp' needs resources.workers_per_trial > 1")
         if strategy == "fsdp" and self.resources.worker_gpus == 0:
             raise FieldValueError("trainer.strategy", "'fsdp' shards over GPUs: set resources.gpus_per_worker >= 1")
+        return self
+
+    @model_validator(mode="after")
+    def _trainer_params_valid_wherever_sampled(self):
+        """A searched trainer setting is checked at every choice and both ends of its range,
+        here, rather than in the trials that happen to sample a bad value."""
+        for key, param in self.space.items():
+            if key.startswith("trainer."):
+                for value in param.edge_values():
+                    try:
+                        self.with_trainer_params({key: value})
+                    except ValidationError as exc:
+                        reason = exc.errors()[0]["msg"]
+                        raise FieldValueError(f"space.{key}", f"{value!r} can be sampled but is not a valid "
+                                                              f"{key}: {reason}") from None
         return self
 
     @model_validator(mode="after")

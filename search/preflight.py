@@ -1,9 +1,11 @@
 """The preflight: one validation batch in the driver, before Ray starts.
 
 It builds the DataModule and model exactly as a trial would (with a representative
-value of every searched parameter) and runs one validation batch on the CPU. A
-constructor that raises, data that cannot load, or a metric the model never logs is
-then a config error reported in seconds, with no experiment directory created.
+value of every searched parameter) and runs one validation batch on the CPU. Then it
+builds each class again with every other choice and both ends of every range of its
+parameters. A constructor that raises, data that cannot load, a metric the model never
+logs, or a value the search can sample that a constructor refuses is then a config
+error reported in seconds, with no experiment directory created.
 """
 
 from __future__ import annotations
@@ -68,4 +70,40 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
             f"{config.metric!r} is never logged at validation; {model_class.__name__} logs: "
             f"{', '.join(logged) or 'nothing'}",
         )])
+    problems = _values_the_classes_refuse(config, model_class, data_class, params, datamodule, loader)
+    if problems:
+        raise ConfigError(problems)
     return logged
+
+
+def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data_class: type,
+                               params: dict[str, Any], datamodule, loader: dict[str, Any]) -> list:
+    """Each model and data parameter's other choices and range ends, one at a time, given
+    to its class's constructor: a value the constructor refuses would fail every trial
+    that samples it. Models are built on torch's meta device, so no weights are allocated
+    (and on the CPU when that fails: some constructors need real tensors)."""
+    import torch
+
+    problems = []
+    for key, param in config.space.items():
+        section = key.partition(".")[0]
+        if section not in ("model", "data"):
+            continue
+        for value in param.edge_values():
+            if repr(value) == repr(params[key]):
+                continue  # built and validated above
+            variant = {**params, key: value}
+            try:
+                if section == "data":
+                    build_datamodule(config, data_class, variant, loader)
+                else:
+                    try:
+                        with torch.device("meta"):
+                            build_model(config, model_class, variant, datamodule)
+                    except Exception:
+                        build_model(config, model_class, variant, datamodule)
+            except Exception as exc:
+                name = (data_class if section == "data" else model_class).__name__
+                problems.append(config.problem(
+                    f"space.{key}", f"{value!r} can be sampled, but {name}(...) raised {type(exc).__name__}: {exc}"))
+    return problems

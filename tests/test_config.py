@@ -265,6 +265,31 @@ def test_trainer_params_are_validated_when_applied(example_config):
         config.with_trainer_params({"trainer.accumulate_grad_batches": 0})
 
 
+@pytest.mark.parametrize("param, said", [
+    ({"type": "int", "low": 0, "high": 4}, "0 can be sampled"),
+    ({"type": "int", "low": 1, "high": 9, "step": 4}, None),  # its grid ends at 9
+    ({"type": "categorical", "choices": [1, 2, -3]}, "-3 can be sampled"),
+])
+def test_a_searched_trainer_setting_is_checked_at_every_value_it_can_take(example_config, param, said):
+    example_config["space"]["trainer.accumulate_grad_batches"] = param
+    if said is None:
+        assert load_config(example_config).space["trainer.accumulate_grad_batches"].edge_values() == [1, 9]
+        return
+    with pytest.raises(ConfigError) as caught:
+        load_config(example_config)
+    [problem] = caught.value.problems
+    assert problem.field == "space.trainer.accumulate_grad_batches" and said in problem.message
+
+
+def test_a_range_s_edge_values_are_what_a_sampler_can_reach():
+    from hpsearch.search.config import FloatParam, IntParam
+
+    assert FloatParam(type="float", low=0.1, high=1.0, step=0.2).edge_values() == [0.1, 0.9]
+    assert FloatParam(type="float", low=1e-4, high=1e-1, log=True).edge_values() == [1e-4, 1e-1]
+    assert IntParam(type="int", low=2, high=2).edge_values() == [2]
+    assert IntParam(type="int", low=32, high=250, step=16).edge_values() == [32, 240]
+
+
 def test_loading_does_not_mutate_the_callers_dict(example_config):
     before = copy.deepcopy(example_config)
     load_config(example_config, ["search.num_trials=2"])

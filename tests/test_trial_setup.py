@@ -176,6 +176,42 @@ def test_ctrl_c_during_the_preflight_batch_is_an_interrupt_not_an_exit(example_c
         signal.signal(signal.SIGINT, previous)
 
 
+def test_preflight_names_every_sampleable_value_a_constructor_refuses(example_config, tmp_path):
+    from conftest import write_yaml
+
+    example_config["space"].update({
+        "model.optimizer": {"type": "categorical", "choices": ["adamw", "sgdd", "sgd"]},
+        "model.dropout": {"type": "float", "low": 0.0, "high": 1.5},  # torch's Dropout refuses p > 1
+        "data.batch_size": {"type": "categorical", "choices": [64, 0]},
+    })
+    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    found = {(p.field, p.message.split(",")[0]) for p in caught.value.problems}
+    assert found == {("space.model.optimizer", "'sgdd' can be sampled"),
+                     ("space.model.dropout", "1.5 can be sampled"),
+                     ("space.data.batch_size", "0 can be sampled")}, caught.value
+    assert all(p.line is not None for p in caught.value.problems)  # located in the file
+
+
+def test_preflight_builds_a_model_that_needs_real_tensors_on_the_cpu(example_config):
+    """The other values are built on the meta device; a constructor that reads a tensor's
+    value cannot run there, and must not be reported for it."""
+    import torch
+
+    from hpsearch.models.cnn import CNNClassifier
+
+    class ReadsATensor(CNNClassifier):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if float(torch.ones(1).sum()) != 1.0:  # raises on the meta device
+                raise AssertionError("unreachable")
+
+    example_config["space"]["model.dropout"] = {"type": "float", "low": 0.0, "high": 0.5}
+    config = load_config(example_config)
+    assert "val_acc" in run_preflight(config, ReadsATensor, check_components(config)[1])
+
+
 def test_preflight_accepts_the_example(example_config):
     config = load_config(example_config)
     assert "val_acc" in run_preflight(config, *check_components(config))
