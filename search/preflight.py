@@ -45,11 +45,13 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     try:
         datamodule = build_datamodule(config, data_class, params, loader)
     except Exception as exc:
-        raise ConfigError([config.problem("data.init_args", f"{data_class.__name__}(...) raised {type(exc).__name__}: {exc}")]) from None
+        raise ConfigError([config.problem("data.init_args", f"{data_class.__name__}(...{_searched(params, 'data')}) "
+                                                            f"raised {type(exc).__name__}: {exc}")]) from None
     try:
         model = build_model(config, model_class, params, datamodule)
     except Exception as exc:
-        raise ConfigError([config.problem("model.init_args", f"{model_class.__name__}(...) raised {type(exc).__name__}: {exc}")]) from None
+        raise ConfigError([config.problem("model.init_args", f"{model_class.__name__}(...{_searched(params, 'model')}) "
+                                                             f"raised {type(exc).__name__}: {exc}")]) from None
     quiet_lightning()
     with tempfile.TemporaryDirectory(prefix="hpsearch-preflight-") as scratch, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -74,6 +76,14 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     if problems:
         raise ConfigError(problems)
     return logged
+
+
+def _searched(params: dict[str, Any], section: str) -> str:
+    """The searched values a constructor was given, to show beside its error: the fault may
+    lie in the space (a range's low end) rather than in init_args."""
+    given = [f"{key.partition('.')[2]}={value:.6g}" if isinstance(value, float) else f"{key.partition('.')[2]}={value!r}"
+             for key, value in params.items() if key.startswith(section + ".")]
+    return f", searched: {', '.join(given)}" if given else ""
 
 
 def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data_class: type,

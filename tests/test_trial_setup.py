@@ -134,6 +134,16 @@ def test_preflight_reports_a_constructor_that_raises(example_config):
     assert caught.value.problems[0].field == "model.init_args" and "lbfgs" in str(caught.value)
 
 
+def test_a_constructor_error_shows_the_searched_values_it_was_given(example_config):
+    example_config["space"]["model.dropout"] = {"type": "float", "low": 1.5, "high": 2.0}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "model.init_args"
+    assert "CNNClassifier(..., searched: lr=0.00316228, channels=8, dropout=1.5) raised ValueError" in problem.message
+
+
 def test_preflight_names_the_class_whose_method_failed(example_config):
     from hpsearch.models.cnn import CNNClassifier
     from hpsearch.models.digits import DigitsDataModule
