@@ -11,6 +11,7 @@ error reported in seconds, with no experiment directory created.
 from __future__ import annotations
 
 import tempfile
+import time
 import warnings
 from typing import Any
 
@@ -19,6 +20,10 @@ from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .devices import loader_options
 from .errors import ConfigError
 from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
+
+
+# The most the preflight spends building classes with the other values of the space.
+OTHER_VALUES_BUDGET_S = 5.0
 
 
 def representative_params(config: ExperimentConfig) -> dict[str, Any]:
@@ -91,10 +96,13 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
     """Each model and data parameter's other choices and range ends, one at a time, given
     to its class's constructor: a value the constructor refuses would fail every trial
     that samples it. Models are built on torch's meta device, so no weights are allocated
-    (and on the CPU when that fails: some constructors need real tensors)."""
+    (and on the CPU when that fails: some constructors need real tensors). A DataModule
+    that loads its data in its constructor costs a load per value, so the values left
+    after ``OTHER_VALUES_BUDGET_S`` are not checked: their trials still would be."""
     import torch
 
     problems = []
+    deadline = time.perf_counter() + OTHER_VALUES_BUDGET_S
     for key, param in config.space.items():
         section = key.partition(".")[0]
         if section not in ("model", "data"):
@@ -102,6 +110,8 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
         for value in param.edge_values():
             if repr(value) == repr(params[key]):
                 continue  # built and validated above
+            if time.perf_counter() > deadline:
+                return problems
             variant = {**params, key: value}
             try:
                 if section == "data":

@@ -134,6 +134,28 @@ def test_preflight_reports_a_constructor_that_raises(example_config):
     assert caught.value.problems[0].field == "model.init_args" and "lbfgs" in str(caught.value)
 
 
+def test_the_other_values_stop_being_built_when_their_time_budget_is_spent(example_config, monkeypatch):
+    """A DataModule that loads its data in its constructor pays a load for each value."""
+    import time
+
+    from hpsearch.models.digits import DigitsDataModule
+    from hpsearch.search import preflight
+
+    built = []
+
+    class SlowToBuild(DigitsDataModule):
+        def __init__(self, *args, **kwargs):
+            built.append(kwargs.get("batch_size"))
+            time.sleep(0.3)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(preflight, "OTHER_VALUES_BUDGET_S", 0.5)
+    example_config["space"]["data.batch_size"] = {"type": "categorical", "choices": [16, 32, 64, 128, 256, 512]}
+    config = load_config(example_config)
+    assert "val_acc" in run_preflight(config, check_components(config)[0], SlowToBuild)
+    assert built[0] == 16 and 1 <= len(built[1:]) <= 2, built  # the sampled one, then one or two more
+
+
 def test_a_constructor_error_shows_the_searched_values_it_was_given(example_config):
     example_config["space"]["model.dropout"] = {"type": "float", "low": 1.5, "high": 2.0}
     config = load_config(example_config)
