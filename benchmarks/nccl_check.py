@@ -42,6 +42,8 @@ def rank_main(rank: int, world_size: int, devices: list[int], port: int, results
     except Exception as error:  # noqa: BLE001 - the error is the finding
         last = traceback.format_exception_only(type(error), error)[-1].strip()
         results.put((rank, f"error: {last[:300]}"))
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def run_case(devices: list[int]) -> str:
