@@ -18,6 +18,7 @@ if not _os.path.isdir(_os.path.join(__path__[0], "search")):
     _checkout = _os.path.dirname(_os.path.abspath(__path__[0]))
     if _os.path.isfile(_os.path.join(_checkout, "search", "__init__.py")):
         __path__.append(_checkout)
+
 __all__ = ["run", "resume", "check", "load_config", "once_per_worker", "__version__"]
 
 

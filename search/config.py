@@ -11,8 +11,8 @@ import math
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ValidationError, ConfigDict, Field, PositiveFloat, PrivateAttr, Strict, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PrivateAttr, Strict, ValidationError,
+                      field_validator, model_validator)
 
 # A count: a whole number above 0, strictly (pydantic would take ``true`` as 1 and ``3.0`` as 3).
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
