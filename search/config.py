@@ -190,6 +190,15 @@ class TrainerConfig(StrictModel):
     limit_val_batches: PositiveFloat | PositiveInt = 1.0
     deterministic: bool = False
 
+    @field_validator("limit_train_batches", "limit_val_batches", mode="before")
+    @classmethod
+    def _fraction_or_count(cls, value: Any) -> Any:
+        """Lightning's rule: a float is a fraction of the batches, an int a number of them."""
+        if isinstance(value, float) and value > 1.0:
+            raise ValueError(f"a float is a fraction of the batches and must be at most 1.0 (got {value:g}); "
+                             "give a whole number (an int) for a count of batches")
+        return value
+
 
 class LoaderConfig(StrictModel):
     """DataLoader options hpsearch passes to DataModules that accept them; 'auto' follows the trial's resources."""

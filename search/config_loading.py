@@ -39,9 +39,12 @@ def load_config(
     else:
         origin = str(source)
         raw, lines = read_yaml(Path(source))
+    # A mapping comes from the Python API (run/check/resume's ``overrides``), key=value
+    # strings from the command line's --set (or the same syntax given to the API).
+    overrides_label = "overrides" if isinstance(overrides, Mapping) else SET
     for key, value in parse_overrides(overrides).items():
         for path in apply_override(raw, key, value):
-            lines[path] = SET
+            lines[path] = overrides_label
     for key, value in (options or {}).items():
         raw[key] = value
         lines[(key,)] = f"--{key}"

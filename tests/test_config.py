@@ -252,9 +252,13 @@ def test_a_mapping_override_merges_into_its_section_but_replaces_a_parameter(tmp
     # A parameter's keys depend on its type: a new definition replaces the old whole.
     replaced = load_config(path, ["space.model.lr={type: categorical, choices: [0.01, 0.1]}"])
     assert replaced.space["model.lr"].choices == [0.01, 0.1]
-    # An error inside what a mapping override set is blamed on it, not on the file's line.
+    # An error inside what a mapping override set is blamed on it, not on the file's line,
+    # and by the API's name for it (a mapping is never a command line's --set).
     with pytest.raises(ConfigError) as caught:
         load_config(path, {"search": {"num_trials": 0}})
+    assert [(p.field, p.source) for p in caught.value.problems] == [("search.num_trials", "overrides")]
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["search.num_trials=0"])
     assert [(p.field, p.source) for p in caught.value.problems] == [("search.num_trials", "--set")]
 
 
@@ -279,6 +283,24 @@ def test_a_searched_trainer_setting_is_checked_at_every_value_it_can_take(exampl
         load_config(example_config)
     [problem] = caught.value.problems
     assert problem.field == "space.trainer.accumulate_grad_batches" and said in problem.message
+
+
+def test_limit_batches_take_a_fraction_up_to_one_or_a_whole_count(example_config):
+    """Lightning refuses a float above 1.0 in every trial; an int counts batches."""
+    for value in (0.25, 1.0, 3):
+        example_config["trainer"]["limit_train_batches"] = value
+        limit = load_config(example_config).trainer.limit_train_batches
+        assert limit == value and type(limit) is type(value)
+    example_config["trainer"]["limit_train_batches"] = 1.5
+    with pytest.raises(ConfigError, match="must be at most 1.0") as caught:
+        load_config(example_config)
+    assert caught.value.problems[0].field == "trainer.limit_train_batches"
+    # A float range that crosses 1.0 is caught at its top.
+    example_config["trainer"]["limit_train_batches"] = 1.0
+    example_config["space"]["trainer.limit_val_batches"] = {"type": "float", "low": 0.5, "high": 2.0}
+    with pytest.raises(ConfigError, match="2.0 can be sampled") as caught:
+        load_config(example_config)
+    assert caught.value.problems[0].field == "space.trainer.limit_val_batches"
 
 
 def test_a_range_s_edge_values_are_what_a_sampler_can_reach():
