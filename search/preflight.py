@@ -78,9 +78,21 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
             f"{', '.join(logged) or 'nothing'}",
         )])
     problems = _values_the_classes_refuse(config, model_class, data_class, params, datamodule, loader)
-    if problems:
+    if problems and config.resources.worker_gpus > 0 and not _driver_has_gpu():
+        # The builds ran here, on a driver without a GPU (a laptop, a CPU head node), for
+        # trials that will have one: a value may need the GPU, so this is not proof.
+        for problem in problems:
+            warnings.warn(f"{problem} (built on this driver, which has no GPU; the trials have one, "
+                          "so its trials will tell)", stacklevel=2)
+    elif problems:
         raise ConfigError(problems)
     return logged
+
+
+def _driver_has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _searched(params: dict[str, Any], section: str) -> str:
@@ -97,11 +109,11 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
     to its class's constructor: a value the constructor refuses would fail every trial
     that samples it. Models are built on torch's meta device, so no weights are allocated
     (and on the CPU when that fails: some constructors need real tensors). A DataModule
-    that loads its data in its constructor costs a load per value, so the values left
-    after ``OTHER_VALUES_BUDGET_S`` are not checked: their trials still would be."""
+    that loads its data in its constructor costs a load per value, so no build starts
+    after ``OTHER_VALUES_BUDGET_S``, and a warning names the parameters left unchecked."""
     import torch
 
-    problems = []
+    problems, unchecked = [], []
     deadline = time.perf_counter() + OTHER_VALUES_BUDGET_S
     for key, param in config.space.items():
         section = key.partition(".")[0]
@@ -111,7 +123,8 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
             if repr(value) == repr(params[key]):
                 continue  # built and validated above
             if time.perf_counter() > deadline:
-                return problems
+                unchecked.append(f"space.{key}")
+                break
             variant = {**params, key: value}
             try:
                 if section == "data":
@@ -121,9 +134,15 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
                         with torch.device("meta"):
                             build_model(config, model_class, variant, datamodule)
                     except Exception:
+                        if time.perf_counter() > deadline:
+                            unchecked.append(f"space.{key}")
+                            break
                         build_model(config, model_class, variant, datamodule)
             except Exception as exc:
                 name = (data_class if section == "data" else model_class).__name__
                 problems.append(config.problem(
                     f"space.{key}", f"{value!r} can be sampled, but {name}(...) raised {type(exc).__name__}: {exc}"))
+    if unchecked:
+        warnings.warn(f"the preflight's {OTHER_VALUES_BUDGET_S:g} s for building the classes with other values ran out; "
+                      f"not checked: some values of {', '.join(unchecked)} (their trials still will be)", stacklevel=3)
     return problems

@@ -152,8 +152,31 @@ def test_the_other_values_stop_being_built_when_their_time_budget_is_spent(examp
     monkeypatch.setattr(preflight, "OTHER_VALUES_BUDGET_S", 0.5)
     example_config["space"]["data.batch_size"] = {"type": "categorical", "choices": [16, 32, 64, 128, 256, 512]}
     config = load_config(example_config)
-    assert "val_acc" in run_preflight(config, check_components(config)[0], SlowToBuild)
+    with pytest.warns(UserWarning, match=r"ran out; not checked: some values of space\.data\.batch_size"):
+        assert "val_acc" in run_preflight(config, check_components(config)[0], SlowToBuild)
     assert built[0] == 16 and 1 <= len(built[1:]) <= 2, built  # the sampled one, then one or two more
+
+
+def test_on_a_driver_without_a_gpu_a_value_refused_for_gpu_trials_is_a_warning(example_config, monkeypatch):
+    """The builds run on the driver's CPU; for trials that get a GPU, a value that needs one
+    (a CUDA kernel choice) must not stop the search from a laptop or a CPU head node."""
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule as data_class
+    from hpsearch.search import preflight
+
+    class NeedsCuda(CNNClassifier):
+        def __init__(self, *args, kernel: str = "eager", **kwargs):
+            if kernel == "fused_cuda":
+                raise RuntimeError("kernel 'fused_cuda' needs a CUDA device")
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(preflight, "_driver_has_gpu", lambda: False)
+    example_config["space"]["model.kernel"] = {"type": "categorical", "choices": ["eager", "fused_cuda"]}
+    with pytest.raises(ConfigError, match="'fused_cuda' can be sampled"):
+        run_preflight(load_config(example_config), NeedsCuda, data_class)  # CPU trials: an error
+    example_config["resources"]["gpus_per_trial"] = 1
+    with pytest.warns(UserWarning, match="'fused_cuda' can be sampled.*which has no GPU; the trials have one"):
+        assert "val_acc" in run_preflight(load_config(example_config), NeedsCuda, data_class)
 
 
 def test_a_constructor_error_shows_the_searched_values_it_was_given(example_config):
