@@ -11,6 +11,7 @@
 set -u
 out=${1:-gpu-check}
 mkdir -p "$out"
+: > "$out/summary.txt"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 py=${PYTHON:-python3}
 
@@ -42,18 +43,18 @@ step gpu_tests 300 25 "$py" -m pytest -v -p no:cacheprovider -o addopts="" tests
 
 step precision 240 12 "$py" benchmarks/precision_and_ddp.py
 
-# hpsearch's own DDP path (Ray Train, NCCL) with two ranks packed onto one GPU: the outcome
-# says whether such a request must be refused at validation.
-step ddp_shared_gpu 150 12 "$py" - <<'EOF'
-import tempfile, hpsearch
-with tempfile.TemporaryDirectory() as storage:
-    result = hpsearch.run("examples/digits-cnn.yaml", {
-        "storage": storage, "search": {"num_trials": 1, "max_concurrent": 1},
-        "scheduler": {"type": "none", "max_epochs": 2},
-        "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "gpus_per_worker": 0.5},
-        "failure": {"max_retries": 0}})
-    for trial in result.trials:
-        print({key: trial.get(key) for key in ("state", "reason", "device", "strategy", "world_size", "epochs", "best", "error")})
+# Two DDP ranks packed onto one GPU: NCCL refused them on the H200 of 2026-12-04 ("Duplicate
+# GPU detected", nccl_check above), so validation must refuse the request before Ray starts.
+step ddp_shared_gpu 60 3 "$py" - <<'EOF'
+import hpsearch
+from hpsearch.search.errors import ConfigError
+try:
+    hpsearch.check("examples/digits-cnn.yaml", {
+        "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "gpus_per_worker": 0.5}})
+except ConfigError as error:
+    print(f"refused, as it must be: {error}")
+else:
+    raise SystemExit("two DDP ranks on one GPU were accepted")
 EOF
 
 step loader 180 12 "$py" benchmarks/loader.py --images 3000 --cpus 4 --rounds 3

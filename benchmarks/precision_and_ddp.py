@@ -34,7 +34,7 @@ def samples_per_second(precision: str, accelerator: str, image_size: int, sample
                          benchmark=cudnn_benchmark,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          limit_val_batches=0, num_sanity_val_steps=0)
-    trainer.fit(model, datamodule=data)  # epoch 1 warms up kernels and autotuning
+    trainer.fit(model, datamodule=data)  # 2 epochs warm up kernels and autotuning
     started = time.perf_counter()
     trainer.fit_loop.max_epochs = 3
     trainer.fit(model, datamodule=data)

@@ -330,7 +330,8 @@ class ExperimentConfig(StrictModel):
         if strategy == "ddp" and not self.resources.distributed:
             raise FieldValueError("trainer.strategy", "'ddp' needs resources.workers_per_trial > 1")
         if strategy == "fsdp" and self.resources.worker_gpus == 0:
-            raise FieldValueError("trainer.strategy", "'fsdp' shards over GPUs: set resources.gpus_per_worker >= 1")
+            raise FieldValueError("trainer.strategy", "'fsdp' shards over GPUs: give each rank one (resources.gpus_per_trial "
+                                                     "or gpus_per_worker >= 1)")
         return self
 
     @model_validator(mode="after")
