@@ -1,9 +1,9 @@
-"""The preflight: one validation batch in the driver, before Ray starts.
+"""The preflight: one validation batch and one training step in the driver, before Ray starts.
 
 It builds the DataModule and model exactly as a trial would (with a representative
-value of every searched parameter) and runs one validation batch on the CPU. Then it
-builds each class again with every other choice and both ends of every range of its
-parameters. A constructor that raises, data that cannot load, a metric the model never
+value of every searched parameter) and runs one validation batch and one training step
+on the CPU. Then it builds each class again with every other choice and both ends of
+every range of its parameters. A constructor that raises, data that cannot load, a metric the model never
 logs, or a value the search can sample that a constructor refuses is then a config
 error reported in seconds, with no experiment directory created.
 """
@@ -63,20 +63,17 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
         trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
                              default_root_dir=scratch)
-        try:
-            with ctrl_c_interrupts():
-                trainer.validate(model, datamodule=datamodule, verbose=False)
-        except Exception as exc:
-            # Name the class at fault: a DataModule's setup or loader raises here too.
-            field = "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
-            raise ConfigError([config.problem(field, f"one validation batch failed: {type(exc).__name__}: {exc}")]) from None
-    logged = sorted(trainer.callback_metrics)
-    if config.metric not in logged:
-        raise ConfigError([config.problem(
-            "metric",
-            f"{config.metric!r} is never logged at validation; {model_class.__name__} logs: "
-            f"{', '.join(logged) or 'nothing'}",
-        )])
+        _run_batch(config, "validation", model_class, data_class,
+                   lambda: trainer.validate(model, datamodule=datamodule, verbose=False))
+        logged = sorted(trainer.callback_metrics)
+        if config.metric not in logged:
+            raise ConfigError([config.problem(
+                "metric",
+                f"{config.metric!r} is never logged at validation; {model_class.__name__} logs: "
+                f"{', '.join(logged) or 'nothing'}",
+            )])
+        _run_batch(config, "training", model_class, data_class,
+                   lambda: _one_training_step(config, params, model, datamodule, scratch))
     problems = _values_the_classes_refuse(config, model_class, data_class, params, datamodule, loader)
     if problems and config.resources.worker_gpus > 0 and not _driver_has_gpu():
         # The builds ran here, on a driver without a GPU (a laptop, a CPU head node), for
@@ -93,6 +90,31 @@ def _driver_has_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _run_batch(config: ExperimentConfig, what: str, model_class: type, data_class: type, run) -> None:
+    """Run one batch; an error is a config error naming the class at fault (a DataModule's
+    setup or loader raises here too)."""
+    try:
+        with ctrl_c_interrupts():
+            run()
+    except Exception as exc:
+        field = "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
+        raise ConfigError([config.problem(field, f"one {what} batch failed: {type(exc).__name__}: {exc}")]) from None
+
+
+def _one_training_step(config: ExperimentConfig, params: dict[str, Any], model, datamodule, scratch: str) -> None:
+    """One optimizer step on one training batch, with the trial's gradient clipping: a
+    training_step, train loader or configure_optimizers that raises would otherwise fail
+    every trial, each try after Ray started."""
+    import pytorch_lightning as pl
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, max_steps=1, max_epochs=1,
+                         limit_train_batches=1, limit_val_batches=0, num_sanity_val_steps=0,
+                         gradient_clip_val=config.with_trainer_params(params).gradient_clip_val,
+                         default_root_dir=scratch)
+    trainer.fit(model, datamodule=datamodule)
 
 
 def _searched(params: dict[str, Any], section: str) -> str:

@@ -201,10 +201,21 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
         def validation_step(self, batch, batch_idx):
             raise RuntimeError("validation exploded")
 
+    class BrokenTraining(CNNClassifier):  # validates fine: only a training step finds it
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("training exploded")
+
+    class BrokenTrainLoader(DigitsDataModule):
+        def train_dataloader(self):
+            raise RuntimeError("train loader exploded")
+
     config = load_config(example_config)
     model_class, data_class = check_components(config)
-    for model, data, field, said in ((model_class, BrokenSetup, "data.class_path", "setup exploded"),
-                                     (BrokenValidation, data_class, "model.class_path", "validation exploded")):
+    for model, data, field, said in (
+            (model_class, BrokenSetup, "data.class_path", "one validation batch failed: RuntimeError: setup exploded"),
+            (BrokenValidation, data_class, "model.class_path", "one validation batch failed: RuntimeError: validation"),
+            (BrokenTraining, data_class, "model.class_path", "one training batch failed: RuntimeError: training exploded"),
+            (model_class, BrokenTrainLoader, "data.class_path", "one training batch failed: RuntimeError: train loader")):
         with pytest.raises(ConfigError) as caught:
             run_preflight(config, model, data)
         [problem] = caught.value.problems
