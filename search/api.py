@@ -95,9 +95,9 @@ def check(
     storage: str | None = None,
 ) -> tuple[ExperimentConfig, str]:
     """What ``run`` checks before Ray starts, and nothing after: the file, the classes and
-    their arguments, one validation batch, and that the storage can be written. Starts no
-    Ray and creates nothing; raises what ``run`` would. Returns the validated config and
-    where ``run`` would put the study (a directory or URI)."""
+    their arguments, one training step and one validation batch, and that the storage can
+    be written. Starts no Ray and creates nothing; raises what ``run`` would. Returns the
+    validated config and where ``run`` would put the study (a directory or URI)."""
     config = _run_config(source, overrides, name, storage)
     with thawed_at_exit():
         prepare(config)

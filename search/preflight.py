@@ -40,9 +40,8 @@ def representative_params(config: ExperimentConfig) -> dict[str, Any]:
 
 
 def run_preflight(config: ExperimentConfig, model_class: type, data_class: type) -> list[str]:
-    """Validate one batch; return the metrics the model logged. Raises ``ConfigError``."""
-    import pytorch_lightning as pl
-
+    """Train one step and validate one batch; return the metrics the model logged at
+    validation. Raises ``ConfigError``."""
     params = representative_params(config)
     # The trials' own options, with no loader processes to start for one batch.
     loader = loader_options(config.loader.model_copy(update={"num_workers": 0, "pin_memory": False}),
@@ -58,22 +57,13 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
         raise ConfigError([config.problem("model.init_args", f"{model_class.__name__}(...{_searched(params, 'model')}) "
                                                              f"raised {type(exc).__name__}: {exc}")]) from None
     quiet_lightning()
-    with tempfile.TemporaryDirectory(prefix="hpsearch-preflight-") as scratch, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
-                             default_root_dir=scratch)
-        _run_batch(config, "validation", model_class, data_class,
-                   lambda: trainer.validate(model, datamodule=datamodule, verbose=False))
-        logged = sorted(trainer.callback_metrics)
-        if config.metric not in logged:
-            raise ConfigError([config.problem(
-                "metric",
-                f"{config.metric!r} is never logged at validation; {model_class.__name__} logs: "
-                f"{', '.join(logged) or 'nothing'}",
-            )])
-        _run_batch(config, "training", model_class, data_class,
-                   lambda: _one_training_step(config, params, model, datamodule, scratch))
+    logged = _one_step_and_one_validation_batch(config, params, model, datamodule, model_class, data_class)
+    if config.metric not in logged:
+        raise ConfigError([config.problem(
+            "metric",
+            f"{config.metric!r} is never logged at validation; {model_class.__name__} logs: "
+            f"{', '.join(logged) or 'nothing'}",
+        )])
     problems = _values_the_classes_refuse(config, model_class, data_class, params, datamodule, loader)
     if problems and config.resources.worker_gpus > 0 and not _driver_has_gpu():
         # The builds ran here, on a driver without a GPU (a laptop, a CPU head node), for
@@ -92,29 +82,46 @@ def _driver_has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def _run_batch(config: ExperimentConfig, what: str, model_class: type, data_class: type, run) -> None:
-    """Run one batch; an error is a config error naming the class at fault (a DataModule's
-    setup or loader raises here too)."""
-    try:
-        with ctrl_c_interrupts():
-            run()
-    except Exception as exc:
-        field = "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
-        raise ConfigError([config.problem(field, f"one {what} batch failed: {type(exc).__name__}: {exc}")]) from None
-
-
-def _one_training_step(config: ExperimentConfig, params: dict[str, Any], model, datamodule, scratch: str) -> None:
-    """One optimizer step on one training batch, with the trial's gradient clipping: a
-    training_step, train loader or configure_optimizers that raises would otherwise fail
-    every trial, each try after Ray started."""
+def _one_step_and_one_validation_batch(config: ExperimentConfig, params: dict[str, Any], model, datamodule,
+                                       model_class: type, data_class: type) -> list[str]:
+    """One optimizer step on one training batch, with the trial's gradient clipping, then
+    one validation batch, in one ``fit`` (the DataModule is set up once). A training_step,
+    loader or configure_optimizers that raises would otherwise fail every trial, each try
+    after Ray started. Returns the metrics logged by validation's end."""
     import pytorch_lightning as pl
 
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, max_steps=1, max_epochs=1,
-                         limit_train_batches=1, limit_val_batches=0, num_sanity_val_steps=0,
-                         gradient_clip_val=config.with_trainer_params(params).gradient_clip_val,
-                         default_root_dir=scratch)
-    trainer.fit(model, datamodule=datamodule)
+    class Watch(pl.Callback):
+        """Which phase runs, and what was logged by validation's end (where a trial's
+        reporter looks for the metric)."""
+
+        phase, logged = "the set-up before the first batch", []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.phase = "one training batch"
+
+        def on_validation_start(self, trainer, pl_module) -> None:
+            self.phase = "one validation batch"
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            self.logged = sorted(trainer.callback_metrics)
+
+    watch = Watch()
+    with tempfile.TemporaryDirectory(prefix="hpsearch-preflight-") as scratch, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, max_epochs=1,
+                             limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0,
+                             gradient_clip_val=config.with_trainer_params(params).gradient_clip_val,
+                             callbacks=[watch], default_root_dir=scratch)
+        try:
+            with ctrl_c_interrupts():
+                trainer.fit(model, datamodule=datamodule)
+        except Exception as exc:
+            # Name the class at fault: a DataModule's setup or loader raises here too.
+            field = "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
+            raise ConfigError([config.problem(
+                field, f"{watch.phase} failed: {type(exc).__name__}: {exc}")]) from None
+    return watch.logged
 
 
 def _searched(params: dict[str, Any], section: str) -> str:

@@ -212,10 +212,10 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
     config = load_config(example_config)
     model_class, data_class = check_components(config)
     for model, data, field, said in (
-            (model_class, BrokenSetup, "data.class_path", "one validation batch failed: RuntimeError: setup exploded"),
+            (model_class, BrokenSetup, "data.class_path", "the set-up before the first batch failed: RuntimeError: setup"),
             (BrokenValidation, data_class, "model.class_path", "one validation batch failed: RuntimeError: validation"),
             (BrokenTraining, data_class, "model.class_path", "one training batch failed: RuntimeError: training exploded"),
-            (model_class, BrokenTrainLoader, "data.class_path", "one training batch failed: RuntimeError: train loader")):
+            (model_class, BrokenTrainLoader, "data.class_path", "before the first batch failed: RuntimeError: train loader")):
         with pytest.raises(ConfigError) as caught:
             run_preflight(config, model, data)
         [problem] = caught.value.problems
