@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,8 +74,10 @@ def run(
     ``callbacks``: extra ``ray.tune.Callback`` objects (experiment trackers, timing)."""
     callbacks = _tune_callbacks(callbacks)
     config = _run_config(source, overrides, name, storage)
-    with thawed_at_exit():  # prepare() freezes the driver's imports for this search only
+    # prepare() freezes the driver's imports for this search only
+    with thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
         prepare(config)
+        interrupted.raise_if_heard()
         home = StudyHome.new(config.storage, config.name)  # a URI is checked for writing here
         from .tuner import ray_for_search
 
@@ -84,6 +86,7 @@ def run(
             exp = home.create()
             with study_lock(exp):
                 write_config(exp, config.model_dump(mode="json"))
+                interrupted.raise_if_heard()
                 return _search(config, exp, verbose, concurrency, callbacks, home.mirror)
 
 
@@ -145,12 +148,13 @@ def resume(
     survives the cluster it ran on and resumes on another."""
     callbacks = _tune_callbacks(callbacks)
     exp, mirror = StudyHome.existing(experiment_dir)
-    with study_lock(exp), thawed_at_exit():  # prepare() freezes the driver's imports for this search only
-        return _resume_locked(exp, overrides, address, verbose, callbacks, mirror)
+    # prepare() freezes the driver's imports for this search only
+    with study_lock(exp), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
+        return _resume_locked(exp, overrides, address, verbose, callbacks, mirror, interrupted)
 
 
 def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool, callbacks,
-                   mirror: Mirror | None) -> SearchResult:
+                   mirror: Mirror | None, interrupted: _HeardInterrupt) -> SearchResult:
     stored = load_config(exp.config_file)
     config = load_config(exp.config_file, overrides)
     changed = [k for k in FROZEN_ON_RESUME if getattr(stored, k) != getattr(config, k)]
@@ -165,11 +169,13 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     if finished is not None:
         return finished
     prepare(config, preflight=False)
+    interrupted.raise_if_heard()
     from .tuner import ray_for_search
 
     with ray_for_search(config, address, verbose):
         concurrency = _plan(config)
         write_config(exp, config.model_dump(mode="json"))
+        interrupted.raise_if_heard()
         return _search(config, exp, verbose, concurrency, callbacks, mirror)
 
 
@@ -254,6 +260,42 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
             pass  # a full disk: the error that caused it is the one to report
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started)
+
+
+class _HeardInterrupt:
+    """Whether a Ctrl+C (SIGINT) arrived during a search's start-up."""
+
+    def __init__(self) -> None:
+        self.heard = False
+
+    def raise_if_heard(self) -> None:
+        if self.heard:
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def _start_up_interrupts_kept() -> Iterator[_HeardInterrupt]:
+    """A Ctrl+C during start-up raises ``KeyboardInterrupt`` where it lands, unless it lands
+    while Python runs an at-fork hook (each subprocess an import or Ray's start spawns):
+    Python swallows it there ("Exception ignored in: <function _releaseLock>"), and the
+    whole search ran (seen 1 in 8 at one moment of the start-up, on a loaded machine). The
+    handler also remembers it, and the start-up checks before Ray starts and before the
+    search. The previous handler is put back on exit (the search installs its own)."""
+    interrupted = _HeardInterrupt()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+
+    def remember_and_raise(signum, frame):
+        interrupted.heard = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, remember_and_raise)
+    try:
+        yield interrupted
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 _TUNE_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGUSR1") if hasattr(signal, name))

@@ -52,3 +52,30 @@ def test_the_first_stop_signal_is_announced_at_once_and_the_second_interrupts(st
     assert GRACEFUL_STOP_MESSAGE not in capsys.readouterr().err  # said once only
     assert (logger.level, logger.filters) == (level_before, filters_before)
     assert signal.getsignal(signal.SIGINT) is sigint_before
+
+
+def test_a_ctrl_c_swallowed_during_start_up_still_stops_the_search_before_ray_starts(example_config, tmp_path,
+                                                                                     monkeypatch):
+    """Python swallows a KeyboardInterrupt raised in an at-fork hook ("Exception ignored in:
+    _releaseLock"), which a Ctrl+C hits when it lands as a subprocess is spawned; the
+    start-up must still stop, and put the previous handler back."""
+    import hpsearch
+    from hpsearch.search import api, tuner
+
+    def preflight_hit_by_a_swallowed_ctrl_c(config, preflight=None):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass  # as an at-fork hook does
+
+    def ray_must_not_start(*args, **kwargs):
+        raise AssertionError("Ray started after a Ctrl+C")
+
+    monkeypatch.setattr(api, "prepare", preflight_hit_by_a_swallowed_ctrl_c)
+    monkeypatch.setattr(tuner, "ray_for_search", ray_must_not_start)
+    example_config["storage"] = str(tmp_path / "runs")
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        hpsearch.run(example_config)
+    assert signal.getsignal(signal.SIGINT) is before
+    assert not (tmp_path / "runs").exists()
