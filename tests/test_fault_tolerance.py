@@ -341,5 +341,7 @@ def test_ctrl_c_during_start_up_stops_a_background_job_too(tmp_path):
     time.sleep(2)  # importing torch and Lightning for the preflight, before Ray starts
     process.send_signal(signal.SIGINT)
     code, output = finish(process, timeout=120)
-    assert code == 130, output
+    # 130, or (rarely, on a loaded machine; not explained) ended by the SIGINT itself after
+    # saying "interrupted", which a shell also reports as 130. A lost Ctrl+C runs the search.
+    assert code in (130, -signal.SIGINT) and "interrupted" in output, output
     assert not any(r["state"] == "COMPLETE" for r in rows(tmp_path / "runs" / "early"))
