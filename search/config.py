@@ -236,13 +236,13 @@ class ResourcesConfig(StrictModel):
 
     @model_validator(mode="after")
     def _gpu_fractions_fit_one_device(self):
+        # The field a rank's GPU request came from: its own, or the per-trial one it inherits.
+        field = "gpus_per_worker" if self.gpus_per_worker is not None else "gpus_per_trial"
         if self.worker_gpus > 1 and self.worker_gpus != int(self.worker_gpus):
-            field = "gpus_per_worker" if self.gpus_per_worker is not None else "gpus_per_trial"
             raise FieldValueError(field, f"a GPU request above 1 must be whole (got {self.worker_gpus:g})")
         if self.distributed and 0 < self.worker_gpus < 1:
             # Seen on a GPU machine (benchmarks/nccl_check.py, NCCL 2.28): two ranks on one
             # device fail at their first collective with "Duplicate GPU detected".
-            field = "gpus_per_worker" if self.gpus_per_worker is not None else "gpus_per_trial"
             raise FieldValueError(field, f"DDP ranks cannot share a GPU (got {self.worker_gpus:g} per rank "
                                          f"for {self.workers_per_trial} ranks): NCCL refuses two ranks on one "
                                          "device; give each rank a whole GPU, or 0 for CPU ranks")
