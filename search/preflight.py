@@ -1,11 +1,12 @@
-"""The preflight: one validation batch and one training step in the driver, before Ray starts.
+"""The preflight: one training step and one validation batch in the driver, before Ray starts.
 
 It builds the DataModule and model exactly as a trial would (with a representative
-value of every searched parameter) and runs one validation batch and one training step
+value of every searched parameter) and runs one training step and one validation batch
 on the CPU. Then it builds each class again with every other choice and both ends of
-every range of its parameters. A constructor that raises, data that cannot load, a metric the model never
-logs, or a value the search can sample that a constructor refuses is then a config
-error reported in seconds, with no experiment directory created.
+every range of its parameters. A constructor that raises, data that cannot load, a
+training or validation step that fails, a metric the model never logs, or a value the
+search can sample that a constructor refuses is then a config error reported in
+seconds, with no experiment directory created.
 """
 
 from __future__ import annotations
