@@ -150,10 +150,13 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         reason = _failure_reason(exc)
         if reason is None:
             raise  # Tune retries it from the last checkpoint (failure.max_retries)
-        # Not worth a retry: end the trial as failed, with the reason, and let the search go on.
+        # Not worth a retry: end the trial as failed, with the reason and where its
+        # traceback is kept, and let the search go on.
+        saved = _save_traceback(exc, trial_dir, trainer.global_rank if parallel.world_size > 1 else None)
         if publish is not None and trainer.global_rank == 0:
             publish()
-        report({**static_fields, FAILURE: reason, FINISHED: True, EPOCH: trainer.current_epoch})
+        report({**static_fields, FAILURE: f"{reason} (traceback: {saved})"[:400] if saved else reason,
+                FINISHED: True, EPOCH: trainer.current_epoch})
 
 
 def _placement() -> dict[str, str]:
@@ -205,16 +208,71 @@ def _class_name(klass: type | None) -> str:
     return klass.__name__ if klass is not None else "model or DataModule"
 
 
+# Raised by code, not by the world around it: a retry from the last checkpoint runs the
+# same code on the same batches and raises again, so the trial fails at once. Faults a
+# retry may outlive stay retried: RuntimeError (a lost DDP peer, a killed loader worker,
+# a CUDA error), OSError (files, network), ImportError (a package missing on one node).
+_PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError, NotImplementedError, AssertionError,
+                       KeyError, IndexError, ValueError, ZeroDivisionError)
+
+
 def _failure_reason(exc: BaseException) -> str | None:
     """A one-line reason for faults that a retry cannot fix; None for those it might."""
     import torch
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
     from .reporting import MetricNotLoggedError, NonFiniteError
 
     if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
-        return f"OOM: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'out of memory'}"[:300]
+        return f"OOM: {type(exc).__name__}: {_first_line(exc) or 'out of memory'}"[:300]
     if isinstance(exc, (NonFiniteError, MetricNotLoggedError)):
         return str(exc)
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"disk full: {exc}"[:300]
+    if isinstance(exc, (*_PROGRAMMING_ERRORS, MisconfigurationException)):
+        where = _raised_at(exc)
+        return (f"{type(exc).__name__}: {_first_line(exc)[:200]}{f' (at {where})' if where else ''}; "
+                f"not retried: the same code would raise it again")
     return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
+def _raised_at(exc: BaseException) -> str | None:
+    """'file:line in function' of the innermost frame outside Python, torch, Lightning,
+    Ray and hpsearch: the user's code that raised, or None if none of it did."""
+    import sysconfig
+    import traceback
+
+    import pytorch_lightning
+    import torch
+
+    libraries = tuple(str(Path(p).resolve()) + os.sep for p in (
+        sysconfig.get_paths()["stdlib"], Path(torch.__file__).parent, Path(pytorch_lightning.__file__).parent,
+        Path(__file__).parent, *_package_dirs("lightning_fabric", "ray")))
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not str(Path(frame.filename).resolve()).startswith(libraries):
+            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return None
+
+
+def _package_dirs(*names: str) -> list[Path]:
+    import importlib.util
+
+    specs = (importlib.util.find_spec(name) for name in names)
+    return [Path(spec.origin).parent for spec in specs if spec is not None and spec.origin]
+
+
+def _save_traceback(exc: BaseException, trial_dir: Path, rank: int | None) -> Path | None:
+    """The full traceback of the fault that ended the trial, beside its checkpoints (a
+    retried fault's is kept by Ray Tune instead); None if it could not be written."""
+    import traceback
+
+    path = trial_dir / ("error.txt" if rank is None else f"error-rank{rank}.txt")
+    try:
+        path.write_text("".join(traceback.format_exception(exc)))
+    except OSError:
+        return None
+    return path

@@ -237,7 +237,7 @@ def test_a_time_budget_ends_the_session_cleanly_and_pauses_the_running_trials(tm
 
 
 def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
-    faults = {"1": "raise_once", "2": "raise_always", "3": "nan", "4": "oom", "5": "init_error"}
+    faults = {"1": "raise_once", "2": "raise_always", "3": "nan", "4": "oom", "5": "init_error", "6": "type_error"}
     path = experiment(tmp_path, "faults", faults=faults)
     exp_dir = tmp_path / "runs" / "faults"
     code, output = finish(start("run", path.name, cwd=tmp_path))
@@ -267,15 +267,22 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     invalid = table[5]  # the sampled values themselves are at fault: a retry would raise again
     assert (invalid["state"], invalid["attempts"]) == ("FAILED", "1")
     assert "FaultyCNN" in invalid["reason"] and "ValueError: injected" in invalid["reason"]
-    others = [table[n] for n in (0, 6, 7)]
+    bug = table[6]  # a TypeError in the user's validation_step at epoch 2: a retry would raise it again
+    assert (bug["state"], bug["attempts"], bug["epochs"]) == ("FAILED", "1", "1"), bug
+    assert re.match(r"TypeError: injected bug: unsupported operand \(at \S*faulty\.py:\d+ in validation_step\); "
+                    r"not retried", bug["reason"]), bug["reason"]
+    saved = Path(re.search(r"\(traceback: (\S+)\)", bug["reason"]).group(1))
+    assert saved.parent.name == "trial_0006" and "raise TypeError" in saved.read_text()
+    assert "trial 6: retrying" not in output and "trial 6: FAILED (TypeError: injected bug" in output, output
+    others = [table[n] for n in (0, 7)]
     assert all(r["state"] == "COMPLETE" for r in others)
 
     states = {t.number: t.state.name for t in study(exp_dir, "faults").trials}
-    assert [states[n] for n in (1, 2, 3, 4, 5)] == ["COMPLETE", "FAIL", "FAIL", "FAIL", "FAIL"]
+    assert [states[n] for n in (1, 2, 3, 4, 5, 6)] == ["COMPLETE", "FAIL", "FAIL", "FAIL", "FAIL", "FAIL"]
     # Failed trials are rows of TensorBoard's HParams table too, with their state.
     assert [hparams_state(tensorboard_run(exp_dir, n)) for n in (1, 2, 3, 4)] == ["COMPLETE"] + ["FAILED"] * 3
     best = json.loads((exp_dir / "best.json").read_text())
-    assert best["trial"] not in (2, 3, 4, 5) and 0 <= best["value"] <= 1
+    assert best["trial"] not in (2, 3, 4, 5, 6) and 0 <= best["value"] <= 1
     status = subprocess.run([sys.executable, "-m", "hpsearch.search.cli", "status", str(exp_dir)],
                             capture_output=True, text=True)
     assert "injected failure (always)" in status.stdout and "OOM" in status.stdout

@@ -392,3 +392,32 @@ def test_trainers_still_get_entry_point_callbacks_once_the_lookup_is_remembered(
     first, second = added_callbacks(), added_callbacks()
     assert len(first) == len(second) == 1 and first[0] is not second[0]  # the factory runs per Trainer
     assert len(remembered) == 2  # one lookup per sys.path, not per Trainer
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+@pytest.mark.parametrize("exc, retried", [
+    (RuntimeError("NCCL communicator was aborted"), True),   # a lost peer, a killed loader worker
+    (OSError(5, "Input/output error"), True),
+    (ImportError("No module named 'mypkg'"), True),          # a package missing on one node
+    (TypeError("unsupported operand"), False),
+    (KeyError("image"), False),
+    (ValueError("Expected input batch_size (32) to match target batch_size (16)"), False),
+])
+def test_a_fault_the_same_code_would_raise_again_is_not_retried(exc, retried):
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+    from hpsearch.search.trial import _failure_reason
+
+    with pytest.raises(type(exc)) as caught:
+        _raise(exc)
+    reason = _failure_reason(caught.value)
+    if retried:
+        assert reason is None, reason
+    else:  # named with the user's line that raised (this file's, here), not Lightning's or hpsearch's
+        assert reason.startswith(f"{type(exc).__name__}: ") and f"{__file__}:" in reason, reason
+        assert "in _raise); not retried" in reason, reason
+    assert _failure_reason(MisconfigurationException("ReduceLROnPlateau conditioned on metric val/loss "
+                                                     "which is not available")) is not None
