@@ -113,22 +113,32 @@ class RetryPolicy(Callback):
     one more than ``max_retries`` and this callback, which runs before the retry starts,
     (a) takes a node loss back off Tune's count (``Trial.run_metadata.num_failures``, a
     Ray internal this relies on; tested by the node-loss test), and (b) when the trial's
-    own faults exceed ``max_retries``, marks its config so the restarted trial ends at
-    once as FAILED with the last error.
+    own faults exceed ``max_retries``, or (c) when a retry failed with the same error as
+    the attempt before it without reporting a later epoch, marks its config so the
+    restarted trial ends at once as FAILED with the last error: a retry starts from the
+    same checkpoint and runs the same batches, so a third try would fail the same way.
+    (A bug the trial itself recognises, say a ``TypeError``, is not retried at all: see
+    ``trial._failure_reason``.)
     """
 
     def __init__(self, table: TrialsTable, max_retries: int) -> None:
         self.table, self.max_retries = table, max_retries
+        self._last_fault: dict[int, tuple[str, Any]] = {}  # trial number -> (error line, last epoch reported)
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
-        row = self.table.row(int(trial.config[TRIAL_NUMBER]))
+        number = int(trial.config[TRIAL_NUMBER])
+        row = self.table.row(number)
         if node_was_lost(trial):
             trial.run_metadata.num_failures = max(0, trial.run_metadata.num_failures - 1)
             row["node_losses"] = int(row.get("node_losses") or 0) + 1
             return
         faults = int(row.get("attempts") or 1)  # attempts so far, each ended by a fault
-        if faults > self.max_retries:
-            trial.config[GIVE_UP] = f"failed {faults} time{'s' if faults != 1 else ''}: {_last_error_line(trial)}"
+        fault = (_last_error_line(trial), (trial.last_result or {}).get(EPOCH))
+        repeated = self._last_fault.get(number) == fault
+        self._last_fault[number] = fault
+        if faults > self.max_retries or repeated:
+            how = " the same way, at the same point" if repeated else ""
+            trial.config[GIVE_UP] = f"failed {faults} time{'s' if faults != 1 else ''}{how}: {fault[0]}"
         else:
             row["attempts"] = faults + 1
 
