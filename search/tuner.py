@@ -43,6 +43,9 @@ RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
 # default, which hpsearch keeps; nothing else connects to that private Ray). Joining a
 # cluster, what it logs there is left as is.
 RAY_TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+# Ray's warning when ray.init runs outside the main thread (a web app's or a notebook
+# tool's search): true, and nothing the user can act on; the search stops as it should.
+RAY_NO_SIGTERM_HANDLER_NOTICE = ("ray._private.worker", "SIGTERM handler is not set")
 
 
 def ray_settings() -> dict[str, str]:
@@ -86,7 +89,8 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> b
         return False
     target = address or os.environ.get("RAY_ADDRESS") or "local"
     runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
-    with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose):
+    with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose), \
+            _message_dropped(RAY_NO_SIGTERM_HANDLER_NOTICE, quiet=not verbose):
         ray.init(
             address=target,
             runtime_env=runtime_env or None,
@@ -119,6 +123,28 @@ def _logger_quiet(name: str, quiet: bool) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(previous)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+@contextmanager
+def _message_dropped(notice: tuple[str, str], quiet: bool) -> Iterator[None]:
+    """The named logger's lines that start with the notice's text are dropped inside the
+    block (when ``quiet``); its other lines still appear."""
+    logger, dropped = logging.getLogger(notice[0]), _DropMessage(notice[1])
+    if quiet:
+        logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
 
 
 def worker_runtime_env(user_code: list[str], joins_cluster: bool) -> dict:
