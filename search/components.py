@@ -276,3 +276,26 @@ def raised_by(exc: BaseException, *classes: type) -> type | None:
             if own_names(klass).intersection(enclosing):
                 return klass
     return None
+
+
+def raised_at(exc: BaseException) -> str | None:
+    """'file:line in function' of the innermost frame outside Python, torch, Lightning,
+    Ray and hpsearch: the user's code that raised, or None if none of it did."""
+    import sysconfig
+    import traceback
+
+    import pytorch_lightning
+    import torch
+
+    libraries = tuple(str(Path(p).resolve()) + os.sep for p in (
+        sysconfig.get_paths()["stdlib"], Path(torch.__file__).parent, Path(pytorch_lightning.__file__).parent,
+        Path(__file__).parent, *_package_dirs("lightning_fabric", "ray")))
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not str(Path(frame.filename).resolve()).startswith(libraries):
+            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return None
+
+
+def _package_dirs(*names: str) -> list[Path]:
+    specs = (importlib.util.find_spec(name) for name in names)
+    return [Path(spec.origin).parent for spec in specs if spec is not None and spec.origin]

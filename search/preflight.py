@@ -1,11 +1,15 @@
-"""The preflight: one training step and one validation batch in the driver, before Ray starts.
+"""The preflight: two training steps, one validation batch and one test batch in the
+driver, before Ray starts.
 
 It builds the DataModule and model exactly as a trial would (with a representative
-value of every searched parameter) and runs one training step and one validation batch
-on the CPU. Then it builds each class again with every other choice and both ends of
-every range of its parameters. A constructor that raises, data that cannot load, a
-training or validation step that fails, a metric the model never logs, or a value the
-search can sample that a constructor refuses is then a config error reported in
+value of every searched parameter) and runs them on the CPU through a Trainer with the
+trial's own training settings and a logger, as a trial's Trainer has: two training
+steps (a second step is where a per-step scheduler first acts), one validation batch,
+and, when the classes have a test split, one test batch (the final evaluation's). Then
+it builds each class again with every other choice and both ends of every range of its
+parameters. A constructor that raises, data that cannot load, a step that fails, a
+Trainer setting the model cannot train with, a metric the model never logs, or a value
+the search can sample that a constructor refuses is then a config error reported in
 seconds, with no experiment directory created.
 """
 
@@ -58,7 +62,7 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
         raise ConfigError([config.problem("model.init_args", f"{model_class.__name__}(...{_searched(params, 'model')}) "
                                                              f"raised {type(exc).__name__}: {exc}")]) from None
     quiet_lightning()
-    logged = _one_step_and_one_validation_batch(config, params, model, datamodule, model_class, data_class)
+    logged = _a_few_batches(config, params, model, datamodule, model_class, data_class)
     if config.metric not in logged:
         raise ConfigError([config.problem(
             "metric",
@@ -83,13 +87,18 @@ def _driver_has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def _one_step_and_one_validation_batch(config: ExperimentConfig, params: dict[str, Any], model, datamodule,
-                                       model_class: type, data_class: type) -> list[str]:
-    """One optimizer step on one training batch, with the trial's gradient clipping, then
-    one validation batch, in one ``fit`` (the DataModule is set up once). A training_step,
-    loader or configure_optimizers that raises would otherwise fail every trial, each try
-    after Ray started. Returns the metrics logged by validation's end."""
+def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, datamodule,
+                   model_class: type, data_class: type) -> list[str]:
+    """Two training steps and one validation batch in one ``fit`` (the DataModule is set
+    up once), then one test batch if there is a test split. A training_step, loader,
+    configure_optimizers, scheduler or test_step that raises would otherwise fail every
+    trial, each try after Ray started (or, for test_step, the search's final evaluation).
+    Returns the metrics logged by validation's end."""
     import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.loggers import TensorBoardLogger
+
+    from .evaluation import has_test_split
 
     class Watch(pl.Callback):
         """Which phase runs, and what was logged by validation's end (where a trial's
@@ -98,7 +107,7 @@ def _one_step_and_one_validation_batch(config: ExperimentConfig, params: dict[st
         phase, logged = "the set-up before the first batch", []
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            self.phase = "one training batch"
+            self.phase = f"training batch {batch_idx + 1}"
 
         def on_validation_start(self, trainer, pl_module) -> None:
             self.phase = "one validation batch"
@@ -106,23 +115,41 @@ def _one_step_and_one_validation_batch(config: ExperimentConfig, params: dict[st
         def on_validation_end(self, trainer, pl_module) -> None:
             self.logged = sorted(trainer.callback_metrics)
 
-    watch = Watch()
+        def on_test_start(self, trainer, pl_module) -> None:
+            self.phase = "one test batch (the best trial's final evaluation runs test_step)"
+
+    watch, settings = Watch(), config.with_trainer_params(params)
     with tempfile.TemporaryDirectory(prefix="hpsearch-preflight-") as scratch, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        # A logger, as trials have: with one, Lightning also merges and logs the model's
+        # and the DataModule's saved hyperparameters, and refuses a clash between them.
+        trainer = pl.Trainer(accelerator="cpu", devices=1, enable_checkpointing=False,
+                             logger=TensorBoardLogger(scratch, name="", version="", default_hp_metric=False),
                              enable_progress_bar=False, enable_model_summary=False, max_epochs=1,
-                             limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0,
-                             gradient_clip_val=config.with_trainer_params(params).gradient_clip_val,
+                             limit_train_batches=2, limit_val_batches=1, limit_test_batches=1, num_sanity_val_steps=0,
+                             gradient_clip_val=settings.gradient_clip_val,
+                             accumulate_grad_batches=settings.accumulate_grad_batches,
                              callbacks=[watch], default_root_dir=scratch)
         try:
             with ctrl_c_interrupts():
                 trainer.fit(model, datamodule=datamodule)
+                if has_test_split(model, datamodule):
+                    with torch.inference_mode():  # as the evaluation runs it
+                        trainer.test(model, datamodule=datamodule, verbose=False)
         except Exception as exc:
-            # Name the class at fault: a DataModule's setup or loader raises here too.
-            field = "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
-            raise ConfigError([config.problem(
-                field, f"{watch.phase} failed: {type(exc).__name__}: {exc}")]) from None
+            raise ConfigError([config.problem(_field_at_fault(config, exc, model_class, data_class),
+                                              f"{watch.phase} failed: {type(exc).__name__}: {exc}")]) from None
     return watch.logged
+
+
+def _field_at_fault(config: ExperimentConfig, exc: Exception, model_class: type, data_class: type) -> str:
+    """The trainer setting Lightning's error names (e.g. "Remove Trainer(gradient_clip_val=1.0)"
+    for a model that optimizes manually), else the class whose code raised (a DataModule's
+    setup or loader raises here too)."""
+    for name in type(config.trainer).model_fields:
+        if f"{name}=" in str(exc):
+            return f"space.trainer.{name}" if f"trainer.{name}" in config.space else f"trainer.{name}"
+    return "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
 
 
 def _searched(params: dict[str, Any], section: str) -> str:

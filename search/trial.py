@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .components import build_datamodule, build_model, raised_by, resolve_class
+from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class
 from .config import ExperimentConfig
 from .experiment import ExperimentDir, trial_name
 from .checkpoints import global_step_of, latest_good_checkpoint
@@ -230,7 +230,7 @@ def _failure_reason(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"disk full: {exc}"[:300]
     if isinstance(exc, (*_PROGRAMMING_ERRORS, MisconfigurationException)):
-        where = _raised_at(exc)
+        where = raised_at(exc)
         return (f"{type(exc).__name__}: {_first_line(exc)[:200]}{f' (at {where})' if where else ''}; "
                 f"not retried: the same code would raise it again")
     return None
@@ -238,31 +238,6 @@ def _failure_reason(exc: BaseException) -> str | None:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else ""
-
-
-def _raised_at(exc: BaseException) -> str | None:
-    """'file:line in function' of the innermost frame outside Python, torch, Lightning,
-    Ray and hpsearch: the user's code that raised, or None if none of it did."""
-    import sysconfig
-    import traceback
-
-    import pytorch_lightning
-    import torch
-
-    libraries = tuple(str(Path(p).resolve()) + os.sep for p in (
-        sysconfig.get_paths()["stdlib"], Path(torch.__file__).parent, Path(pytorch_lightning.__file__).parent,
-        Path(__file__).parent, *_package_dirs("lightning_fabric", "ray")))
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if not str(Path(frame.filename).resolve()).startswith(libraries):
-            return f"{frame.filename}:{frame.lineno} in {frame.name}"
-    return None
-
-
-def _package_dirs(*names: str) -> list[Path]:
-    import importlib.util
-
-    specs = (importlib.util.find_spec(name) for name in names)
-    return [Path(spec.origin).parent for spec in specs if spec is not None and spec.origin]
 
 
 def _save_traceback(exc: BaseException, trial_dir: Path, rank: int | None) -> Path | None:

@@ -7,6 +7,7 @@ import multiprocessing
 import warnings
 
 import pytest
+import torch
 
 from conftest import FIXTURES
 from hpsearch.search.components import build_datamodule, build_model, check_components, user_code_roots
@@ -209,17 +210,69 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
         def train_dataloader(self):
             raise RuntimeError("train loader exploded")
 
+    class BrokenTest(CNNClassifier):  # trains and validates: only the final evaluation would find it
+        def test_step(self, batch, batch_idx):
+            return self.undefined_helper(batch)
+
+    class StepPlateau(CNNClassifier):  # a per-step scheduler: at the end of a batch that is not the last
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+            scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": scheduler, "monitor": "val_acc", "interval": "step"}}
+
+    class SavesBatchSize(CNNClassifier):  # Lightning merges both classes' saved hparams when logging
+        def __init__(self, batch_size: int = 7, **kwargs):
+            super().__init__(**kwargs)
+            self.save_hyperparameters()
+
+    class SavesItsArguments(DigitsDataModule):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.save_hyperparameters()
+
     config = load_config(example_config)
     model_class, data_class = check_components(config)
     for model, data, field, said in (
             (model_class, BrokenSetup, "data.class_path", "the set-up before the first batch failed: RuntimeError: setup"),
             (BrokenValidation, data_class, "model.class_path", "one validation batch failed: RuntimeError: validation"),
-            (BrokenTraining, data_class, "model.class_path", "one training batch failed: RuntimeError: training exploded"),
-            (model_class, BrokenTrainLoader, "data.class_path", "before the first batch failed: RuntimeError: train loader")):
+            (BrokenTraining, data_class, "model.class_path", "training batch 1 failed: RuntimeError: training exploded"),
+            (model_class, BrokenTrainLoader, "data.class_path", "before the first batch failed: RuntimeError: train loader"),
+            (BrokenTest, data_class, "model.class_path", "one test batch (the best trial's final evaluation runs "
+                                                         "test_step) failed: AttributeError"),
+            (StepPlateau, data_class, "model.class_path", "training batch 1 failed: MisconfigurationException: "
+                                                          "ReduceLROnPlateau conditioned on metric val_acc"),
+            (SavesBatchSize, SavesItsArguments, "model.class_path", "Error while merging hparams: the keys ['batch_size']")):
         with pytest.raises(ConfigError) as caught:
             run_preflight(config, model, data)
         [problem] = caught.value.problems
-        assert problem.field == field and said in problem.message
+        assert problem.field == field and said in problem.message, problem
+
+
+def test_preflight_names_the_trainer_setting_a_manually_optimized_model_cannot_use(example_config, tmp_path):
+    from conftest import write_yaml
+
+    from hpsearch.models.cnn import CNNClassifier
+
+    class ManualSteps(CNNClassifier):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers()
+            loss = super().training_step(batch, batch_idx)
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+
+    example_config["space"]["trainer.accumulate_grad_batches"] = {"type": "categorical", "choices": [2, 4]}
+    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, ManualSteps, check_components(config)[1])
+    [problem] = caught.value.problems
+    assert problem.field == "space.trainer.accumulate_grad_batches" and problem.line is not None, problem
+    assert "gradient accumulation is not supported for manual optimization" in problem.message, problem
 
 
 def test_ctrl_c_during_the_preflight_batch_is_an_interrupt_not_an_exit(example_config):
