@@ -168,7 +168,9 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     finished = _complete_study(exp, config)
     if finished is not None:
         return finished
-    prepare(config, preflight=False)
+    # The preflight again: this machine, directory or environment may not be the first
+    # session's, and a trial that fails for it is FAILED for good (resume reruns no failed trial).
+    prepare(config)
     interrupted.raise_if_heard()
     from .tuner import ray_for_search
 
@@ -187,8 +189,9 @@ def _complete_study(exp: ExperimentDir, config: ExperimentConfig) -> SearchResul
     from .outcome import FINISHED_STATES
 
     sessions = sorted(read_sessions(exp), key=lambda s: float(s["started_at"]))
-    if not sessions or sessions[-1].get("outcome") != SESSION_COMPLETE or not exp.best_json.is_file():
-        return None
+    if not sessions or sessions[-1].get("outcome") != SESSION_COMPLETE or not exp.best_json.is_file() \
+            or (exp.stored_best() or {}).get("test_error"):
+        return None  # (a failed test evaluation runs again)
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     if len(trials) < config.search.num_trials or any(t.get("state") not in FINISHED_STATES for t in trials):
         return None

@@ -165,6 +165,8 @@ def _report(result) -> int:
         print(f"search stopped before the study was complete; continue it with:\n  {result.resume_command}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    if result.best and result.best.get("test_error"):
+        return 1  # the search's result is kept, but a part the user asked for failed (print_best said why)
     if not result.best:
         # Every trial failed (or none reported its metric): a search with no result is a failure.
         states = [trial.get("state") for trial in result.trials]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config import ExperimentConfig
+from .errors import HpsearchError
 from .experiment import ExperimentDir, trial_name, write_json
 from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
 from .storage import Mirror, join_uri
@@ -22,7 +23,14 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     if mirror is not None:
         mirror.pull(f"trials/{trial_name(int(row['trial']))}/checkpoints/{BEST_CHECKPOINT}")
     checkpoint = checkpoint_dir(exp.trial_dir(trial_name(int(row["trial"])))) / BEST_CHECKPOINT
-    test_metrics = evaluate_on_cluster(config, params, str(checkpoint), mirror) if checkpoint.is_file() else {}
+    test_metrics, test_error = {}, None
+    if checkpoint.is_file():
+        try:
+            test_metrics = evaluate_on_cluster(config, params, str(checkpoint), mirror)
+        except HpsearchError:
+            raise
+        except Exception as exc:  # the user's test code: the search's result is still written
+            test_error = _evaluation_failure(exc, exp)
     best = {
         "experiment": config.name,
         "experiment_dir": str(exp.root),
@@ -38,9 +46,27 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         "checkpoint_uri": join_uri(mirror.uri, str(checkpoint.relative_to(exp.root)))
         if mirror is not None and checkpoint.is_file() else None,
         "test_metrics": test_metrics,
+        "test_error": test_error,  # why the evaluation failed; hpsearch resume runs it again
     }
     write_json(exp.best_json, best)
     return best
+
+
+def _evaluation_failure(exc: Exception, exp: ExperimentDir) -> str:
+    """One line for best.json and the console, naming the user's line that raised; the
+    full traceback goes to ``evaluation-error.txt`` in the experiment directory."""
+    import traceback
+
+    from .components import raised_at
+
+    cause = getattr(exc, "cause", None)  # a Ray task's error (the evaluation on a GPU node) wraps it
+    error = cause if isinstance(cause, Exception) else exc
+    saved = exp.root / "evaluation-error.txt"
+    saved.write_text("".join(traceback.format_exception(exc)))
+    where = raised_at(error)
+    message = str(error).splitlines()[0] if str(error) else ""
+    return (f"{type(error).__name__}: {message[:200]}{f' (at {where})' if where else ''}; "
+            f"traceback: {saved}")
 
 
 def sampled_params(config: ExperimentConfig, exp: ExperimentDir, number: int) -> dict[str, Any]:

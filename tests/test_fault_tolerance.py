@@ -357,3 +357,51 @@ def test_ctrl_c_during_start_up_stops_a_background_job_too(tmp_path):
     # saying "interrupted", which a shell also reports as 130. A lost Ctrl+C runs the search.
     assert code in (130, -signal.SIGINT) and "interrupted" in output, output
     assert not any(r["state"] == "COMPLETE" for r in rows(tmp_path / "runs" / "early"))
+
+
+def test_a_failing_test_evaluation_keeps_the_result_and_resume_evaluates_again(tmp_path):
+    # test_step breaks only on a trained model, not in the preflight's test batch.
+    path = experiment(tmp_path, "broken-test", broken_test=True)
+    exp_dir = tmp_path / "runs" / "broken-test"
+    shrink = ["--set", "search.num_trials=2", "--set", "scheduler.max_epochs=1"]
+    code, output = finish(start("run", path.name, *shrink, cwd=tmp_path))
+    assert code == 1 and "Traceback" not in output, output
+    best = json.loads((exp_dir / "best.json").read_text())  # the search's result is kept
+    assert best["test_metrics"] == {} and best["checkpoint"], best
+    assert re.match(r"AttributeError: .*undefined_helper.* \(at \S*faulty\.py:\d+ in test_step\); traceback: ",
+                    best["test_error"]), best["test_error"]
+    assert "undefined_helper" in (exp_dir / "evaluation-error.txt").read_text()
+    assert "test evaluation failed: AttributeError" in output and f"hpsearch resume {exp_dir}" in output, output
+
+    (tmp_path / "markers" / "test-fixed").write_text("fixed")  # the user fixes test_step
+    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
+    assert code == 0, output
+    best = json.loads((exp_dir / "best.json").read_text())
+    assert best["test_error"] is None and 0 <= best["test_metrics"]["test_acc"] <= 1, best
+    assert len(rows(exp_dir)) == 2  # no trial ran again
+
+
+def test_resume_runs_the_preflight_in_its_own_directory(tmp_path):
+    # The data's root is relative to where the first session ran. Resumed from elsewhere
+    # without a preflight, the new trials failed for good (resume reruns no failed trial).
+    from conftest import make_image_folder
+
+    first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
+    make_image_folder(first / "images")
+    elsewhere.mkdir()
+    config = {
+        "name": "relative", "model": {"class_path": "cnn", "init_args": {"channels": 4}},
+        "data": {"class_path": "image-folder", "init_args": {"root": "images", "image_size": 8, "batch_size": 4}},
+        "space": {"model.lr": {"type": "float", "low": 1e-3, "high": 0.05, "log": True}},
+        "metric": "val_acc", "mode": "max", "search": {"num_trials": 1, "max_concurrent": 1, "seed": 0},
+        "scheduler": {"type": "none", "max_epochs": 1}, "storage": str(tmp_path / "runs"),
+    }
+    path = write_yaml(first / "relative.yaml", config)
+    code, output = finish(start("run", path.name, cwd=first))
+    assert code == 0, output
+    exp_dir = tmp_path / "runs" / "relative"
+    code, output = finish(start("resume", str(exp_dir), "--set", "search.num_trials=2", cwd=elsewhere), timeout=120)
+    assert code == 2 and "data.init_args" in output and "'images' is not a directory" in output, output
+    assert len(rows(exp_dir)) == 1 and len(json.loads((exp_dir / "sessions.json").read_text())) == 1  # Ray never started
+    code, output = finish(start("resume", str(exp_dir), "--set", "search.num_trials=2", cwd=first))
+    assert code == 0 and [r["state"] for r in rows(exp_dir)] == ["COMPLETE", "COMPLETE"], output
