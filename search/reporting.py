@@ -67,7 +67,8 @@ class MetricNotLoggedError(HpsearchError):
 
 
 class NonFiniteError(HpsearchError):
-    """The training loss or the search metric became NaN or infinite; retrying would repeat it."""
+    """The training loss, a logged loss or the search metric became NaN or infinite;
+    retrying would repeat it."""
 
 
 class TuneReporter(pl.Callback):
@@ -211,8 +212,12 @@ class TuneReporter(pl.Callback):
                     "in validation_step, or change 'metric' in the experiment file."
                 )
             return None
-        if not math.isfinite(metrics[self.metric]):
-            raise NonFiniteError(f"{self.metric} is {metrics[self.metric]} at epoch {trainer.current_epoch + 1}")
+        # The search metric, and every loss the model logs: a model that optimizes manually
+        # returns no loss from training_step for the step check to see (an accuracy can
+        # stay finite, at chance, while the loss is NaN).
+        for name in (self.metric, *sorted(k for k in metrics if "loss" in k.lower())):
+            if not math.isfinite(metrics[name]):
+                raise NonFiniteError(f"{name} is {metrics[name]} at epoch {trainer.current_epoch + 1}")
         return metrics
 
     def _best_so_far(self, trainer: pl.Trainer, value: float) -> float:

@@ -131,6 +131,33 @@ def test_a_metric_the_model_never_logs_is_named_by_hpsearch_and_fails_the_trial_
     assert _failure_reason(caught.value) == str(caught.value)
 
 
+class ManualNaN(MLPClassifier):
+    """Optimizes manually (training_step returns nothing) and diverges in its second epoch."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        loss = super().training_step(batch, batch_idx)
+        if self.current_epoch >= 1:
+            loss = loss * float("nan")
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+
+
+def test_a_nan_loss_under_manual_optimization_fails_the_trial(tmp_path):
+    # The accuracy stays finite (at chance) while the weights are NaN: only the logged
+    # losses show it, and the trial must not end COMPLETE with a diverged model.
+    from hpsearch.search.reporting import NonFiniteError
+
+    data = SlowLoadingData(item_seconds=0.0)
+    with pytest.raises(NonFiniteError, match=r"(train|val)_loss is nan at epoch 2"):
+        reports_of(tmp_path, mlp_for(data, ManualNaN), data, epochs=3)
+
+
 def test_each_epoch_reports_the_cpu_time_its_training_and_validation_used(tmp_path):
     data = SlowLoadingData(item_seconds=0.0)
     for report in reports_of(tmp_path, mlp_for(data, BusySteps), data):
