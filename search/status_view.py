@@ -75,9 +75,9 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
     for key, value in (best.get("test_metrics") or {}).items():
         console.print(f"  test: {key} = {_fmt(value)}")
     if best.get("test_error"):
-        console.print(f"  test evaluation failed: {best['test_error']}", markup=False)
+        console.print(f"  test evaluation failed: {best['test_error']}", markup=False, soft_wrap=True)
         console.print(f"  once it is fixed, evaluate again with: hpsearch resume {best['experiment_dir']}",
-                      markup=False)
+                      markup=False, soft_wrap=True)
     if best.get("checkpoint"):
         console.print(f"  checkpoint: {best['checkpoint']}")
 

@@ -243,6 +243,14 @@ class PushStudyFiles(Callback):
         self._push(force=True)
 
 
+def _short(value: Any) -> str:
+    """A metric as the summary line shows it (0.87, not 0.8700000047683716)."""
+    try:
+        return f"{float(value):.4g}"
+    except (TypeError, ValueError):
+        return "n/a"
+
+
 def _traceback_at(trial) -> str:
     path = getattr(trial, "error_file", None)
     return f" (traceback: {path})" if path else ""
@@ -362,8 +370,8 @@ class ProgressDisplay(Callback):
     per finished trial.
     """
 
-    def __init__(self, table: TrialsTable, num_trials: int) -> None:
-        self.table, self.num_trials = table, num_trials
+    def __init__(self, table: TrialsTable, num_trials: int, experiment_dir: Path) -> None:
+        self.table, self.num_trials, self.experiment_dir = table, num_trials, experiment_dir
         self.started = time.monotonic()
         self.console = None
         self._live = None
@@ -373,6 +381,9 @@ class ProgressDisplay(Callback):
         from rich.console import Console
 
         self.console = Console(stderr=True)
+        # Said at once: in a log, the next line may come only when the first trial ends.
+        self.console.print(f"searching: {self.num_trials} trials in all; results in {self.experiment_dir}", markup=False,
+                           highlight=False, soft_wrap=True)  # a path stays whole in a log
         if self.console.is_terminal:
             from rich.live import Live
 
@@ -427,7 +438,7 @@ class ProgressDisplay(Callback):
     def _announce(self, trial, note: str = "") -> None:
         row = self.table.rows.get(int(trial.config[TRIAL_NUMBER]), {})
         self._say(f"trial {row.get('trial')}: {row.get('state')} ({row.get('reason')}) "
-                  f"{self.table.metric}={row.get('best', 'n/a')} after {row.get('epochs', 0)} epochs{note}")
+                  f"{self.table.metric}={_short(row.get('best'))} after {row.get('epochs', 0)} epochs{note}")
 
     def _say(self, line: str) -> None:
         if self._live is not None:

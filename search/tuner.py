@@ -217,7 +217,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
                  TrialsTableRecorder(table, exp.trials_csv, prunes),
                  TensorBoardSessions(config, table, exp.tensorboard_dir),
                  *([PushStudyFiles(mirror)] if mirror is not None else []),
-                 ProgressDisplay(table, searcher.trial_limit), *(extra_callbacks or [])]
+                 ProgressDisplay(table, searcher.trial_limit, exp.root), *(extra_callbacks or [])]
     if config.resources.distributed:
         function, resources = train_distributed_trial, driver_resources()
     else:
