@@ -20,7 +20,7 @@ import torch
 from pytorch_lightning.profilers import Profiler
 
 from .errors import HpsearchError
-from .outcome import EPOCH, FINISHED, STOP_REASON, best_of
+from .outcome import EPOCH, FINISHED, RESTORED, STOP_REASON, best_of
 
 
 # A trial that waits on its DataLoader for more than this share of its training time
@@ -102,6 +102,17 @@ class TuneReporter(pl.Callback):
         self._train_samples, self._train_seconds = 0, 0.0
         self._losses_finite: torch.Tensor | None = None  # on the loss's device; see FINITE_CHECK_EVERY
         self._unchecked_from_step = 0
+        # This epoch's validated metrics, saved in its checkpoint (``state_dict``); and those
+        # of the epoch a resumed trial's checkpoint holds, to report again at its start.
+        self._validated_epoch: dict[str, Any] | None = None
+        self._checkpointed_epoch: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What an epoch's checkpoint keeps of this callback: that epoch's validated metrics."""
+        return {"validated_epoch": self._validated_epoch} if self._validated_epoch is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._checkpointed_epoch = state_dict.get("validated_epoch")
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self._startup_s is None:
@@ -109,6 +120,26 @@ class TuneReporter(pl.Callback):
         if self.fields_at_train_start is not None:
             self.static_fields.update(self.fields_at_train_start())
         self._unchecked_from_step = trainer.global_step  # a resumed trial's steps go on from its checkpoint
+        if self._checkpointed_epoch is not None:
+            self._report_checkpointed_epoch(trainer, self._checkpointed_epoch)
+            self._checkpointed_epoch = None
+
+    def _report_checkpointed_epoch(self, trainer: pl.Trainer, validated: dict[str, Any]) -> None:
+        """Report again the epoch the resumed checkpoint holds. Its checkpoint is written
+        before its report, so a trial stopped in between (a Ctrl+C or SIGTERM that pauses
+        the search, a killed worker) continued from an epoch the study never heard of: ASHA
+        never judged it at its rung, and Optuna and trials.csv lacked it. When the study has
+        it already, the same values arrive again: the searcher keeps one value per epoch and
+        ASHA records a trial once per rung. No time or telemetry is added (none was spent),
+        and TensorBoard already has the epoch."""
+        metrics = dict(validated["metrics"])
+        self.best = self._best_so_far(trainer, metrics[self.metric])
+        metrics.update(self.static_fields)
+        metrics.update({EPOCH: validated["epoch"], FINISHED: False, STOP_REASON: "", "hps_best": self.best,
+                        "hps_logged_metrics": ",".join(sorted(validated["metrics"])), RESTORED: True})
+        if trainer.global_rank == 0 or self.report_on_every_rank:
+            self.report(metrics)
+            self.reported = True
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._deliver_pending(trainer)
@@ -161,8 +192,11 @@ class TuneReporter(pl.Callback):
         self._validated = not trainer.sanity_checking
         if self._validated:
             # Checked here, before the checkpoint callbacks, so that a metric the model never
-            # logs is named by hpsearch (with what was logged) and not by ModelCheckpoint.
-            self._checked(trainer, trainer.callback_metrics)
+            # logs is named by hpsearch (with what was logged) and not by ModelCheckpoint;
+            # and kept for this epoch's checkpoint, which they write next.
+            checked = self._checked(trainer, trainer.callback_metrics)
+            self._validated_epoch = None if checked is None else {"epoch": trainer.current_epoch + 1,
+                                                                  "metrics": checked}
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
         self._check_losses_finite(trainer)

@@ -21,7 +21,7 @@ from .config import ExperimentConfig
 from .experiment import ExperimentDir, trial_name
 from .checkpoints import global_step_of, latest_good_checkpoint
 from .gc_pause import collector_paused
-from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, TRIAL_NUMBER
+from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, RESTORED, TRIAL_NUMBER
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
 from .worker_data import IN_TRIAL_ENV, WORKER_DATA
@@ -173,7 +173,7 @@ def _timed(report: Callable[[dict], None], started: float) -> Callable[[dict], N
     first = {"done": False}
 
     def timed_report(metrics: dict[str, Any]) -> None:
-        if not first["done"]:
+        if not first["done"] and not metrics.get(RESTORED):  # a resumed epoch's is no new result
             metrics["hps_first_result_s"] = time.perf_counter() - started
             first["done"] = True
         report(metrics)

@@ -69,7 +69,8 @@ class SlowEpochEnd(MLPClassifier):
         time.sleep(0.4)
 
 
-def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_acc") -> list[dict]:
+def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_acc", resume_from=None,
+               reports_expected: int | None = None) -> list[dict]:
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
     from hpsearch.search.lightning_trainer import build_trainer
@@ -81,8 +82,8 @@ def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_
     trainer = build_trainer(TrainerConfig(), device=device, metric=metric, mode="max", max_epochs=epochs,
                             trial_dir=tmp_path / "trial", tensorboard_run=tmp_path / "tb" / "run",
                             callbacks=[reporter], profiler=reporter.fetch_timer)
-    trainer.fit(model, datamodule=datamodule)
-    assert len(reports) == epochs
+    trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from)
+    assert len(reports) == (epochs if reports_expected is None else reports_expected)
     return reports
 
 
@@ -156,6 +157,20 @@ def test_a_nan_loss_under_manual_optimization_fails_the_trial(tmp_path):
     data = SlowLoadingData(item_seconds=0.0)
     with pytest.raises(NonFiniteError, match=r"(train|val)_loss is nan at epoch 2"):
         reports_of(tmp_path, mlp_for(data, ManualNaN), data, epochs=3)
+
+
+def test_a_resumed_trial_first_reports_again_the_epoch_its_checkpoint_holds(tmp_path):
+    # An epoch's checkpoint is written before its report: a trial paused in between (Ctrl+C,
+    # SIGTERM) continued from an epoch the study never heard of, which ASHA never judged.
+    data = SlowLoadingData(item_seconds=0.0)
+    first = reports_of(tmp_path, mlp_for(data), data, epochs=2)
+    checkpoint = tmp_path / "trial" / "checkpoints" / "epoch-0001.ckpt"  # the second epoch's
+    resumed = reports_of(tmp_path, mlp_for(data), data, epochs=3, resume_from=str(checkpoint), reports_expected=2)
+    again, new = resumed
+    assert (again["epoch"], again["hps_restored"], again["hps_finished"]) == (2, True, False), again
+    assert again["val_acc"] == first[1]["val_acc"] and again["hps_best"] == first[1]["hps_best"]
+    assert "hps_epoch_time_s" not in again  # no time was spent on it again
+    assert new["epoch"] == 3 and "hps_restored" not in new and new["hps_finished"] is True
 
 
 def test_each_epoch_reports_the_cpu_time_its_training_and_validation_used(tmp_path):
