@@ -159,8 +159,9 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     config = load_config(exp.config_file, overrides)
     changed = [k for k in FROZEN_ON_RESUME if getattr(stored, k) != getattr(config, k)]
     if changed:
-        raise ConfigError([config.problem(k, "cannot change on resume (the study's history depends on it); "
-                                             "start a new experiment instead") for k in changed])
+        raise ConfigError([config.problem(config.overridden_under(k) or k,
+                                          f"{k} cannot change on resume (the study's history depends on it); "
+                                          "start a new experiment instead") for k in changed])
     started = len(read_rows(exp.trials_csv)) if exp.trials_csv.is_file() else 0
     if config.search.num_trials < started:
         raise ConfigError([config.problem("search.num_trials", f"the study already has {started} trials; "

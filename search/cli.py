@@ -170,7 +170,8 @@ def _report(result) -> int:
     if not result.best:
         # Every trial failed (or none reported its metric): a search with no result is a failure.
         states = [trial.get("state") for trial in result.trials]
-        print(f"no trial finished with a result: {states.count('FAILED')} of {len(states)} failed; see why with:\n"
+        print(f"no trial finished with a result: {states.count('FAILED')} of {len(states)} failed (a failed trial's "
+              f"epochs are not results); see why with:\n"
               f"  hpsearch status {result.experiment_dir}", file=sys.stderr)
         return 1
     return 0

@@ -50,7 +50,10 @@ def resolve_class(section: str, class_path: str) -> type:
     path = import_path(section, class_path)
     if ":" not in path:
         known = ", ".join(sorted(builtin_paths(section)))
-        raise ConfigError.single(field, f"{class_path!r} is neither a built-in ({known}) nor 'package.module:Class'")
+        module, dot, name = path.rpartition(".")
+        hint = f"; did you mean '{module}:{name}'?" if dot and module and name else ""
+        raise ConfigError.single(field, f"{class_path!r} is neither a built-in ({known}) nor 'package.module:Class'"
+                                        f"{hint}")
     module_name, _, attr = path.partition(":")
     _make_cwd_importable()
     try:

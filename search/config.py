@@ -294,6 +294,14 @@ class ExperimentConfig(StrictModel):
     _lines: dict[tuple[str, ...], int | str] = PrivateAttr(default_factory=dict)
     _origin: str = PrivateAttr("<dict>")
 
+    def overridden_under(self, field: str) -> str | None:
+        """The shallowest field under ``field`` that an override (--set, or the API's
+        overrides) set, or None: an error about the section is then named by it."""
+        parts = split_field(field)
+        set_by_override = [path for path, line in self._lines.items()
+                           if path[:len(parts)] == parts and isinstance(line, str)]
+        return ".".join(min(set_by_override, key=len)) if set_by_override else None
+
     def problem(self, field: str, message: str):
         """A ``Problem`` for ``field`` (dotted; space keys keep their dots), located in the file."""
         from .errors import Problem

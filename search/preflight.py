@@ -114,6 +114,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
 
         def on_validation_end(self, trainer, pl_module) -> None:
             self.logged = sorted(trainer.callback_metrics)
+            self.phase = "the epoch's end, after validation (LR schedulers, epoch-end hooks)"
 
         def on_test_start(self, trainer, pl_module) -> None:
             self.phase = "one test batch (the best trial's final evaluation runs test_step)"

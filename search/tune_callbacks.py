@@ -432,8 +432,9 @@ class ProgressDisplay(Callback):
         if trial.config.get(GIVE_UP):
             return  # out of retries (``RetryPolicy``): its end as FAILED is announced instead
         number = int(trial.config[TRIAL_NUMBER])
-        self._say(f"trial {number}: retrying from its last checkpoint after {_last_error_line(trial)}"
-                  f"{_traceback_at(trial)}")
+        # An epoch's checkpoint is on disk before its report: a trial with none has no checkpoint.
+        start = "its last checkpoint" if (trial.last_result or {}).get(EPOCH) else "the start (no epoch finished)"
+        self._say(f"trial {number}: retrying from {start} after {_last_error_line(trial)}{_traceback_at(trial)}")
 
     def _announce(self, trial, note: str = "") -> None:
         row = self.table.rows.get(int(trial.config[TRIAL_NUMBER]), {})

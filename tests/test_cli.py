@@ -98,7 +98,8 @@ def test_resume_refuses_a_changed_search_space(tmp_path, capsys):
     exp = ExperimentDir.create(str(tmp_path), "study")
     write_config(exp, load_config(shrunk_example(tmp_path)).model_dump(mode="json"))
     assert main(["resume", str(exp.root), "--set", "space.model.lr.high=0.5"]) == EXIT_CONFIG_ERROR
-    assert "space" in capsys.readouterr().err
+    # named by the override that changed it, not by the stored file's line of 'space'
+    assert "space.model.lr.high (--set): space cannot change on resume" in capsys.readouterr().err
     assert main(["resume", str(exp.root), "--set", "metric=val_loss"]) == EXIT_CONFIG_ERROR
 
 
@@ -237,3 +238,21 @@ def test_a_damaged_study_file_is_named_by_the_reading_commands_without_a_traceba
         assert main([*command, str(exp.root)]) == 1, command
         err = capsys.readouterr().err
         assert str(named) in err and "damaged" in err and "Traceback" not in err, (command, err)
+
+
+def test_a_retry_says_whether_it_starts_from_a_checkpoint_or_from_the_start(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tune_callbacks import ProgressDisplay
+
+    error = tmp_path / "error.txt"
+    error.write_text("Traceback (most recent call last):\nRuntimeError: worker lost\n")
+    display = ProgressDisplay(TrialsTable("val_acc", "max", []), 4, tmp_path)
+    display.setup()
+    assert f"searching: 4 trials in all; results in {tmp_path}" in capsys.readouterr().err
+    for number, last_result, said in ((0, {}, "from the start (no epoch finished)"),
+                                      (1, {"epoch": 2}, "from its last checkpoint")):
+        trial = SimpleNamespace(config={"hps_trial_number": number}, last_result=last_result, error_file=str(error))
+        display.on_trial_recover(0, [], trial)
+        assert f"trial {number}: retrying {said} after RuntimeError: worker lost" in capsys.readouterr().err

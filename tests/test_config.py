@@ -92,6 +92,8 @@ BAD_COMPONENTS = [
     ("init_args key not a constructor argument", _set("data/init_args", {"batch_size": 64, "shuffle_buffer": 3}),
      "data.init_args.shuffle_buffer", "takes no argument 'shuffle_buffer'"),
     ("unknown built-in", _set("model/class_path", "resnet"), "model.class_path", "neither a built-in"),
+    ("a dot for the colon", _set("model/class_path", "mypkg.models.Base"), "model.class_path",
+     "did you mean 'mypkg.models:Base'?"),
     ("module that does not import", _set("data/class_path", "no_such_pkg.data:Loader"), "data.class_path", "cannot import module 'no_such_pkg.data'"),
     ("class missing from module", _set("model/class_path", "hpsearch.models.cnn:ResNet"), "model.class_path", "has no attribute 'ResNet'"),
     ("not a class", _set("model/class_path", "hpsearch.models.cnn:nn"), "model.class_path", "is not a class"),

@@ -221,6 +221,12 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
             return {"optimizer": optimizer,
                     "lr_scheduler": {"scheduler": scheduler, "monitor": "val_acc", "interval": "step"}}
 
+    class PlateauTypo(CNNClassifier):  # an epoch scheduler asks for its metric after validation
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+            scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_accuracy"}}
+
     class SavesBatchSize(CNNClassifier):  # Lightning merges both classes' saved hparams when logging
         def __init__(self, batch_size: int = 7, **kwargs):
             super().__init__(**kwargs)
@@ -242,6 +248,8 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
                                                          "test_step) failed: AttributeError"),
             (StepPlateau, data_class, "model.class_path", "training batch 1 failed: MisconfigurationException: "
                                                           "ReduceLROnPlateau conditioned on metric val_acc"),
+            (PlateauTypo, data_class, "model.class_path", "the epoch's end, after validation (LR schedulers, "
+                                                          "epoch-end hooks) failed: MisconfigurationException"),
             (SavesBatchSize, SavesItsArguments, "model.class_path", "Error while merging hparams: the keys ['batch_size']")):
         with pytest.raises(ConfigError) as caught:
             run_preflight(config, model, data)
