@@ -4,6 +4,7 @@ live progress display, and the search's time budget."""
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
 import warnings
@@ -121,8 +122,8 @@ class RetryPolicy(Callback):
     ``trial._failure_reason``.)
     """
 
-    def __init__(self, table: TrialsTable, max_retries: int) -> None:
-        self.table, self.max_retries = table, max_retries
+    def __init__(self, table: TrialsTable, max_retries: int, exp) -> None:
+        self.table, self.max_retries, self.exp = table, max_retries, exp
         self._last_fault: dict[int, tuple[str, Any]] = {}  # trial number -> (error line, last epoch reported)
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
@@ -138,7 +139,8 @@ class RetryPolicy(Callback):
         self._last_fault[number] = fault
         if faults > self.max_retries or repeated:
             how = " the same way, at the same point" if repeated else ""
-            trial.config[GIVE_UP] = f"failed {faults} time{'s' if faults != 1 else ''}{how}: {fault[0]}"
+            trial.config[GIVE_UP] = f"failed {faults} time{'s' if faults != 1 else ''}{how}: {fault[0]}" \
+                                    f"{_traceback_at(trial, self.exp)}"
         else:
             row["attempts"] = faults + 1
 
@@ -251,9 +253,45 @@ def _short(value: Any) -> str:
         return "n/a"
 
 
-def _traceback_at(trial) -> str:
-    path = getattr(trial, "error_file", None)
+def _traceback_at(trial, exp) -> str:
+    """Where the traceback of the trial's last failed try is: its copy beside the trial's
+    checkpoints (``KeepTracebacks``), else Ray's own file."""
+    kept = kept_traceback(exp, trial)
+    path = kept if kept.is_file() else getattr(trial, "error_file", None)
     return f" (traceback: {path})" if path else ""
+
+
+def kept_traceback(exp, trial) -> Path:
+    from .experiment import trial_name
+
+    return exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER]))) / "error.txt"
+
+
+class KeepTracebacks(Callback):
+    """Copies the traceback of a trial's failed try from Ray's session directory (under
+    /tmp, gone at the next reboot) to ``error.txt`` beside the trial's checkpoints, where a
+    fault that ends a trial without a retry leaves its own (``trial._save_traceback``).
+    Runs before ``RetryPolicy`` and ``ProgressDisplay``, which name the copy."""
+
+    def __init__(self, exp) -> None:
+        self.exp = exp
+
+    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
+        self._keep(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._keep(trial)
+
+    def _keep(self, trial) -> None:
+        source = getattr(trial, "error_file", None)
+        if not source:
+            return
+        kept = kept_traceback(self.exp, trial)
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, kept)
+        except OSError:
+            pass  # Ray's own file stays, and is named instead
 
 
 class _TrialTracebacks(logging.Filter):
@@ -370,8 +408,8 @@ class ProgressDisplay(Callback):
     per finished trial.
     """
 
-    def __init__(self, table: TrialsTable, num_trials: int, experiment_dir: Path) -> None:
-        self.table, self.num_trials, self.experiment_dir = table, num_trials, experiment_dir
+    def __init__(self, table: TrialsTable, num_trials: int, exp) -> None:
+        self.table, self.num_trials, self.exp = table, num_trials, exp
         self.started = time.monotonic()
         self.console = None
         self._live = None
@@ -382,7 +420,7 @@ class ProgressDisplay(Callback):
 
         self.console = Console(stderr=True)
         # Said at once: in a log, the next line may come only when the first trial ends.
-        self.console.print(f"searching: {self.num_trials} trials in all; results in {self.experiment_dir}", markup=False,
+        self.console.print(f"searching: {self.num_trials} trials in all; results in {self.exp.root}", markup=False,
                            highlight=False, soft_wrap=True)  # a path stays whole in a log
         if self.console.is_terminal:
             from rich.live import Live
@@ -424,7 +462,7 @@ class ProgressDisplay(Callback):
         self._announce(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._announce(trial, _traceback_at(trial))
+        self._announce(trial, _traceback_at(trial, self.exp))
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """One line per retry, in place of the traceback Ray Tune would print (see
@@ -434,7 +472,8 @@ class ProgressDisplay(Callback):
         number = int(trial.config[TRIAL_NUMBER])
         # An epoch's checkpoint is on disk before its report: a trial with none has no checkpoint.
         start = "its last checkpoint" if (trial.last_result or {}).get(EPOCH) else "the start (no epoch finished)"
-        self._say(f"trial {number}: retrying from {start} after {_last_error_line(trial)}{_traceback_at(trial)}")
+        self._say(f"trial {number}: retrying from {start} after {_last_error_line(trial)}"
+                  f"{_traceback_at(trial, self.exp)}")
 
     def _announce(self, trial, note: str = "") -> None:
         row = self.table.rows.get(int(trial.config[TRIAL_NUMBER]), {})

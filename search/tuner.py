@@ -195,8 +195,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     from .searcher import OptunaSearcher
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
-    from .tune_callbacks import (DropResumeCheckpoints, FreeRankReservations, ProgressDisplay, PushStudyFiles,
-                                 RetryPolicy, TensorBoardSessions, TimeBudget, TrialsTableRecorder,
+    from .tune_callbacks import (DropResumeCheckpoints, FreeRankReservations, KeepTracebacks, ProgressDisplay,
+                                 PushStudyFiles, RetryPolicy, TensorBoardSessions, TimeBudget, TrialsTableRecorder,
                                  quiet_trial_tracebacks)
 
     prunes = PruneLog()
@@ -213,11 +213,12 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     backfill_trial_sessions(exp.tensorboard_dir, config, finished)
     # A distributed trial's ranks go first, before its files are touched.
     ranks = [FreeRankReservations()] if config.resources.distributed else []
-    callbacks = [*ranks, DropResumeCheckpoints(exp, mirror), RetryPolicy(table, config.failure.max_retries),
+    callbacks = [*ranks, DropResumeCheckpoints(exp, mirror), KeepTracebacks(exp),
+                 RetryPolicy(table, config.failure.max_retries, exp),
                  TrialsTableRecorder(table, exp.trials_csv, prunes),
                  TensorBoardSessions(config, table, exp.tensorboard_dir),
                  *([PushStudyFiles(mirror)] if mirror is not None else []),
-                 ProgressDisplay(table, searcher.trial_limit, exp.root), *(extra_callbacks or [])]
+                 ProgressDisplay(table, searcher.trial_limit, exp), *(extra_callbacks or [])]
     if config.resources.distributed:
         function, resources = train_distributed_trial, driver_resources()
     else:

@@ -243,14 +243,16 @@ def test_a_damaged_study_file_is_named_by_the_reading_commands_without_a_traceba
 def test_a_retry_says_whether_it_starts_from_a_checkpoint_or_from_the_start(tmp_path, capsys):
     from types import SimpleNamespace
 
+    from hpsearch.search.experiment import ExperimentDir
     from hpsearch.search.trials_table import TrialsTable
     from hpsearch.search.tune_callbacks import ProgressDisplay
 
     error = tmp_path / "error.txt"
     error.write_text("Traceback (most recent call last):\nRuntimeError: worker lost\n")
-    display = ProgressDisplay(TrialsTable("val_acc", "max", []), 4, tmp_path)
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    display = ProgressDisplay(TrialsTable("val_acc", "max", []), 4, exp)
     display.setup()
-    assert f"searching: 4 trials in all; results in {tmp_path}" in capsys.readouterr().err
+    assert f"searching: 4 trials in all; results in {exp.root}" in capsys.readouterr().err
     for number, last_result, said in ((0, {}, "from the start (no epoch finished)"),
                                       (1, {"epoch": 2}, "from its last checkpoint")):
         trial = SimpleNamespace(config={"hps_trial_number": number}, last_result=last_result, error_file=str(error))

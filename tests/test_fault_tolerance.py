@@ -251,6 +251,8 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     retried = re.search(r"trial 1: retrying from its last checkpoint after RuntimeError: injected failure \(once\) "
                         r"\(traceback: (\S+)\)", output)
     assert retried and "injected failure (once)" in Path(retried.group(1)).read_text(), output
+    # the copy beside the trial's checkpoints, not Ray's file under /tmp (gone at a reboot)
+    assert Path(retried.group(1)) == exp_dir / "trials" / "trial_0001" / "error.txt", output
     assert output.count("trial 2: retrying") == 2
 
     once = table[1]  # raised once at epoch 2, retried from its epoch-1 checkpoint
@@ -262,9 +264,11 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     always = table[2]  # a new message each try: it might have been a different fault
     assert (always["state"], always["attempts"]) == ("FAILED", "3")  # max_retries + 1
     assert "injected failure (always), try 3" in always["error"]
+    assert always["reason"].endswith(f"(traceback: {exp_dir / 'trials' / 'trial_0002' / 'error.txt'})"), always
     same = table[7]  # the same error at the same point twice: a third try would fail the same way
     assert (same["state"], same["attempts"]) == ("FAILED", "2"), same
-    assert same["reason"] == "failed 2 times the same way, at the same point: RuntimeError: injected failure (same)"
+    assert same["reason"].startswith("failed 2 times the same way, at the same point: RuntimeError: injected "
+                                     "failure (same) (traceback: "), same
     assert output.count("trial 7: retrying") == 1, output
     nan, oom = table[3], table[4]
     assert nan["state"] == "FAILED" and "NaN/inf loss" in nan["reason"] and nan["attempts"] == "1"
