@@ -54,13 +54,15 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     try:
         datamodule = build_datamodule(config, data_class, params, loader)
     except Exception as exc:
-        raise ConfigError([config.problem("data.init_args", f"{data_class.__name__}(...{_searched(params, 'data')}) "
-                                                            f"raised {type(exc).__name__}: {exc}")]) from None
+        raise ConfigError([config.problem(_argument_named(config, "data", exc),
+                                          f"{data_class.__name__}(...{_searched(params, 'data')}) "
+                                          f"raised {type(exc).__name__}: {exc}")]) from None
     try:
         model = build_model(config, model_class, params, datamodule)
     except Exception as exc:
-        raise ConfigError([config.problem("model.init_args", f"{model_class.__name__}(...{_searched(params, 'model')}) "
-                                                             f"raised {type(exc).__name__}: {exc}")]) from None
+        raise ConfigError([config.problem(_argument_named(config, "model", exc),
+                                          f"{model_class.__name__}(...{_searched(params, 'model')}) "
+                                          f"raised {type(exc).__name__}: {exc}")]) from None
     quiet_lightning()
     logged = _a_few_batches(config, params, model, datamodule, model_class, data_class)
     if config.metric not in logged:
@@ -79,6 +81,17 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     elif problems:
         raise ConfigError(problems)
     return logged
+
+
+def _argument_named(config: ExperimentConfig, section: str, exc: Exception) -> str:
+    """The argument a constructor's error names in quotes (e.g. a class taking ``**kwargs``
+    that passes on a misspelt 'hiden'), as the field at fault, searched or set; else the
+    section's ``init_args``."""
+    searched = [key.partition(".")[2] for key in config.space if key.startswith(section + ".")]
+    for name in [*searched, *getattr(config, section).init_args]:
+        if f"'{name}'" in str(exc):
+            return f"space.{section}.{name}" if name in searched else f"{section}.init_args.{name}"
+    return f"{section}.init_args"
 
 
 def _driver_has_gpu() -> bool:

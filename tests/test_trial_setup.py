@@ -482,3 +482,23 @@ def test_a_fault_the_same_code_would_raise_again_is_not_retried(exc, retried):
         assert "in _raise); not retried" in reason, reason
     assert _failure_reason(MisconfigurationException("ReduceLROnPlateau conditioned on metric val/loss "
                                                      "which is not available")) is not None
+
+
+def test_a_misspelt_argument_passed_on_through_kwargs_is_named_as_the_field(example_config, tmp_path):
+    # The class takes **kwargs, so the signature check lets it through; its parent refuses.
+    from conftest import write_yaml
+
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule
+
+    class TakesAnything(CNNClassifier):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+
+    example_config["model"]["init_args"]["hiden"] = 3
+    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, TakesAnything, DigitsDataModule)
+    [problem] = caught.value.problems
+    assert problem.field == "model.init_args.hiden" and problem.line is not None, problem
+    assert "unexpected keyword argument 'hiden'" in problem.message, problem
