@@ -20,6 +20,27 @@ EXAMPLE = REPO / "examples" / "digits-cnn.yaml"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def manually_optimized(classifier: type, nan_from_epoch: int | None = None) -> type:
+    """A built-in classifier that optimizes manually: its training_step returns nothing;
+    from ``nan_from_epoch`` on (0-based) its loss, and so its weights, turn NaN."""
+
+    class ManuallyOptimized(classifier):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers()
+            loss = super().training_step(batch, batch_idx)
+            if nan_from_epoch is not None and self.current_epoch >= nan_from_epoch:
+                loss = loss * float("nan")
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+
+    return ManuallyOptimized
+
+
 def example_dict() -> dict:
     return yaml.safe_load(EXAMPLE.read_text())
 

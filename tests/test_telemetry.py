@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from conftest import manually_optimized
 from hpsearch.models.mlp import MLPClassifier
 from hpsearch.models.synthetic import SyntheticImagesDataModule
 
@@ -132,23 +133,6 @@ def test_a_metric_the_model_never_logs_is_named_by_hpsearch_and_fails_the_trial_
     assert _failure_reason(caught.value) == str(caught.value)
 
 
-class ManualNaN(MLPClassifier):
-    """Optimizes manually (training_step returns nothing) and diverges in its second epoch."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.automatic_optimization = False
-
-    def training_step(self, batch, batch_idx):
-        optimizer = self.optimizers()
-        loss = super().training_step(batch, batch_idx)
-        if self.current_epoch >= 1:
-            loss = loss * float("nan")
-        optimizer.zero_grad()
-        self.manual_backward(loss)
-        optimizer.step()
-
-
 def test_a_nan_loss_under_manual_optimization_fails_the_trial(tmp_path):
     # The accuracy stays finite (at chance) while the weights are NaN: only the logged
     # losses show it, and the trial must not end COMPLETE with a diverged model.
@@ -156,7 +140,7 @@ def test_a_nan_loss_under_manual_optimization_fails_the_trial(tmp_path):
 
     data = SlowLoadingData(item_seconds=0.0)
     with pytest.raises(NonFiniteError, match=r"(train|val)_loss is nan at epoch 2"):
-        reports_of(tmp_path, mlp_for(data, ManualNaN), data, epochs=3)
+        reports_of(tmp_path, mlp_for(data, manually_optimized(MLPClassifier, nan_from_epoch=1)), data, epochs=3)
 
 
 def test_a_resumed_trial_first_reports_again_the_epoch_its_checkpoint_holds(tmp_path):

@@ -258,26 +258,14 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
 
 
 def test_preflight_names_the_trainer_setting_a_manually_optimized_model_cannot_use(example_config, tmp_path):
-    from conftest import write_yaml
+    from conftest import manually_optimized, write_yaml
 
     from hpsearch.models.cnn import CNNClassifier
-
-    class ManualSteps(CNNClassifier):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.automatic_optimization = False
-
-        def training_step(self, batch, batch_idx):
-            optimizer = self.optimizers()
-            loss = super().training_step(batch, batch_idx)
-            optimizer.zero_grad()
-            self.manual_backward(loss)
-            optimizer.step()
 
     example_config["space"]["trainer.accumulate_grad_batches"] = {"type": "categorical", "choices": [2, 4]}
     config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
     with pytest.raises(ConfigError) as caught:
-        run_preflight(config, ManualSteps, check_components(config)[1])
+        run_preflight(config, manually_optimized(CNNClassifier), check_components(config)[1])
     [problem] = caught.value.problems
     assert problem.field == "space.trainer.accumulate_grad_batches" and problem.line is not None, problem
     assert "gradient accumulation is not supported for manual optimization" in problem.message, problem
