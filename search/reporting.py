@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import EarlyStopping
 from pytorch_lightning.profilers import Profiler
 
 from .errors import HpsearchError
@@ -132,10 +133,16 @@ class TuneReporter(pl.Callback):
         it already, the same values arrive again: the searcher keeps one value per epoch and
         ASHA records a trial once per rung. No time or telemetry is added (none was spent),
         and TensorBoard already has the epoch."""
-        metrics = dict(validated["metrics"])
+        metrics, epoch = dict(validated["metrics"]), validated["epoch"]
         self.best = self._best_so_far(trainer, metrics[self.metric])
+        # Its end, decided as it was then: the last epoch, or early stopping's patience spent
+        # (its count is restored with the checkpoint; Lightning's stop flag is not).
+        patience_spent = any(isinstance(callback, EarlyStopping) and callback.wait_count >= callback.patience
+                             for callback in trainer.callbacks)
+        finished = epoch >= self.max_epochs or patience_spent
+        reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if finished else "")
         metrics.update(self.static_fields)
-        metrics.update({EPOCH: validated["epoch"], FINISHED: False, STOP_REASON: "", "hps_best": self.best,
+        metrics.update({EPOCH: epoch, FINISHED: finished, STOP_REASON: reason, "hps_best": self.best,
                         "hps_logged_metrics": ",".join(sorted(validated["metrics"])), RESTORED: True})
         if trainer.global_rank == 0 or self.report_on_every_rank:
             self.report(metrics)

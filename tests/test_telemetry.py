@@ -155,6 +155,11 @@ def test_a_resumed_trial_first_reports_again_the_epoch_its_checkpoint_holds(tmp_
     assert again["val_acc"] == first[1]["val_acc"] and again["hps_best"] == first[1]["hps_best"]
     assert "hps_epoch_time_s" not in again  # no time was spent on it again
     assert new["epoch"] == 3 and "hps_restored" not in new and new["hps_finished"] is True
+    # From the last epoch's checkpoint (paused before its report): that report is the trial's end
+    [last] = reports_of(tmp_path, mlp_for(data), data, epochs=3, reports_expected=1,
+                        resume_from=str(tmp_path / "trial" / "checkpoints" / "epoch-0002.ckpt"))
+    assert (last["epoch"], last["hps_restored"], last["hps_finished"], last["hps_stop_reason"]) == \
+        (3, True, True, "max_epochs"), last
 
 
 def test_each_epoch_reports_the_cpu_time_its_training_and_validation_used(tmp_path):
