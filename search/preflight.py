@@ -152,18 +152,34 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
                         trainer.test(model, datamodule=datamodule, verbose=False)
         except Exception as exc:
             raise ConfigError([config.problem(_field_at_fault(config, exc, model_class, data_class),
-                                              f"{watch.phase} failed: {type(exc).__name__}: {exc}")]) from None
+                                              f"{watch.phase} failed: {type(exc).__name__}: {exc}"
+                                              f"{_relative_path_note(exc)}")]) from None
     return watch.logged
 
 
 def _field_at_fault(config: ExperimentConfig, exc: Exception, model_class: type, data_class: type) -> str:
     """The trainer setting Lightning's error names (e.g. "Remove Trainer(gradient_clip_val=1.0)"
-    for a model that optimizes manually), else the class whose code raised (a DataModule's
-    setup or loader raises here too)."""
+    for a model that optimizes manually); for a clash of the two classes' saved
+    hyperparameters, the argument it names; else the class whose code raised (a
+    DataModule's setup or loader raises here too)."""
     for name in type(config.trainer).model_fields:
         if f"{name}=" in str(exc):
             return f"space.trainer.{name}" if f"trainer.{name}" in config.space else f"trainer.{name}"
+    if "merging hparams" in str(exc):
+        for section in ("data", "model"):
+            if (field := _argument_named(config, section, exc)) != f"{section}.init_args":
+                return field
     return "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
+
+
+def _relative_path_note(exc: Exception) -> str:
+    """For a file not found by a relative path: where that path was looked for."""
+    import os
+
+    name = getattr(exc, "filename", None)
+    if isinstance(exc, FileNotFoundError) and isinstance(name, str) and not os.path.isabs(name):
+        return f" (a relative path, looked for from the current directory {os.getcwd()})"
+    return ""
 
 
 def _searched(params: dict[str, Any], section: str) -> str:

@@ -12,6 +12,9 @@ from .storage import Mirror, join_uri
 from .trials_table import TrialsTable
 
 
+EVALUATION_ERROR = "evaluation-error.txt"  # the traceback of a failed test evaluation
+
+
 def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None = None) -> dict[str, Any] | None:
     """Evaluate the best trial's best checkpoint and write ``best.json``; None if no trial scored.
     With URI storage the checkpoint is fetched first (another node may have written it)."""
@@ -27,6 +30,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     if checkpoint.is_file():
         try:
             test_metrics = evaluate_on_cluster(config, params, str(checkpoint), mirror)
+            (exp.root / EVALUATION_ERROR).unlink(missing_ok=True)  # an earlier session's, now out of date
         except HpsearchError:
             raise
         except Exception as exc:  # the user's test code: the search's result is still written
@@ -61,7 +65,7 @@ def _evaluation_failure(exc: Exception, exp: ExperimentDir) -> str:
 
     cause = getattr(exc, "cause", None)  # a Ray task's error (the evaluation on a GPU node) wraps it
     error = cause if isinstance(cause, Exception) else exc
-    saved = exp.root / "evaluation-error.txt"
+    saved = exp.root / EVALUATION_ERROR
     saved.write_text("".join(traceback.format_exception(exc)))
     where = raised_at(error)
     message = str(error).splitlines()[0] if str(error) else ""

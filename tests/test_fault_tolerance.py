@@ -385,6 +385,7 @@ def test_a_failing_test_evaluation_keeps_the_result_and_resume_evaluates_again(t
     assert code == 0, output
     best = json.loads((exp_dir / "best.json").read_text())
     assert best["test_error"] is None and 0 <= best["test_metrics"]["test_acc"] <= 1, best
+    assert not (exp_dir / "evaluation-error.txt").exists()  # out of date now
     assert len(rows(exp_dir)) == 2  # no trial ran again
 
 

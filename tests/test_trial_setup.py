@@ -232,6 +232,10 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
             super().__init__(**kwargs)
             self.save_hyperparameters()
 
+    class ReadsARelativePath(DigitsDataModule):
+        def setup(self, stage=None):
+            open("data/missing.npz", "rb")
+
     class SavesItsArguments(DigitsDataModule):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
@@ -250,7 +254,10 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
                                                           "ReduceLROnPlateau conditioned on metric val_acc"),
             (PlateauTypo, data_class, "model.class_path", "the epoch's end, after validation (LR schedulers, "
                                                           "epoch-end hooks) failed: MisconfigurationException"),
-            (SavesBatchSize, SavesItsArguments, "model.class_path", "Error while merging hparams: the keys ['batch_size']")):
+            (SavesBatchSize, SavesItsArguments, "space.data.batch_size",
+             "Error while merging hparams: the keys ['batch_size']"),
+            (model_class, ReadsARelativePath, "data.class_path", "No such file or directory: 'data/missing.npz' "
+                                                                 "(a relative path, looked for from the current directory")):
         with pytest.raises(ConfigError) as caught:
             run_preflight(config, model, data)
         [problem] = caught.value.problems
