@@ -141,6 +141,8 @@ class TuneReporter(pl.Callback):
                              for callback in trainer.callbacks)
         finished = epoch >= self.max_epochs or patience_spent
         reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if finished else "")
+        if patience_spent:
+            trainer.should_stop = True  # it stopped there: no further epoch
         metrics.update(self.static_fields)
         metrics.update({EPOCH: epoch, FINISHED: finished, STOP_REASON: reason, "hps_best": self.best,
                         "hps_logged_metrics": ",".join(sorted(validated["metrics"])), RESTORED: True})

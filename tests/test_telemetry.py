@@ -71,7 +71,7 @@ class SlowEpochEnd(MLPClassifier):
 
 
 def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_acc", resume_from=None,
-               reports_expected: int | None = None) -> list[dict]:
+               reports_expected: int | None = None, patience: int | None = 10) -> list[dict]:
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
     from hpsearch.search.lightning_trainer import build_trainer
@@ -79,8 +79,9 @@ def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_
 
     reports: list[dict] = []
     reporter = TuneReporter(metric, "max", epochs, report=reports.append, static_fields={})
-    device = trial_device(TrainerConfig(), LoaderConfig(), ResourcesConfig())
-    trainer = build_trainer(TrainerConfig(), device=device, metric=metric, mode="max", max_epochs=epochs,
+    settings = TrainerConfig(early_stopping_patience=patience)
+    device = trial_device(settings, LoaderConfig(), ResourcesConfig())
+    trainer = build_trainer(settings, device=device, metric=metric, mode="max", max_epochs=epochs,
                             trial_dir=tmp_path / "trial", tensorboard_run=tmp_path / "tb" / "run",
                             callbacks=[reporter], profiler=reporter.fetch_timer)
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from)
@@ -160,6 +161,22 @@ def test_a_resumed_trial_first_reports_again_the_epoch_its_checkpoint_holds(tmp_
                         resume_from=str(tmp_path / "trial" / "checkpoints" / "epoch-0002.ckpt"))
     assert (last["epoch"], last["hps_restored"], last["hps_finished"], last["hps_stop_reason"]) == \
         (3, True, True, "max_epochs"), last
+
+
+class NeverImproves(MLPClassifier):
+    def on_validation_epoch_end(self) -> None:
+        self.log("score", 0.5)
+
+
+def test_a_trial_resumed_where_early_stopping_ended_it_reports_that_end_and_trains_no_further(tmp_path):
+    data = SlowLoadingData(item_seconds=0.0)
+    first = reports_of(tmp_path, mlp_for(data, NeverImproves), data, epochs=5, metric="score", patience=1,
+                       reports_expected=2)
+    assert (first[1]["hps_finished"], first[1]["hps_stop_reason"]) == (True, "early_stopping")
+    # Paused after the second epoch's checkpoint, before its report:
+    [again] = reports_of(tmp_path, mlp_for(data, NeverImproves), data, epochs=5, metric="score", patience=1,
+                         reports_expected=1, resume_from=str(tmp_path / "trial" / "checkpoints" / "epoch-0001.ckpt"))
+    assert (again["epoch"], again["hps_finished"], again["hps_stop_reason"]) == (2, True, "early_stopping"), again
 
 
 def test_each_epoch_reports_the_cpu_time_its_training_and_validation_used(tmp_path):
