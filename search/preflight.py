@@ -71,7 +71,7 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
             f"{config.metric!r} is never logged at validation; {model_class.__name__} logs: "
             f"{', '.join(logged) or 'nothing'}",
         )])
-    problems = _values_the_classes_refuse(config, model_class, data_class, params, datamodule, loader)
+    problems = _values_the_classes_refuse(config, model_class, data_class, params, model, datamodule, loader)
     if problems and config.resources.worker_gpus > 0 and not _driver_has_gpu():
         # The builds ran here, on a driver without a GPU (a laptop, a CPU head node), for
         # trials that will have one: a value may need the GPU, so this is not proof.
@@ -191,10 +191,12 @@ def _searched(params: dict[str, Any], section: str) -> str:
 
 
 def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data_class: type,
-                               params: dict[str, Any], datamodule, loader: dict[str, Any]) -> list:
+                               params: dict[str, Any], model, datamodule, loader: dict[str, Any]) -> list:
     """Each model and data parameter's other choices and range ends, one at a time, given
-    to its class's constructor: a value the constructor refuses would fail every trial
-    that samples it. Models are built on torch's meta device, so no weights are allocated
+    to its class's constructor: a value the constructor refuses, or one that makes the
+    model's and the DataModule's saved hyperparameters disagree (beside the other class
+    as built above), would fail every trial that samples it. Models are built on torch's
+    meta device, so no weights are allocated
     (and on the CPU when that fails: some constructors need real tensors). A DataModule
     that loads its data in its constructor costs a load per value, so no build starts
     after ``OTHER_VALUES_BUDGET_S``, and a warning names the parameters left unchecked."""
@@ -215,21 +217,49 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
             variant = {**params, key: value}
             try:
                 if section == "data":
-                    build_datamodule(config, data_class, variant, loader)
+                    pair = (model, build_datamodule(config, data_class, variant, loader))
                 else:
                     try:
                         with torch.device("meta"):
-                            build_model(config, model_class, variant, datamodule)
+                            pair = (build_model(config, model_class, variant, datamodule), datamodule)
                     except Exception:
                         if time.perf_counter() > deadline:
                             unchecked.append(f"space.{key}")
                             break
-                        build_model(config, model_class, variant, datamodule)
+                        pair = (build_model(config, model_class, variant, datamodule), datamodule)
             except Exception as exc:
                 name = (data_class if section == "data" else model_class).__name__
                 problems.append(config.problem(
                     f"space.{key}", f"{value!r} can be sampled, but {name}(...) raised {type(exc).__name__}: {exc}"))
+                continue
+            if clash := _hparams_clash(*pair):
+                problems.append(config.problem(
+                    f"space.{key}", f"{value!r} can be sampled, but then {model_class.__name__} and "
+                                    f"{data_class.__name__} save different values of {', '.join(clash)} in their "
+                                    "hparams, which Lightning refuses as a trial starts (\"Error while merging "
+                                    "hparams\")"))
     if unchecked:
         warnings.warn(f"the preflight's {OTHER_VALUES_BUDGET_S:g} s for building the classes with other values ran out; "
                       f"not checked: some values of {', '.join(unchecked)} (their trials still will be)", stacklevel=3)
     return problems
+
+
+def _hparams_clash(model, datamodule) -> list[str]:
+    """The names both classes save (``save_hyperparameters``) with different values: with a
+    logger, Lightning refuses such a pair when training starts. Its own test, made safe
+    for tensors."""
+    import torch
+
+    if not (getattr(model, "_log_hyperparams", False) and getattr(datamodule, "_log_hyperparams", False)):
+        return []
+    ours, theirs = model.hparams_initial, datamodule.hparams_initial
+
+    def differ(a, b) -> bool:
+        if type(a) is not type(b) or isinstance(a, torch.Tensor):
+            return type(a) is not type(b) or a is not b
+        try:
+            return bool(a != b)
+        except Exception:  # noqa: BLE001 - a value with no plain comparison
+            return True
+
+    return sorted(k for k in ours.keys() & theirs.keys() if k != "_class_path" and differ(ours[k], theirs[k]))

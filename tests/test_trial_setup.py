@@ -497,3 +497,28 @@ def test_a_misspelt_argument_passed_on_through_kwargs_is_named_as_the_field(exam
     [problem] = caught.value.problems
     assert problem.field == "model.init_args.hiden" and problem.line is not None, problem
     assert "unexpected keyword argument 'hiden'" in problem.message, problem
+
+
+def test_a_sampleable_value_that_makes_the_saved_hparams_clash_is_refused(example_config):
+    # The representative batch size (the range's low end, 32) agrees with the model's; the
+    # high end does not, and Lightning refuses such a pair as a trial starts.
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule
+
+    class SavesBatchSize(CNNClassifier):
+        def __init__(self, batch_size: int = 32, **kwargs):
+            super().__init__(**kwargs)
+            self.save_hyperparameters()
+
+    class SavesItsArguments(DigitsDataModule):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.save_hyperparameters()
+
+    config = load_config(example_config)
+    assert config.space["data.batch_size"].low == 32
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, SavesBatchSize, SavesItsArguments)
+    [problem] = caught.value.problems
+    assert problem.field == "space.data.batch_size" and problem.message.startswith(
+        "256 can be sampled, but then SavesBatchSize and SavesItsArguments save different values of batch_size"), problem
