@@ -64,6 +64,10 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
         console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) is gone, so "
                       f"trial(s) {', '.join(running)} are not running; `hpsearch resume {exp.root}` continues them.",
                       soft_wrap=True)
+    test_error = (exp.stored_best() or {}).get("test_error")
+    if test_error:
+        console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "
+                      f"`hpsearch resume {exp.root}` evaluates it again.", markup=False, soft_wrap=True)
 
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:

@@ -376,6 +376,9 @@ def test_a_failing_test_evaluation_keeps_the_result_and_resume_evaluates_again(t
                     best["test_error"]), best["test_error"]
     assert "undefined_helper" in (exp_dir / "evaluation-error.txt").read_text()
     assert "test evaluation failed: AttributeError" in output and f"hpsearch resume {exp_dir}" in output, output
+    status = subprocess.run([sys.executable, "-m", "hpsearch.search.cli", "status", str(exp_dir)],
+                            capture_output=True, text=True)
+    assert "The best trial's test evaluation failed: AttributeError" in status.stdout, status.stdout
     # In a log (no terminal): where the results go is said at the start, metrics in short
     assert f"searching: 2 trials in all; results in {exp_dir}" in output, output
     assert re.search(r"trial \d: COMPLETE \(max_epochs\) val_acc=\d\.\d{1,4} after 1 epochs", output), output
