@@ -98,8 +98,8 @@ def check(
     storage: str | None = None,
 ) -> tuple[ExperimentConfig, str]:
     """What ``run`` checks before Ray starts, and nothing after: the file, the classes and
-    their arguments, one training step and one validation batch, and that the storage can
-    be written. Starts no Ray and creates nothing; raises what ``run`` would. Returns the
+    their arguments, the preflight's batches (two training steps, one validation and one
+    test batch), and that the storage can be written. Starts no Ray and creates nothing; raises what ``run`` would. Returns the
     validated config and where ``run`` would put the study (a directory or URI)."""
     config = _run_config(source, overrides, name, storage)
     with thawed_at_exit():
@@ -112,6 +112,8 @@ def _tune_callbacks(callbacks: Iterable[Any]) -> list[Any]:
     """``callbacks`` as a list, each checked to be a ``ray.tune.Callback`` before anything
     starts: a Lightning callback (an easy mix-up) failed inside Tune after the study's
     directory was made."""
+    if not isinstance(callbacks, Iterable):
+        raise TypeError(f"callbacks must be a list of ray.tune.Callback objects, not one {type(callbacks).__name__}")
     callbacks = list(callbacks)
     if not callbacks:
         return callbacks

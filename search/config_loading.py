@@ -34,6 +34,13 @@ def load_config(
     ``options`` are top-level fields given by command-line options of the same name
     (``{"name": ...}`` for ``--name``); they apply last and errors blame the option.
     """
+    if isinstance(overrides, str):
+        overrides = [overrides]  # one key=value, not a sequence of its characters
+    if not isinstance(source, (str, Path, Mapping)):
+        raise TypeError(f"the experiment must be a YAML file's path or a mapping, not {type(source).__name__}")
+    if not isinstance(overrides, (Mapping, Iterable)):
+        raise TypeError(f"overrides must be a mapping or a list of 'key=value' strings, "
+                        f"not {type(overrides).__name__}")
     if isinstance(source, Mapping):
         raw, lines, origin = copy.deepcopy(dict(source)), {}, "<dict>"
     else:

@@ -197,6 +197,8 @@ def test_a_callback_that_is_not_a_tune_callback_is_refused_before_anything_start
     [problem] = caught.value.problems
     assert problem.field == "callbacks[1]" and "LearningRateMonitor is not a ray.tune.Callback" in problem.message
     assert "configure_callbacks" in problem.message
+    with pytest.raises(TypeError, match="callbacks must be a list of ray.tune.Callback objects, not one Callback"):
+        api.run(shrunk_example(storage), callbacks=tune.Callback())  # one, not in a list
     assert not storage.exists()
     with pytest.raises(ConfigError, match=r"callbacks\[0\]"):
         api.resume(tmp_path / "no-such-study", callbacks=[print])

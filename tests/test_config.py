@@ -332,3 +332,14 @@ def test_a_set_that_breaks_a_field_of_the_file_is_blamed_on_the_set(tmp_path):
     assert {(p.field, p.source, p.message) for p in caught.value.problems} == {
         ("space.model.dropout.low", "--set", "required key is missing"),
         ("space.model.dropout.high", "--set", "required key is missing")}, caught.value
+
+
+def test_the_api_s_arguments_of_the_wrong_kind_are_named(example_config):
+    # From Python: a single "key=value" string is one override, not one per character,
+    # and a wrong kind of argument says which, instead of failing deep inside.
+    config = load_config(example_config, "search.num_trials=3")
+    assert config.search.num_trials == 3
+    with pytest.raises(TypeError, match="the experiment must be a YAML file's path or a mapping, not int"):
+        load_config(42)
+    with pytest.raises(TypeError, match="overrides must be a mapping or a list of 'key=value' strings, not NoneType"):
+        load_config(example_config, None)
