@@ -25,7 +25,7 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .config_loading import load_config
-from .errors import ConfigError, HpsearchError, Interrupted, Problem
+from .errors import CallbackError, ConfigError, HpsearchError, Interrupted, Problem
 from .experiment import ExperimentDir, close_killed_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED
@@ -256,7 +256,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         outcome = SESSION_INTERRUPTED
         raise Interrupted(exp.root) from None
     except Exception as exc:
-        raise _user_error_in(exc) or exc
+        raise _user_error_in(exc) or _callback_error_in(exc, callbacks, exp) or exc
     finally:
         try:
             record_session(exp, started_at, time.time(), outcome)
@@ -374,6 +374,23 @@ def _graceful_stop_announced():
     finally:
         logger.removeFilter(announcer)
         logger.setLevel(previous_level)
+
+
+def _callback_error_in(exc: BaseException, callbacks: Iterable[Any], exp: ExperimentDir) -> CallbackError | None:
+    """The user's own callback's exception that Ray Tune re-raised as a ``TuneError``
+    holding only its traceback's text: found by the frame the callback's method ran in."""
+    import traceback
+
+    mine = list(callbacks)
+    seen: set[int] = set()
+    while mine and exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for frame, _ in traceback.walk_tb(exc.__traceback__):
+            owner = frame.f_locals.get("self")
+            if any(owner is callback for callback in mine):
+                return CallbackError(owner, frame.f_code.co_name, exc, exp.root)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _user_error_in(exc: BaseException) -> HpsearchError | None:

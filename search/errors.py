@@ -62,3 +62,14 @@ class Interrupted(HpsearchError):
         self.experiment_dir = experiment_dir
         super().__init__(f"search interrupted; finished trials are kept. Continue it with:\n"
                          f"  hpsearch resume {experiment_dir}")
+
+
+class CallbackError(HpsearchError):
+    """One of the user's own Ray Tune callbacks (``callbacks=``) raised; the search stopped
+    there, and the study can be resumed once it is fixed."""
+
+    def __init__(self, callback: object, hook: str, error: BaseException, experiment_dir) -> None:
+        self.callback, self.hook, self.error, self.experiment_dir = callback, hook, error, experiment_dir
+        super().__init__(f"your callback {type(callback).__name__}.{hook} raised {type(error).__name__}: {error}; "
+                         f"the search stopped and finished trials are kept. Fix it and continue with "
+                         f"hpsearch.resume({str(experiment_dir)!r}, callbacks=[...])")

@@ -35,3 +35,27 @@ def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path)
     assert "Failed to fetch metrics" not in out.stderr and "Failed to connect to GCS" not in out.stderr, out.stderr[-3000:]
     # Ray's notice that a ray.init outside the main thread sets no SIGTERM handler is not the user's concern
     assert "SIGTERM handler" not in out.stderr, out.stderr[-3000:]
+
+
+def test_a_users_callback_that_raises_stops_the_search_with_an_error_naming_it(tmp_path):
+    # Ray Tune re-raised it as a TuneError holding only a traceback's text.
+    config = shrunk_example(tmp_path, **{"search/num_trials": 2, "scheduler/max_epochs": 1})
+    script = textwrap.dedent(f"""
+        import json
+        from ray import tune
+        import hpsearch
+        from hpsearch.search.errors import CallbackError
+
+        class Broken(tune.Callback):
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                raise ValueError("my callback is broken")
+
+        try:
+            hpsearch.run(json.loads({json.dumps(config)!r}), callbacks=[Broken()])
+        except CallbackError as error:
+            print("CAUGHT", error.hook, error, flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "CAUGHT on_trial_result your callback Broken.on_trial_result raised ValueError: my callback is broken" \
+        in out.stdout, out.stdout + out.stderr[-3000:]
+    assert "hpsearch.resume(" in out.stdout and "TuneError" not in out.stdout
