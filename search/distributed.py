@@ -18,6 +18,7 @@ first whenever it is installed, and the two must not be mixed.
 from __future__ import annotations
 
 import importlib.util
+import time
 from typing import Any
 
 from .config import ExperimentConfig
@@ -54,13 +55,15 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    trial_started_at = time.time()  # its ranks count their worker group's start in the trial's start-up
     config = ExperimentConfig.model_validate(experiment)
     resources = config.resources
     use_gpu = resources.worker_gpus > 0
     per_worker = {"CPU": resources.worker_cpus, **({"GPU": resources.worker_gpus} if use_gpu else {})}
     trainer = TorchTrainer(
         _train_rank,
-        train_loop_config={"trial_config": trial_config, "experiment": experiment, "experiment_dir": experiment_dir},
+        train_loop_config={"trial_config": trial_config, "experiment": experiment, "experiment_dir": experiment_dir,
+                           "trial_started_at": trial_started_at},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=resources.workers_per_trial, use_gpu=use_gpu,
                                      resources_per_worker=per_worker, placement_strategy="PACK"),
@@ -79,6 +82,9 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     """One rank of a distributed trial, inside a Ray Train worker."""
     import ray.train
 
+    # Ray Train started this worker process for the trial: seconds the trial waited for it
+    # (the nodes' clocks are assumed to agree, as NTP keeps them).
+    workers_start_s = max(0.0, time.time() - loop_config["trial_started_at"])
     config = ExperimentConfig.model_validate(loop_config["experiment"])
     load_training_stack(config)  # before the strategy's Lightning import (see trial.load_training_stack)
     context = ray.train.get_context()
@@ -93,7 +99,8 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     reservation = ray.util.get_current_placement_group()
     named = {PLACEMENT_GROUP: reservation.id.hex()} if reservation is not None else {}
     fit_trial(loop_config["trial_config"], loop_config["experiment"], loop_config["experiment_dir"],
-              report=lambda metrics: ray.train.report({**metrics, **named}), parallel=parallel)
+              report=lambda metrics: ray.train.report({**metrics, **named}), parallel=parallel,
+              workers_start_s=workers_start_s)
 
 
 def make_strategy(config: ExperimentConfig):

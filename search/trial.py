@@ -58,10 +58,11 @@ def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:
 
 
 def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
-              report: Callable[[dict], None], parallel: Parallelism) -> None:
+              report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0) -> None:
     """Train one sampled configuration in this process (a Ray worker), reporting after
-    every validation."""
-    started = time.perf_counter()
+    every validation. ``workers_start_s``: how long the trial had already waited for this
+    process (a distributed trial's worker group); its start-up and first result count it."""
+    started = time.perf_counter() - workers_start_s
     config = ExperimentConfig.model_validate(experiment)
     params: dict[str, Any] = trial_config["params"]
     number = int(trial_config[TRIAL_NUMBER])
@@ -122,6 +123,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         "hps_device": device.accelerator,
         "hps_precision": device.precision,
         "hps_world_size": parallel.world_size,
+        "hps_workers_start_s": workers_start_s,
         "hps_strategy": parallel.strategy_name,
         "hps_num_workers": getattr(datamodule, "effective_num_workers", device.loader_options["num_workers"]),
         "hps_pin_memory": device.loader_options["pin_memory"],

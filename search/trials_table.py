@@ -18,7 +18,7 @@ from .outcome import PAUSED, RUNNING, best_of
 
 FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
 TELEMETRY_COLUMNS = (
-    "compute_s", "epoch_time_s", "train_s", "val_s", "epoch_cpu_s", "data_wait_s", "checkpoint_s", "report_s", "startup_s", "data_reused", "data_starved",
+    "compute_s", "epoch_time_s", "train_s", "val_s", "epoch_cpu_s", "data_wait_s", "checkpoint_s", "report_s", "startup_s", "workers_start_s", "data_reused", "data_starved",
     "samples_per_s", "first_result_s", "device", "precision",
     "world_size", "strategy", "num_workers", "pin_memory", "loader_sharing", "batch_slots", "resumed", "attempts", "node_losses", "node_id", "node_ip", "error", "notes",
     "trial_dir", "ray_trial_id",
@@ -33,6 +33,7 @@ RESULT_TO_COLUMN = {
     "hps_checkpoint_s": "checkpoint_s",
     "hps_report_s": "report_s",
     "hps_startup_s": "startup_s",
+    "hps_workers_start_s": "workers_start_s",
     "hps_data_reused": "data_reused",
     "hps_data_starved": "data_starved",
     "hps_samples_per_s": "samples_per_s",

@@ -45,6 +45,9 @@ def test_each_trial_ran_two_ddp_ranks_in_bf16(ddp_search):
     assert {(r["world_size"], r["strategy"], r["precision"], r["device"]) for r in rows} == {
         ("2", "ddp", "bf16-mixed", "cpu")}
     assert float(rows[0]["samples_per_s"]) > 0
+    # The trial's start-up counts Ray Train's start of its worker group (new processes):
+    # without it a DDP trial's start-up looked like a single process's.
+    assert all(float(r["startup_s"]) >= float(r["workers_start_s"]) > 0 for r in rows), rows
     # Two trials of 2 workers do not fit 2 CPUs at once: the search said so and ran them in turn.
     assert "holds 1 trial(s) of this size at once" in result.stderr
 
