@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -265,7 +266,17 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         except HpsearchError:
             pass  # a full disk: the error that caused it is the one to report
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
+    if best is None and outcome == SESSION_COMPLETE:
+        # From Python, ``result.best`` is then None: say so where a notebook shows it.
+        failed = sum(1 for trial in trials if trial.get("state") == "FAILED")
+        warnings.warn(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
+                                      f"result.best is None. See why in result.trials or with: "
+                                      f"hpsearch status {exp.root}"), stacklevel=3)
     return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started)
+
+
+class NoResultWarning(UserWarning):
+    """A search ended with every trial failed (or none reporting its metric): no best trial."""
 
 
 class _HeardInterrupt:

@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # hpsearch's own warnings read as one line, like its errors.
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
+    # A search with no result: the command line says so itself, with its exit status.
+    warnings.filterwarnings("ignore", message="no trial finished with a result")
 
     if args.command in ("run", "resume"):
         _ctrl_c_heard()

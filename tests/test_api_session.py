@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
 
-from conftest import shrunk_example
+from conftest import FIXTURES, shrunk_example
 
 
 def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path):
@@ -59,3 +60,25 @@ def test_a_users_callback_that_raises_stops_the_search_with_an_error_naming_it(t
     assert "CAUGHT on_trial_result your callback Broken.on_trial_result raised ValueError: my callback is broken" \
         in out.stdout, out.stdout + out.stderr[-3000:]
     assert "hpsearch.resume(" in out.stdout and "TuneError" not in out.stdout
+
+
+def test_a_search_whose_every_trial_failed_warns_a_python_caller(tmp_path):
+    # The command line exits with 1 saying so; from Python, result.best is None, and the
+    # search returned as if all went well.
+    shutil.copytree(FIXTURES / "userpkg", tmp_path / "userpkg")
+    config = shrunk_example(tmp_path / "runs", **{"search/num_trials": 2, "scheduler/max_epochs": 1})
+    config["model"] = {"class_path": "userpkg.faulty:FaultyCNN",
+                       "init_args": {"channels": 4, "faults": {"0": "init_error", "1": "init_error"}}}
+    script = textwrap.dedent(f"""
+        import json, warnings
+        import hpsearch
+        from hpsearch.search.api import NoResultWarning
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = hpsearch.run(json.loads({json.dumps(config)!r}))
+        said = [str(w.message) for w in caught if issubclass(w.category, NoResultWarning)]
+        print("RESULT", result.outcome, result.best, said, flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "RESULT complete None ['no trial finished with a result (2 of 2 failed); result.best is None" \
+        in out.stdout, out.stdout + out.stderr[-3000:]
