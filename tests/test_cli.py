@@ -255,6 +255,8 @@ def test_a_retry_says_whether_it_starts_from_a_checkpoint_or_from_the_start(tmp_
     display = ProgressDisplay(TrialsTable("val_acc", "max", []), 4, exp)
     display.setup()
     assert f"searching: 4 trials in all; results in {exp.root}" in capsys.readouterr().err
+    ProgressDisplay(TrialsTable("val_acc", "max", []), 1, exp).setup()
+    assert "searching: 1 trial in all" in capsys.readouterr().err
     for number, last_result, said in ((0, {}, "from the start (no epoch finished)"),
                                       (1, {"epoch": 2}, "from its last checkpoint")):
         trial = SimpleNamespace(config={"hps_trial_number": number}, last_result=last_result, error_file=str(error))
