@@ -13,6 +13,11 @@ class HpsearchError(Exception):
     """Base of every error meant for the user rather than for a debugger."""
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line (its first), for a one-line report of it."""
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with an experiment file: the dotted field, what is wrong, and where."""

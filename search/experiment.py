@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ExperimentError, HpsearchError
+from .errors import ExperimentError, HpsearchError, first_line
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def _readable(path: Path, parse, kind: str) -> dict[str, Any]:
     try:
         data = parse(path.read_text())
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise ExperimentError(f"{path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+        raise ExperimentError(f"{path} cannot be read ({type(exc).__name__}: {first_line(exc)}); "
                               "it is written whole by hpsearch, so it was damaged or edited") from None
     if not isinstance(data, dict):
         raise ExperimentError(f"{path} holds no {kind} (it is empty or was edited); it is written whole by hpsearch, "

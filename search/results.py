@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config import ExperimentConfig
-from .errors import HpsearchError
+from .errors import HpsearchError, first_line
 from .experiment import ExperimentDir, trial_name, write_json
 from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
 from .storage import Mirror, join_uri
@@ -68,8 +68,7 @@ def _evaluation_failure(exc: Exception, exp: ExperimentDir) -> str:
     saved = exp.root / EVALUATION_ERROR
     saved.write_text("".join(traceback.format_exception(exc)))
     where = raised_at(error)
-    message = str(error).splitlines()[0] if str(error) else ""
-    return (f"{type(error).__name__}: {message[:200]}{f' (at {where})' if where else ''}; "
+    return (f"{type(error).__name__}: {first_line(error)[:200]}{f' (at {where})' if where else ''}; "
             f"traceback: {saved}")
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class
 from .config import ExperimentConfig
+from .errors import first_line
 from .experiment import ExperimentDir, trial_name
 from .checkpoints import global_step_of, latest_good_checkpoint
 from .gc_pause import collector_paused
@@ -112,7 +113,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         # rejects): every retry would raise the same, so the trial fails at once.
         report({TRIAL_NUMBER: number, FINISHED: True,
                 FAILURE: f"building the trial's {_class_name(raised_by(exc, data_class, model_class))} raised "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]})
+                         f"{type(exc).__name__}: {first_line(exc)}"[:300]})
         return
     resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
     if resume_from is not None:
@@ -226,25 +227,22 @@ def _failure_reason(exc: BaseException) -> str | None:
     from .reporting import MetricNotLoggedError, NonFiniteError
 
     if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
-        return f"OOM: {type(exc).__name__}: {_first_line(exc) or 'out of memory'}"[:300]
+        return f"OOM: {type(exc).__name__}: {first_line(exc) or 'out of memory'}"[:300]
     if isinstance(exc, (NonFiniteError, MetricNotLoggedError)):
         return str(exc)
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"disk full: {exc}"[:300]
     if isinstance(exc, (*_PROGRAMMING_ERRORS, MisconfigurationException)):
         where = raised_at(exc)
-        return (f"{type(exc).__name__}: {_first_line(exc)[:200]}{f' (at {where})' if where else ''}; "
+        return (f"{type(exc).__name__}: {first_line(exc)[:200]}{f' (at {where})' if where else ''}; "
                 f"not retried: the same code would raise it again")
     return None
 
 
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else ""
-
-
 def _save_traceback(exc: BaseException, trial_dir: Path, rank: int | None) -> Path | None:
-    """The full traceback of the fault that ended the trial, beside its checkpoints (a
-    retried fault's is kept by Ray Tune instead); None if it could not be written."""
+    """The full traceback of the fault that ended the trial, beside its checkpoints (where
+    the driver copies a retried fault's too: ``tune_callbacks.KeepTracebacks``); None if
+    it could not be written."""
     import traceback
 
     path = trial_dir / ("error.txt" if rank is None else f"error-rank{rank}.txt")
