@@ -158,7 +158,8 @@ class SearchConfig(StrictModel):
     sampler: Literal["tpe", "random", "cmaes", "gp", "grid"] = "tpe"
     seed: int | None = 0
     time_budget_s: PositiveFloat | None = None
-    preflight: bool = Field(True, description="run one training step and one validation batch in the driver before Ray starts")
+    preflight: bool = Field(True, description="run two training steps, one validation and one test batch in the "
+                                              "driver before Ray starts (see preflight.py)")
 
 
 class SchedulerConfig(StrictModel):

@@ -119,6 +119,11 @@ def free_name(name: str, taken) -> str:
     return candidate
 
 
+# Beside a trial's checkpoints: the traceback of the fault that ended it, or of its last
+# failed try (written by the trial, or copied there by the driver).
+TRIAL_TRACEBACK = "error.txt"
+
+
 def trial_name(number: int) -> str:
     return f"trial_{number:04d}"
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class
 from .config import ExperimentConfig
 from .errors import first_line
-from .experiment import ExperimentDir, trial_name
+from .experiment import TRIAL_TRACEBACK, ExperimentDir, trial_name
 from .checkpoints import global_step_of, latest_good_checkpoint
 from .gc_pause import collector_paused
 from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, RESTORED, TRIAL_NUMBER
@@ -245,7 +245,7 @@ def _save_traceback(exc: BaseException, trial_dir: Path, rank: int | None) -> Pa
     it could not be written."""
     import traceback
 
-    path = trial_dir / ("error.txt" if rank is None else f"error-rank{rank}.txt")
+    path = trial_dir / (TRIAL_TRACEBACK if rank is None else f"error-rank{rank}.txt")
     try:
         path.write_text("".join(traceback.format_exception(exc)))
     except OSError:

@@ -262,9 +262,9 @@ def _traceback_at(trial, exp) -> str:
 
 
 def kept_traceback(exp, trial) -> Path:
-    from .experiment import trial_name
+    from .experiment import TRIAL_TRACEBACK, trial_name
 
-    return exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER]))) / "error.txt"
+    return exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER]))) / TRIAL_TRACEBACK
 
 
 class KeepTracebacks(Callback):
