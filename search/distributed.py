@@ -10,6 +10,9 @@ Two details keep it from starving itself on small machines:
 * the tuner caps concurrent trials at what the cluster can hold at once, so a trial's
   worker group never waits on resources another trial holds (it would time out).
 
+The ranks' reports reach Tune without waiting for its decision, so at ASHA's rungs rank 0
+waits for it and tells the other ranks (``stopped_at_rung``, ``rung_decisions``).
+
 The Lightning glue (cluster environment, strategies) is written against
 ``pytorch_lightning`` here, because Ray's own helpers import the ``lightning`` package
 first whenever it is installed, and the two must not be mixed.
@@ -19,11 +22,14 @@ from __future__ import annotations
 
 import importlib.util
 import time
+import warnings
+from functools import partial
 from typing import Any
 
 from .config import ExperimentConfig
 from .errors import ConfigError
-from .outcome import PLACEMENT_GROUP
+from .outcome import EPOCH, FINISHED, PLACEMENT_GROUP, RESTORED, TRIAL_NUMBER
+from .rung_decisions import WAIT_LIMIT_S, RungDecisions
 from .storage import study_root
 from .trial import Parallelism, fit_trial, load_training_stack
 
@@ -49,8 +55,10 @@ def strategy_name(config: ExperimentConfig) -> str:
     return "ddp" if config.trainer.strategy == "auto" else config.trainer.strategy
 
 
-def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], experiment_dir: str) -> None:
-    """Ray Tune function trainable for trials of ``workers_per_trial`` > 1 processes."""
+def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], experiment_dir: str,
+                            decisions: RungDecisions | None = None) -> None:
+    """Ray Tune function trainable for trials of ``workers_per_trial`` > 1 processes.
+    ``decisions``: where the scheduler publishes its decisions at rungs (None: it stops no trial)."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -63,7 +71,7 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
     trainer = TorchTrainer(
         _train_rank,
         train_loop_config={"trial_config": trial_config, "experiment": experiment, "experiment_dir": experiment_dir,
-                           "trial_started_at": trial_started_at},
+                           "trial_started_at": trial_started_at, "decisions": decisions},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=resources.workers_per_trial, use_gpu=use_gpu,
                                      resources_per_worker=per_worker, placement_strategy="PACK"),
@@ -98,9 +106,29 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     # can free it once the trial ends, however it ends (see FreeRankReservations).
     reservation = ray.util.get_current_placement_group()
     named = {PLACEMENT_GROUP: reservation.id.hex()} if reservation is not None else {}
+    decisions = loop_config["decisions"]
     fit_trial(loop_config["trial_config"], loop_config["experiment"], loop_config["experiment_dir"],
               report=lambda metrics: ray.train.report({**metrics, **named}), parallel=parallel,
-              workers_start_s=workers_start_s)
+              workers_start_s=workers_start_s,
+              stopped_by_scheduler=None if decisions is None else partial(
+                  stopped_at_rung, decisions, int(loop_config["trial_config"][TRIAL_NUMBER])))
+
+
+def stopped_at_rung(decisions: RungDecisions, trial_number: int, trainer, report: dict[str, Any]) -> bool:
+    """Whether the scheduler stopped this trial at the report just sent, as every rank
+    learns it from rank 0. Only reports at a rung wait (see ``rung_decisions``); a report
+    that ends the trial needs no decision. Rank 0 trains on, and says so, if no decision
+    arrives in time."""
+    epoch = int(report[EPOCH])
+    if report.get(FINISHED) or not decisions.awaited(epoch, bool(report.get(RESTORED))):
+        return False
+    stop = None
+    if trainer.global_rank == 0:
+        stop = decisions.wait_for(trial_number, epoch)
+        if stop is None:
+            warnings.warn(f"trial {trial_number}: no scheduler decision on epoch {epoch} within "
+                          f"{WAIT_LIMIT_S:.0f} s; training on", stacklevel=2)
+    return bool(trainer.strategy.broadcast(stop, src=0))
 
 
 def make_strategy(config: ExperimentConfig):

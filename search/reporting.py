@@ -6,7 +6,9 @@ to stop, so it can say truthfully whether this epoch was the trial's last
 (``hps_finished``). It is sent a moment later, once Lightning has logged the epoch's
 training metrics (see ``_deliver_pending``). Only rank 0 reports to Tune directly; under Ray Train every rank
 reports (Train waits for all of them and forwards rank 0's metrics), and metrics logged
-with ``sync_dist`` are the same on every rank.
+with ``sync_dist`` are the same on every rank. Ray Train's ranks do not wait for Tune at
+their report, so at a rung they ask whether the scheduler stopped the trial, and leave
+training together if it did (``stopped_by_scheduler``, see ``rung_decisions``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import EarlyStopping
 from pytorch_lightning.profilers import Profiler
+from pytorch_lightning.utilities.exceptions import _TunerExitException
 
 from .errors import HpsearchError
 from .outcome import EPOCH, FINISHED, RESTORED, STOP_REASON, best_of
@@ -72,19 +75,31 @@ class NonFiniteError(HpsearchError):
     retrying would repeat it."""
 
 
+class StoppedByScheduler(_TunerExitException):
+    """The scheduler stopped this trial at its last report. Lightning leaves ``fit`` on
+    it as it does for its own tuning callbacks (batch size and learning rate finders):
+    teardown hooks run and loggers close as on success, and no ``on_exception`` hook of
+    the user's takes it for a crash."""
+
+
 class TuneReporter(pl.Callback):
     """Reports the epoch's metrics, telemetry and stop decision through ``report``."""
 
     def __init__(self, metric: str, mode: str, max_epochs: int, report: Callable[[dict], None],
                  static_fields: dict[str, Any], before_report: Callable[[], Any] | None = None,
                  report_on_every_rank: bool = False, started: float | None = None,
-                 fields_at_train_start: Callable[[], dict[str, Any]] | None = None) -> None:
+                 fields_at_train_start: Callable[[], dict[str, Any]] | None = None,
+                 stopped_by_scheduler: Callable[[pl.Trainer, dict[str, Any]], bool] | None = None) -> None:
         """``before_report``: called on rank 0 once the epoch's files are written and before
         the report (with URI storage it uploads them: the study must never know of an epoch
         whose checkpoint is not in storage). ``fields_at_train_start``: reported fields
-        known only once the DataModule's ``setup`` has run."""
+        known only once the DataModule's ``setup`` has run. ``stopped_by_scheduler``: asked
+        on every rank after each report when the report does not itself wait for Tune's
+        decision (Ray Train's ranks): whether the scheduler stopped the trial there, in
+        which case training ends before another epoch starts."""
         self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
         self.before_report = before_report
+        self.stopped_by_scheduler = stopped_by_scheduler
         self.report_on_every_rank = report_on_every_rank
         self.report = report
         self.static_fields = dict(static_fields)
@@ -146,9 +161,7 @@ class TuneReporter(pl.Callback):
         metrics.update(self.static_fields)
         metrics.update({EPOCH: epoch, FINISHED: finished, STOP_REASON: reason, "hps_best": self.best,
                         "hps_logged_metrics": ",".join(sorted(validated["metrics"])), RESTORED: True})
-        if trainer.global_rank == 0 or self.report_on_every_rank:
-            self.report(metrics)
-            self.reported = True
+        self._send(trainer, metrics)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._deliver_pending(trainer)
@@ -318,11 +331,19 @@ class TuneReporter(pl.Callback):
                 trainer.logger.experiment.flush()
             if self.before_report is not None:
                 self.before_report()
+        self._send(trainer, metrics)
+
+    def _send(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
+        """Report from the ranks that report, then learn whether the trial goes on. The
+        time taken, waiting for the decision included, is the next report's ``hps_report_s``."""
+        reporting = time.perf_counter()
         if trainer.global_rank == 0 or self.report_on_every_rank:
-            reporting = time.perf_counter()
             self.report(metrics)
-            self._report_s = time.perf_counter() - reporting
             self.reported = True
+        stopped = self.stopped_by_scheduler is not None and self.stopped_by_scheduler(trainer, metrics)
+        self._report_s = time.perf_counter() - reporting
+        if stopped:
+            raise StoppedByScheduler(f"stopped by the scheduler at epoch {metrics[EPOCH]}")
 
     def _log_search_metric(self, trainer: pl.Trainer) -> None:
         """``hp/<metric>``: the best value so far, the column HParams compares trials by.

@@ -7,7 +7,9 @@ Two things differ from a plain ``ASHAScheduler``:
   later session is the same trial to ASHA;
 * the rungs can be seeded from the study's history (``seed_rungs``), so a resumed
   search keeps the cutoffs it had; and stopped trials are logged in a ``PruneLog``
-  so they reach Optuna as PRUNED.
+  so they reach Optuna as PRUNED;
+* for distributed trials, each decision is published for the trial's ranks, which wait
+  for it at the rungs (see ``rung_decisions``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialSch
 
 from .config import ExperimentConfig
 from .outcome import EPOCH, FINISHED, TRIAL_NUMBER, PruneLog
+from .rung_decisions import RungDecisions
 
 
 @dataclass(frozen=True)
@@ -33,9 +36,17 @@ def rung_key(number: int) -> _RungKey:
 
 
 class StudyASHA(AsyncHyperBandScheduler):
-    def __init__(self, prunes: PruneLog, **kwargs) -> None:
+    def __init__(self, prunes: PruneLog, publish_decisions: bool = False, **kwargs) -> None:
+        """``publish_decisions``: for trials whose ranks report through Ray Train and wait
+        for the decision at a rung (``decisions``)."""
         super().__init__(**kwargs)
         self.prunes = prunes
+        self.decisions = RungDecisions(self.rung_epochs()) if publish_decisions else None
+
+    def rung_epochs(self) -> frozenset[int]:
+        """The epochs at which ASHA can stop a trial; at ``max_t`` a trial ends anyway."""
+        return frozenset(int(milestone) for bracket in self._brackets for milestone, _ in bracket._rungs
+                         if milestone < self._max_t)
 
     @staticmethod
     def _key(trial) -> _RungKey:
@@ -48,6 +59,9 @@ class StudyASHA(AsyncHyperBandScheduler):
         decision = super().on_trial_result(tune_controller, self._key(trial), result)
         if decision == TrialScheduler.STOP and not result.get(FINISHED):
             self.prunes.record(trial.trial_id, int(result.get(EPOCH, 0)))
+        if self.decisions is not None and EPOCH in result and not result.get(FINISHED):
+            self.decisions.publish(int(trial.config[TRIAL_NUMBER]), int(result[EPOCH]),
+                                   decision == TrialScheduler.STOP)
         return decision
 
     def on_trial_complete(self, tune_controller, trial, result) -> None:
@@ -80,6 +94,7 @@ def make_scheduler(config: ExperimentConfig, prunes: PruneLog) -> TrialScheduler
         return FIFOScheduler()
     return StudyASHA(
         prunes,
+        publish_decisions=config.resources.distributed,
         time_attr=EPOCH,
         metric=config.metric,
         mode=config.mode,

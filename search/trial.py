@@ -59,10 +59,13 @@ def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:
 
 
 def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
-              report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0) -> None:
+              report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0,
+              stopped_by_scheduler: Callable[[Any, dict], bool] | None = None) -> None:
     """Train one sampled configuration in this process (a Ray worker), reporting after
     every validation. ``workers_start_s``: how long the trial had already waited for this
-    process (a distributed trial's worker group); its start-up and first result count it."""
+    process (a distributed trial's worker group); its start-up and first result count it.
+    ``stopped_by_scheduler``: for ranks whose report does not wait for Tune, whether the
+    scheduler stopped the trial at a report (see ``TuneReporter``)."""
     started = time.perf_counter() - workers_start_s
     config = ExperimentConfig.model_validate(experiment)
     params: dict[str, Any] = trial_config["params"]
@@ -138,6 +141,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
                             report=_timed(report, started), static_fields=static_fields, before_report=publish,
                             report_on_every_rank=parallel.report_on_every_rank, started=started,
+                            stopped_by_scheduler=stopped_by_scheduler,
                             # by the training's start, the DataModule's setup has asked for its data
                             fields_at_train_start=lambda: {"hps_data_reused": WORKER_DATA.reuses > reuses_before})
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,

@@ -12,6 +12,7 @@ import logging
 import os
 import warnings
 from contextlib import contextmanager
+from functools import partial
 from typing import Iterator
 
 from .components import user_code_roots
@@ -219,8 +220,9 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
                  TensorBoardSessions(config, table, exp.tensorboard_dir),
                  *([PushStudyFiles(mirror)] if mirror is not None else []),
                  ProgressDisplay(table, searcher.trial_limit, exp), *(extra_callbacks or [])]
+    decisions = getattr(scheduler, "decisions", None)  # ASHA's, for distributed trials' ranks
     if config.resources.distributed:
-        function, resources = train_distributed_trial, driver_resources()
+        function, resources = partial(train_distributed_trial, decisions=decisions), driver_resources()
     else:
         function = train_trial
         resources = {"cpu": config.resources.cpus_per_trial, "gpu": config.resources.gpus_per_trial}
@@ -262,6 +264,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
         outcome = _session_outcome(searcher.is_complete(), budget is not None and budget.reached)
     finally:
         quiet_trial_tracebacks(False)
+        if decisions is not None:
+            decisions.clear()
         if table.pause_running(PAUSE_REASONS[outcome]):
             table.save(exp.trials_csv)
     return outcome

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, tensorboard_run, write_yaml
+from conftest import FIXTURES, tensorboard_run, tensorboard_steps, write_yaml
 from hpsearch.search.api import GRACEFUL_STOP_MESSAGE
 
 pytestmark = pytest.mark.e2e
@@ -111,18 +111,6 @@ def snapshot(exp_dir: Path, numbers) -> dict:
                                                                 tensorboard_run(exp_dir, n))
                       for p in folder.rglob("*"))
             for n in numbers}
-
-
-def tensorboard_steps(run: Path, tag: str = "val_acc") -> list[int]:
-    """The steps of one scalar as TensorBoard shows it: all of the trial's event files
-    read in order, with what a resumed attempt purged left out."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(run))
-    accumulator.Reload()
-    if tag not in accumulator.Tags()["scalars"]:
-        return []
-    return [e.step for e in accumulator.Scalars(tag)]
 
 
 def hparams_state(run: Path) -> str:

@@ -1,13 +1,17 @@
-"""ASHA keyed by study trial number: decisions fed result by result, no Ray cluster."""
+"""ASHA keyed by study trial number, and its decisions passed to distributed trials' ranks:
+fed result by result, no Ray cluster."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from ray.tune.schedulers import TrialScheduler
 
 from hpsearch.search.config_loading import load_config
+from hpsearch.search.distributed import stopped_at_rung
 from hpsearch.search.outcome import PruneLog
+from hpsearch.search.rung_decisions import RungDecisions
 from hpsearch.search.scheduler import StudyASHA, make_scheduler
 
 
@@ -74,3 +78,73 @@ def test_scheduler_none_never_stops(example_config):
     assert not isinstance(scheduler, StudyASHA)
     trial = FakeTrial("t", 0)
     assert scheduler.on_trial_result(None, trial, {"epoch": 1, "val_acc": 0.0}) == TrialScheduler.CONTINUE
+
+
+def test_distributed_trials_get_each_decision_published_for_their_ranks(example_config, monkeypatch):
+    published = []
+    monkeypatch.setattr(RungDecisions, "publish", lambda self, number, epoch, stop: published.append((number, epoch, stop)))
+    example_config["resources"].update(workers_per_trial=2, cpus_per_worker=1)
+    scheduler, _ = asha(example_config)
+    # Rungs at 1 and 3 (9 is max_epochs, where a trial ends anyway): only there do ranks wait.
+    assert scheduler.decisions.rung_epochs == {1, 3}
+    trials = [FakeTrial(f"t{i}", i) for i in range(3)]
+    for trial in trials:
+        scheduler.on_trial_add(None, trial)
+    for trial, value in zip(trials, [0.5, 0.9, 0.1]):
+        feed(scheduler, trial, 1, value)
+    feed(scheduler, trials[1], 2, 0.95)
+    feed(scheduler, trials[1], 9, 0.97, finished=True)  # an ending report waits for nothing
+    assert published == [(0, 1, False), (1, 1, False), (2, 1, True), (1, 2, False)]
+
+
+def test_single_process_trials_publish_no_decisions(example_config):
+    scheduler, _ = asha(example_config)
+    assert scheduler.decisions is None  # their report itself waits for Tune's decision
+
+
+class FakeStrategy:
+    def __init__(self):
+        self.broadcasts = []
+
+    def broadcast(self, value, src=0):
+        self.broadcasts.append(value)
+        return value
+
+
+@dataclass
+class FakeTrainer:
+    global_rank: int = 0
+    strategy: FakeStrategy = field(default_factory=FakeStrategy)
+
+
+class FixedDecisions(RungDecisions):
+    """Decisions already made, by (trial, epoch); None where none arrives."""
+
+    def __init__(self, rung_epochs, made):
+        super().__init__(frozenset(rung_epochs))
+        object.__setattr__(self, "made", made)
+
+    def wait_for(self, trial_number, epoch, limit_s=0.0):
+        return self.made.get((trial_number, epoch))
+
+
+def test_ranks_wait_only_at_rungs_and_learn_a_stop_from_rank_zero():
+    decisions = FixedDecisions({1, 3}, {(4, 1): False, (4, 3): True, (4, 2): True})
+    trainer = FakeTrainer()
+    assert not stopped_at_rung(decisions, 4, trainer, {"epoch": 1})
+    assert not stopped_at_rung(decisions, 4, trainer, {"epoch": 2})  # no rung: nothing asked
+    assert not stopped_at_rung(decisions, 4, trainer, {"epoch": 3, "hps_finished": True})
+    assert stopped_at_rung(decisions, 4, trainer, {"epoch": 3})
+    # A resumed trial's first report may be past a rung it never reported at: it waits.
+    assert stopped_at_rung(decisions, 4, trainer, {"epoch": 2, "hps_restored": True})
+    assert trainer.strategy.broadcasts == [False, True, True]
+    # Other ranks take rank 0's word: they ask nobody and broadcast nothing of their own.
+    follower = FakeTrainer(global_rank=1)
+    follower.strategy.broadcast = lambda value, src=0: True
+    assert stopped_at_rung(FixedDecisions({1}, {}), 4, follower, {"epoch": 1})
+
+
+def test_rank_zero_trains_on_and_says_so_when_no_decision_arrives():
+    trainer = FakeTrainer()
+    with pytest.warns(UserWarning, match="no scheduler decision on epoch 1"):
+        assert not stopped_at_rung(FixedDecisions({1}, {}), 4, trainer, {"epoch": 1})
