@@ -49,6 +49,7 @@ class SearchResult:
     trials: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
     already_complete: bool = False  # a resume that found nothing to do, and started nothing
+    evaluated_again: bool = False  # a resume of a complete search that ran only its test evaluation
 
     @property
     def complete(self) -> bool:
@@ -169,13 +170,18 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     if config.search.num_trials < started:
         raise ConfigError([config.problem("search.num_trials", f"the study already has {started} trials; "
                                                                f"num_trials cannot be lower on resume")])
-    finished = _complete_study(exp, config)
-    if finished is not None:
-        return finished
+    searched = _search_complete(exp, config)
+    if searched and (exp.stored_best() or {}).get("test_error") is None and exp.best_json.is_file():
+        # Nothing is left to run: neither Ray nor a session starts (both used to, only for
+        # Tune to find every trial done).
+        return SearchResult(exp.root, SESSION_COMPLETE, exp.stored_best(), read_rows(exp.trials_csv),
+                            already_complete=True)
     # The preflight again: this machine, directory or environment may not be the first
     # session's, and a trial that fails for it is FAILED for good (resume reruns no failed trial).
     prepare(config)
     interrupted.raise_if_heard()
+    if searched:
+        return _evaluate_again(config, exp, address, verbose, mirror)
     from .tuner import ray_for_search
 
     with ray_for_search(config, address, verbose):
@@ -185,22 +191,37 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         return _search(config, exp, verbose, concurrency, callbacks, mirror)
 
 
-def _complete_study(exp: ExperimentDir, config: ExperimentConfig) -> SearchResult | None:
-    """The study as it stands when its last session completed it and nothing is left to
-    run; None otherwise. Resuming it then starts neither Ray nor a session (it used to
-    start both, only for Tune to find every trial done)."""
+def _search_complete(exp: ExperimentDir, config: ExperimentConfig) -> bool:
+    """Whether the study's last session completed its search, with every trial finished."""
     from .experiment import read_sessions
     from .outcome import FINISHED_STATES
 
     sessions = sorted(read_sessions(exp), key=lambda s: float(s["started_at"]))
-    if not sessions or sessions[-1].get("outcome") != SESSION_COMPLETE or not exp.best_json.is_file() \
-            or (exp.stored_best() or {}).get("test_error"):
-        return None  # (a failed test evaluation runs again)
+    if not sessions or sessions[-1].get("outcome") != SESSION_COMPLETE:
+        return False
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
-    if len(trials) < config.search.num_trials or any(t.get("state") not in FINISHED_STATES for t in trials):
-        return None
-    return SearchResult(exp.root, SESSION_COMPLETE, exp.stored_best(), trials,
-                        already_complete=True)
+    return len(trials) >= config.search.num_trials and all(t.get("state") in FINISHED_STATES for t in trials)
+
+
+def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str | None, verbose: bool,
+                    mirror: Mirror | None) -> SearchResult:
+    """The search is complete, but its test evaluation of the best trial failed (or its
+    best.json is missing): run only the evaluation, not another Tune session. Ray starts
+    only when the evaluation needs a trial's GPUs (see ``results.evaluate_on_cluster``)."""
+    from .results import finalize
+
+    started = time.monotonic()
+    if config.resources.gpus_per_trial > 0:
+        from .tuner import ray_for_search
+
+        with ray_for_search(config, address, verbose):
+            best = finalize(config, exp, mirror)
+    else:
+        best = finalize(config, exp, mirror)
+    if mirror is not None:
+        mirror.push_study_files()
+    return SearchResult(exp.root, SESSION_COMPLETE, best, read_rows(exp.trials_csv), time.monotonic() - started,
+                        evaluated_again=True)
 
 
 def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:

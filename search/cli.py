@@ -154,6 +154,9 @@ def _report(result) -> int:
     if result.already_complete:
         print(f"the study was already complete ({len(result.trials)} trials); nothing was run. "
               f"Add trials with: {result.resume_command} --set search.num_trials=N")
+    if result.evaluated_again:
+        print(f"the search was already complete ({len(result.trials)} trials); only the best trial's "
+              f"test evaluation ran again")
     if result.best:
         print_best(result.best)
     if result.outcome == SESSION_TIME_BUDGET:
@@ -198,6 +201,11 @@ def cmd_best(args) -> int:
         print(json.dumps(best, indent=2))
     else:
         print_best(best)
+    if best.get("test_error"):
+        # The best trial is known, but the evaluation asked for failed: as ``run`` exits.
+        print(f"the best trial's test evaluation failed; once it is fixed, run it again with:\n"
+              f"  hpsearch resume {exp.root}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -367,6 +367,11 @@ def test_a_failing_test_evaluation_keeps_the_result_and_resume_evaluates_again(t
     status = subprocess.run([sys.executable, "-m", "hpsearch.search.cli", "status", str(exp_dir)],
                             capture_output=True, text=True)
     assert "The best trial's test evaluation failed: AttributeError" in status.stdout, status.stdout
+    best_command = subprocess.run([sys.executable, "-m", "hpsearch.search.cli", "best", "--json", str(exp_dir)],
+                                  capture_output=True, text=True)
+    # The best trial is known (its JSON is printed), but the evaluation asked for failed: exit 1, as run does.
+    assert best_command.returncode == 1 and json.loads(best_command.stdout)["test_error"], best_command
+    assert f"hpsearch resume {exp_dir}" in best_command.stderr, best_command.stderr
     # In a log (no terminal): where the results go is said at the start, metrics in short
     assert f"searching: 2 trials in all; results in {exp_dir}" in output, output
     assert re.search(r"trial \d: COMPLETE \(max_epochs\) val_acc=\d\.\d{1,4} after 1 epochs", output), output
@@ -374,6 +379,9 @@ def test_a_failing_test_evaluation_keeps_the_result_and_resume_evaluates_again(t
     (tmp_path / "markers" / "test-fixed").write_text("fixed")  # the user fixes test_step
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
     assert code == 0, output
+    # Only the evaluation ran: no Tune session, and the console says so.
+    assert "only the best trial's test evaluation ran again" in output and "searching:" not in output, output
+    assert len(list((exp_dir / "tune").glob("session-*"))) == 1
     best = json.loads((exp_dir / "best.json").read_text())
     assert best["test_error"] is None and 0 <= best["test_metrics"]["test_acc"] <= 1, best
     assert not (exp_dir / "evaluation-error.txt").exists()  # out of date now
