@@ -168,6 +168,16 @@ class SchedulerConfig(StrictModel):
     grace_period: PositiveInt = 1
     reduction_factor: float = Field(3, gt=1)
 
+    @property
+    def rung_epochs(self) -> list[int]:
+        """The epochs at which ASHA may stop a trial: the milestones of Ray's one ASHA
+        bracket, short of ``max_epochs``, where every trial ends anyway."""
+        if self.type != "asha":
+            return []
+        count = int(math.log(self.max_epochs / self.grace_period) / math.log(self.reduction_factor) + 1)
+        milestones = {int(self.grace_period * self.reduction_factor ** k) for k in range(count)}
+        return sorted(m for m in milestones if m < self.max_epochs)
+
     @model_validator(mode="after")
     def _grace_within_budget(self):
         if self.grace_period > self.max_epochs:

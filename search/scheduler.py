@@ -36,17 +36,12 @@ def rung_key(number: int) -> _RungKey:
 
 
 class StudyASHA(AsyncHyperBandScheduler):
-    def __init__(self, prunes: PruneLog, publish_decisions: bool = False, **kwargs) -> None:
-        """``publish_decisions``: for trials whose ranks report through Ray Train and wait
-        for the decision at a rung (``decisions``)."""
+    def __init__(self, prunes: PruneLog, decisions: RungDecisions | None = None, **kwargs) -> None:
+        """``decisions``: where to publish each decision, for trials whose ranks report
+        through Ray Train and wait for it at a rung."""
         super().__init__(**kwargs)
         self.prunes = prunes
-        self.decisions = RungDecisions(self.rung_epochs()) if publish_decisions else None
-
-    def rung_epochs(self) -> frozenset[int]:
-        """The epochs at which ASHA can stop a trial; at ``max_t`` a trial ends anyway."""
-        return frozenset(int(milestone) for bracket in self._brackets for milestone, _ in bracket._rungs
-                         if milestone < self._max_t)
+        self.decisions = decisions
 
     @staticmethod
     def _key(trial) -> _RungKey:
@@ -94,7 +89,7 @@ def make_scheduler(config: ExperimentConfig, prunes: PruneLog) -> TrialScheduler
         return FIFOScheduler()
     return StudyASHA(
         prunes,
-        publish_decisions=config.resources.distributed,
+        decisions=RungDecisions(frozenset(settings.rung_epochs)) if config.resources.distributed else None,
         time_attr=EPOCH,
         metric=config.metric,
         mode=config.mode,

@@ -11,17 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import SchedulerConfig
 from .experiment import ExperimentDir, read_sessions
 from .outcome import FINISHED_STATES, PAUSED, RUNNING
 from .trials_table import read_rows
-
-
-def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> list[int]:
-    """The epochs at which ASHA may stop a trial (Ray's ``_Bracket`` milestones, s=0, short
-    of ``max_epochs``, where every trial stops anyway)."""
-    count = int(math.log(max_epochs / grace_period) / math.log(reduction_factor) + 1)
-    milestones = {int(grace_period * reduction_factor ** k) for k in range(count)}
-    return sorted(m for m in milestones if m < max_epochs)
 
 
 @dataclass
@@ -70,12 +63,9 @@ def summarize(exp: ExperimentDir) -> StudySummary:
             pruning += saved
         elif "early_stopping" in str(row.get("reason", "")):
             stopping += saved
-    rungs = []
-    if scheduler.get("type", "asha") == "asha":
-        ran = [_number(r.get("epochs")) for r in rows if r.get("state") in FINISHED_STATES]
-        for epoch in asha_rungs(int(scheduler.get("grace_period", 1)), float(scheduler.get("reduction_factor", 3)),
-                                max_epochs):
-            rungs.append(RungCount(epoch, sum(1 for e in ran if e >= epoch), sum(1 for e in ran if e > epoch)))
+    ran = [_number(r.get("epochs")) for r in rows if r.get("state") in FINISHED_STATES]
+    rungs = [RungCount(epoch, sum(1 for e in ran if e >= epoch), sum(1 for e in ran if e > epoch))
+             for epoch in SchedulerConfig.model_validate(scheduler).rung_epochs]
     return StudySummary(
         name=config.get("name", exp.root.name), experiment_dir=str(exp.root), metric=config["metric"],
         mode=config.get("mode", "max"), max_epochs=max_epochs, best=best, rows=rows, counts=counts,

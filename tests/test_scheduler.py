@@ -148,3 +148,16 @@ def test_rank_zero_trains_on_and_says_so_when_no_decision_arrives():
     trainer = FakeTrainer()
     with pytest.warns(UserWarning, match="no scheduler decision on epoch 1"):
         assert not stopped_at_rung(FixedDecisions({1}, {}), 4, trainer, {"epoch": 1})
+
+
+@pytest.mark.parametrize("max_epochs,grace_period,reduction_factor",
+                         [(10, 1, 3), (9, 1, 3), (2, 1, 2), (20, 2, 3), (100, 1, 4), (27, 3, 3), (5, 5, 2), (16, 1, 2.5)])
+def test_the_rung_epochs_are_those_of_rays_asha(example_config, max_epochs, grace_period, reduction_factor):
+    """The report's rung counts and the ranks' waits use SchedulerConfig.rung_epochs; ASHA
+    decides at its brackets' milestones, short of max_epochs (where every trial ends)."""
+    example_config["scheduler"].update(max_epochs=max_epochs, grace_period=grace_period,
+                                       reduction_factor=reduction_factor)
+    config = load_config(example_config)
+    scheduler = make_scheduler(config, PruneLog())
+    milestones = {int(m) for bracket in scheduler._brackets for m, _ in bracket._rungs if m < max_epochs}
+    assert config.scheduler.rung_epochs == sorted(milestones)
