@@ -28,6 +28,7 @@ SPEED_COLUMNS = (("trial", "trial"), ("state", "state"), ("epochs", "epochs"), (
                  ("compute_s", "compute s"), ("precision", "precision"), ("strategy", "strategy"),
                  ("world_size", "world size"), ("device", "device"), ("num_workers", "loader workers"),
                  ("data_starved", "data-starved"))
+LABELLED_CURVES = 30  # trials in a learning-curve plot up to which every curve is named
 STATE_STYLE = {"COMPLETE": ("tab:blue", "-"), "PRUNED": ("tab:gray", "--"), "FAILED": ("tab:red", ":"),
                "RUNNING": ("tab:green", "-"), "PAUSED": ("tab:purple", "-.")}
 
@@ -78,22 +79,28 @@ def _open_study(exp: ExperimentDir, summary: StudySummary):
 
 
 def _learning_curves(study, summary: StudySummary):
-    """The search metric per epoch, one line per trial; pruned trials end in an ``x``
-    at the rung where ASHA cut them; the rungs are the dotted verticals."""
+    """The search metric per epoch, one line per trial, named by its trial number at its
+    end; pruned trials end in an ``x`` at the rung where ASHA cut them; the rungs are the
+    dotted verticals. Beyond ``LABELLED_CURVES`` trials only COMPLETE ones are named, so
+    the names stay readable."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     states = {int(r["trial"]): r.get("state", "") for r in summary.rows}
     figure, axes = plt.subplots(figsize=(8, 4.5))
-    for trial in (study.trials if study is not None else []):
-        curve = sorted(trial.intermediate_values.items())
-        if not curve:
-            continue
-        state = states.get(trial.number, trial.state.name)
+    curves = [(trial.number, sorted(trial.intermediate_values.items()))
+              for trial in (study.trials if study is not None else []) if trial.intermediate_values]
+    for number, curve in curves:
+        state = states.get(number, "")
         color, style = STATE_STYLE.get(state, ("black", "-"))
         epochs, values = zip(*curve)
         axes.plot(epochs, values, linestyle=style, color=color, alpha=0.8, linewidth=1.2)
         if state in ("PRUNED", "FAILED"):
             axes.plot(epochs[-1], values[-1], marker="x", color=color, markersize=7)
+        if len(curves) <= LABELLED_CURVES or state == "COMPLETE":
+            axes.annotate(str(number), (epochs[-1], values[-1]), xytext=(3, 2), textcoords="offset points",
+                          fontsize=7, color=color)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole
     for rung in summary.rungs:
         axes.axvline(rung.epoch, color="tab:orange", linestyle=":", linewidth=1)
     handles = [plt.Line2D([], [], color=c, linestyle=s, label=state) for state, (c, s) in STATE_STYLE.items()
@@ -210,6 +217,8 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
     best_rows += [[f"param {k}", v] for k, v in (best.get("params") or {}).items()]
     best_rows += [[f"test {k}", v] for k, v in (best.get("test_metrics") or {}).items()]
     counts = [[state, count] for state, count in summary.counts.items()]
+    failed = [[row.get("trial"), row.get("epochs"), row.get("reason")] for row in summary.rows
+              if row.get("state") == "FAILED"]
     rungs = [[r.epoch, r.reached, r.kept] for r in summary.rungs]
     compute = [["spent", round(summary.compute_s, 3)], ["saved by pruning", round(summary.saved_by_pruning_s, 3)],
                ["saved by early stopping", round(summary.saved_by_early_stopping_s, 3)],
@@ -222,6 +231,7 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
         "<h2>Best configuration</h2>",
         _table("best", ["", "value"], best_rows) if best else "<p>No trial has a result yet.</p>",
         "<h2>Trials</h2>", _table("counts", ["state", "trials"], counts),
+        *(["<h3>Failed trials</h3>", _table("failed", ["trial", "epochs", "reason"], failed)] if failed else []),
         "<h2>Learning curves</h2>",
         _image(images, "learning_curves", f"{summary.metric} per epoch; pruned trials (dashed) end in x at their rung"),
         "<h2>Parameters vs metric</h2>",
@@ -238,7 +248,8 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
     ]
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
-             "text-align:right}th{background:#f3f3f3}img{max-width:100%}figcaption{font-size:90%;color:#555}")
+             "text-align:right}th{background:#f3f3f3}img{max-width:100%}figcaption{font-size:90%;color:#555}"
+             "#failed td:last-child{text-align:left}")
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>hpsearch report: {html.escape(summary.name)}</title><style>{style}</style></head><body>"
             + "\n".join(sections) + "</body></html>\n")

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli, shrunk_example, write_yaml
+from hpsearch.search.report import _html, _learning_curves
+from hpsearch.search.study_summary import StudySummary
 
 pytestmark = pytest.mark.e2e
 
@@ -111,3 +113,41 @@ def test_compare_puts_two_studies_side_by_side(finished_search, tmp_path):
 
     table_view = run_cli("compare", str(exp_dir), str(other_dir), cwd=tmp_path, timeout=60)
     assert table_view.returncode == 0 and "random-2" in table_view.stdout and "digits-cnn" in table_view.stdout
+
+
+def summary_of(rows: list[dict]) -> StudySummary:
+    return StudySummary(name="s", experiment_dir="/x", metric="val_acc", mode="max", max_epochs=4, best=None,
+                        rows=rows, counts={}, wall_s=1.0, compute_s=1.0, saved_by_pruning_s=0.0,
+                        saved_by_early_stopping_s=0.0)
+
+
+def test_the_report_says_why_each_failed_trial_failed():
+    rows = [{"trial": "0", "state": "COMPLETE", "epochs": "4", "reason": "max_epochs"},
+            {"trial": "1", "state": "FAILED", "epochs": "2",
+             "reason": "NaN/inf loss at a step in 9..16, epoch 2 (traceback: /x/trials/trial_0001/error.txt)"}]
+    page = _html(summary_of(rows), {})
+    failed = page[page.index('<table id="failed">'):]
+    failed = failed[:failed.index("</table>")]
+    assert "NaN/inf loss at a step in 9..16" in failed and "trial_0001/error.txt" in failed
+    assert "max_epochs" not in failed  # only failed trials are listed
+    assert '<table id="failed">' not in _html(summary_of(rows[:1]), {})
+
+
+def test_learning_curves_name_each_trial_and_count_whole_epochs():
+    import matplotlib
+    import optuna
+
+    matplotlib.use("Agg")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    for number, curve in enumerate([[0.5, 0.6, 0.7], [0.4], [0.3, 0.35]]):
+        trial = study.ask()
+        for epoch, value in enumerate(curve, start=1):
+            trial.report(value, epoch)
+        study.tell(trial, curve[-1])
+    rows = [{"trial": "0", "state": "COMPLETE"}, {"trial": "1", "state": "PRUNED"}, {"trial": "2", "state": "PRUNED"}]
+    axes = _learning_curves(study, summary_of(rows)).axes[0]
+    labels = {text.get_text(): text.xy for text in axes.texts}
+    assert labels == {"0": (3, 0.7), "1": (1, 0.4), "2": (2, 0.35)}
+    ticks = [tick for tick in axes.get_xticks() if 1 <= tick <= 3]
+    assert ticks and all(float(tick).is_integer() for tick in ticks), ticks
