@@ -98,16 +98,43 @@ def check(
     *,
     name: str | None = None,
     storage: str | None = None,
+    address: str | None = None,
 ) -> tuple[ExperimentConfig, str]:
     """What ``run`` checks before Ray starts, and nothing after: the file, the classes and
     their arguments, the preflight's batches (two training steps, one validation and one
-    test batch), and that the storage can be written. Starts no Ray and creates nothing; raises what ``run`` would. Returns the
-    validated config and where ``run`` would put the study (a directory or URI)."""
+    test batch), and that the storage can be written; and, for a search that would start
+    its own Ray here (no ``address``, no ``RAY_ADDRESS``), that a trial fits this machine.
+    Starts no Ray and creates nothing; raises what ``run`` would. Returns the validated
+    config and where ``run`` would put the study (a directory or URI)."""
     config = _run_config(source, overrides, name, storage)
     with thawed_at_exit():
         prepare(config)
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        room_on_this_machine(config)  # raises ResourceError where run's local Ray would
     home = StudyHome.new(config.storage, config.name)
     return config, home.mirror.uri if home.mirror is not None else str(home.root)
+
+
+def room_on_this_machine(config: ExperimentConfig) -> tuple[int, dict[str, float]]:
+    """How many trials at once the local Ray that ``run`` starts here (no ``address``)
+    would hold, and this machine's CPUs and GPUs as Ray counts them; a ``ResourceError``
+    naming the numbers if not one trial fits. CPUs are counted by Ray's own rule (which
+    follows a container's CPU limit); GPUs, only when trials ask for some, as torch sees
+    them (``CUDA_VISIBLE_DEVICES`` included)."""
+    from ray._private.utils import get_num_cpus
+
+    from .errors import ResourceError
+    from .resources import concurrent_trials_capacity
+
+    node = {"CPU": float(get_num_cpus(override_docker_cpu_warning=True)), "GPU": 0.0}
+    if config.resources.worker_gpus > 0:
+        import torch
+
+        node["GPU"] = float(torch.cuda.device_count())
+    try:
+        return concurrent_trials_capacity(config.resources, [{"Resources": node}]), node
+    except ResourceError as exc:
+        raise ResourceError(f"on this machine, where run starts its own Ray unless given --address: {exc}") from None
 
 
 def _tune_callbacks(callbacks: Iterable[Any]) -> list[Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="check an experiment file as run does, without starting Ray")
     _add_new_study_options(check)
+    check.add_argument("--address", help="the Ray cluster run would join (default: check that a trial fits "
+                                         "this machine, where run starts a local Ray)")
     _add_override_option(check)
 
     resume = commands.add_parser("resume", help="continue an interrupted study")
@@ -126,15 +129,21 @@ def cmd_run(args) -> int:
 def cmd_check(args) -> int:
     from . import api
 
-    config, home = api.check(args.config, args.overrides, name=args.name, storage=args.storage)
+    config, home = api.check(args.config, args.overrides, name=args.name, storage=args.storage,
+                             address=args.address)
     resources = config.resources
     trial = (f"{resources.workers_per_trial} x ({resources.worker_cpus:g} CPU, {resources.worker_gpus:g} GPU)"
              if resources.distributed else f"{resources.cpus_per_trial:g} CPU, {resources.gpus_per_trial:g} GPU")
+    if args.address is None and not os.environ.get("RAY_ADDRESS"):
+        capacity, node = api.room_on_this_machine(config)
+        room = (f"this machine ({node['CPU']:g} CPUs, {node['GPU']:g} GPUs) holds {capacity} at a time"
+                + (f", so {capacity} will run at once" if capacity < config.search.max_concurrent else ""))
+    else:
+        room = "the cluster's room for them is checked when the search starts"
     print(f"ok: {config.name}: {config.model.class_path} on {config.data.class_path}, "
           f"{len(config.space)} searched parameters ({', '.join(config.space) or 'none'}), "
           f"{config.metric} ({config.mode}) logged at validation\n"
-          f"  {config.search.num_trials} trials, {config.search.max_concurrent} at a time, each {trial}; "
-          f"the cluster's room for them is checked when the search starts\n"
+          f"  {config.search.num_trials} trials, {config.search.max_concurrent} at a time, each {trial}; {room}\n"
           f"  the study would go to {home}")
     return 0
 

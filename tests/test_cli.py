@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import time
@@ -63,11 +65,28 @@ def test_check_validates_as_run_does_with_no_ray_and_no_directory(tmp_path):
     good = write_yaml(tmp_path / "exp.yaml", config)
     code = ("import sys; from hpsearch.search.cli import main\n"
             "code = main(['check', sys.argv[1]])\n"
-            "print(f'EXIT={code} RAY={\"ray\" in sys.modules}')")
+            "import ray\n"
+            "print(f'EXIT={code} RAY={ray.is_initialized()}')")
     out = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True, text=True, cwd=tmp_path)
     assert "EXIT=0 RAY=False" in out.stdout, out.stdout + out.stderr
     assert f"ok: {config['name']}" in out.stdout and "val_acc (max) logged at validation" in out.stdout, out.stdout
+    # Without --address, run starts a Ray here: check says how many trials this machine holds.
+    assert re.search(r"this machine \(\d+ CPUs, 0 GPUs\) holds \d+ at a time", out.stdout), out.stdout
     assert str(storage / config["name"]) in out.stdout and not storage.exists()
+
+
+def test_check_refuses_a_distributed_trial_larger_than_this_machine(tmp_path, capsys):
+    too_many = (os.cpu_count() or 1) + 1  # Ray counts no more CPUs than the OS does
+    config = shrunk_example(tmp_path / "runs", **{"resources/workers_per_trial": too_many,
+                                                            "resources/cpus_per_worker": 1})
+    path = write_yaml(tmp_path / "exp.yaml", config)
+    assert main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"a trial needs {too_many} workers of 1 CPU(s)" in err and "on this machine" in err, err
+    assert "--address" in err
+    # Bound for a cluster: its room is checked when the search starts there, as run does.
+    assert main(["check", str(path), "--address", "10.0.0.1:6379"]) == 0
+    assert "checked when the search starts" in capsys.readouterr().out
 
 
 def test_check_reports_what_run_would_refuse(tmp_path, capsys):
