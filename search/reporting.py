@@ -122,6 +122,7 @@ class TuneReporter(pl.Callback):
         # of the epoch a resumed trial's checkpoint holds, to report again at its start.
         self._validated_epoch: dict[str, Any] | None = None
         self._checkpointed_epoch: dict[str, Any] | None = None
+        self._ranks_compared = False  # see _compare_ranks_metric
 
     def state_dict(self) -> dict[str, Any]:
         """What an epoch's checkpoint keeps of this callback: that epoch's validated metrics."""
@@ -217,8 +218,24 @@ class TuneReporter(pl.Callback):
             # logs is named by hpsearch (with what was logged) and not by ModelCheckpoint;
             # and kept for this epoch's checkpoint, which they write next.
             checked = self._checked(trainer, trainer.callback_metrics)
+            self._compare_ranks_metric(trainer, pl_module, math.nan if checked is None else checked[self.metric])
             self._validated_epoch = None if checked is None else {"epoch": trainer.current_epoch + 1,
                                                                   "metrics": checked}
+
+    def _compare_ranks_metric(self, trainer: pl.Trainer, pl_module, value: float) -> None:
+        """Once a trial, under DDP: whether the ranks agree on the search metric. Logged
+        without ``sync_dist=True``, each rank's value is its own shard's, and rank 0's alone
+        is reported, so trials would be compared on part of the validation data; the trial's
+        notes (console, trials.csv) then say so. One all-gather of one number, on every rank."""
+        if trainer.world_size < 2 or self._ranks_compared:
+            return
+        self._ranks_compared = True
+        values = trainer.strategy.all_gather(torch.tensor(value, dtype=torch.float64, device=pl_module.device))
+        low, high = float(values.min()), float(values.max())
+        if high - low > 1e-6 * max(1.0, abs(high), abs(low)):
+            note = (f"{self.metric} differs between the {trainer.world_size} ranks ({low:.4g} to {high:.4g}): "
+                    f"log it with sync_dist=True, or rank 0's share of the validation data alone decides")
+            self.static_fields["hps_notes"] = "; ".join(filter(None, (self.static_fields.get("hps_notes"), note)))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
         self._check_losses_finite(trainer)

@@ -45,6 +45,8 @@ def test_each_trial_ran_two_ddp_ranks_in_bf16(ddp_search):
     assert {(r["world_size"], r["strategy"], r["precision"], r["device"]) for r in rows} == {
         ("2", "ddp", "bf16-mixed", "cpu")}
     assert float(rows[0]["samples_per_s"]) > 0
+    # The model logs val_loss with sync_dist=True: its ranks agree, and no trial has a note saying otherwise.
+    assert [r["notes"] for r in rows] == [""] * 3
     # The trial's start-up counts Ray Train's start of its worker group (new processes):
     # without it a DDP trial's start-up looked like a single process's.
     assert all(float(r["startup_s"]) >= float(r["workers_start_s"]) > 0 for r in rows), rows

@@ -262,7 +262,7 @@ def test_gpu_work_still_queued_at_a_phase_end_is_counted_in_that_phase(monkeypat
 
     monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
     reporter = TuneReporter("val_acc", "max", 1, report=lambda metrics: None, static_fields={})
-    trainer = SimpleNamespace(global_step=0, current_epoch=0, sanity_checking=False,
+    trainer = SimpleNamespace(global_step=0, current_epoch=0, sanity_checking=False, world_size=1,
                               callback_metrics={"val_acc": torch.tensor(0.5)})
     gpu_module = SimpleNamespace(device=torch.device("cuda", 0))
     batch = torch.zeros(4, 2)
@@ -281,3 +281,30 @@ def test_gpu_work_still_queued_at_a_phase_end_is_counted_in_that_phase(monkeypat
     reporter.on_validation_start(trainer, cpu_module)
     reporter.on_validation_end(trainer, cpu_module)
     assert len(waited) == 2
+
+
+@pytest.mark.parametrize("rank_values,noted", [((0.5, 0.5), False), ((0.5, 0.75), True)])
+def test_ddp_ranks_that_disagree_on_the_search_metric_get_a_note(rank_values, noted):
+    """Without sync_dist=True, each DDP rank logs its own shard's metric and rank 0's alone
+    is reported: the trial's notes say so, once. (The DDP search's trials, which sync, get none.)"""
+    from types import SimpleNamespace
+
+    from hpsearch.search.reporting import TuneReporter
+
+    gathered = []
+
+    def all_gather(value):
+        gathered.append(float(value))
+        return torch.tensor(rank_values, dtype=torch.float64)
+
+    reporter = TuneReporter("val_acc", "max", 3, report=lambda metrics: None, static_fields={"hps_notes": ""})
+    trainer = SimpleNamespace(global_step=4, current_epoch=0, sanity_checking=False, world_size=2, global_rank=0,
+                              callback_metrics={"val_acc": torch.tensor(rank_values[0])},
+                              strategy=SimpleNamespace(all_gather=all_gather))
+    module = SimpleNamespace(device=torch.device("cpu"))
+    for _ in range(2):
+        reporter.on_validation_start(trainer, module)
+        reporter.on_validation_end(trainer, module)
+    assert gathered == [rank_values[0]]  # compared once a trial, not every epoch
+    notes = reporter.static_fields["hps_notes"]
+    assert ("val_acc differs between the 2 ranks (0.5 to 0.75): log it with sync_dist=True" in notes) is noted, notes
