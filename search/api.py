@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .config_loading import load_config
-from .errors import CallbackError, ConfigError, HpsearchError, Interrupted, Problem
+from .errors import CallbackError, ConfigError, HpsearchError, Interrupted, Problem, warn_user
 from .experiment import ExperimentDir, close_killed_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED
@@ -317,9 +316,9 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     if best is None and outcome == SESSION_COMPLETE:
         # From Python, ``result.best`` is then None: say so where a notebook shows it.
         failed = sum(1 for trial in trials if trial.get("state") == "FAILED")
-        warnings.warn(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
-                                      f"result.best is None. See why in result.trials or with: "
-                                      f"hpsearch status {exp.root}"), stacklevel=3)
+        warn_user(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
+                                  f"result.best is None. See why in result.trials or with: "
+                                  f"hpsearch status {exp.root}"))
     return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started)
 
 

@@ -6,12 +6,12 @@ visible. Each choice is reported with the trial's results.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from .config import LoaderConfig, ResourcesConfig, TrainerConfig
+from .errors import warn_user
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,7 @@ def resolve_precision(requested: str, on_gpu: bool) -> str:
 def precision_fallback_warning(trainer: TrainerConfig, resources: ResourcesConfig) -> None:
     """One warning, in the driver, when CPU trials cannot use the requested precision."""
     if trainer.precision == "16-mixed" and resources.worker_gpus == 0:
-        warnings.warn(
-            "trainer.precision '16-mixed' needs a GPU and these trials run on CPU: they use 'bf16-mixed' instead",
-            stacklevel=2,
-        )
+        warn_user("trainer.precision '16-mixed' needs a GPU and these trials run on CPU: they use 'bf16-mixed' instead")
 
 
 def loader_options(loader: LoaderConfig, resources: ResourcesConfig, on_gpu: bool) -> dict:

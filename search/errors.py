@@ -6,11 +6,31 @@ The CLI prints them and exits non-zero; the Python API raises them.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from dataclasses import dataclass
 
 
 class HpsearchError(Exception):
     """Base of every error meant for the user rather than for a debugger."""
+
+
+def warn_user(message: str | Warning, category: type[Warning] = UserWarning) -> None:
+    """Warn as from the user's own line that called into hpsearch (the outermost call),
+    not from hpsearch's code: Python prints that line with the message, and a filter by
+    module applies to it. (Python 3.12's ``skip_file_prefixes`` does this; 3.10 is supported.)"""
+    import hpsearch
+
+    # hpsearch's own source: this folder (hpsearch.search) and the package's __init__'s
+    own = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (__file__, hpsearch.__file__))
+    frame, level, outermost_own = sys._getframe(1), 1, 0
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(own):
+            outermost_own = level
+        frame, level = frame.f_back, level + 1
+    # stacklevel 2 is this function's caller (level 1); the user's frame is just outside the outermost own one
+    warnings.warn(message, category, stacklevel=outermost_own + 2)
 
 
 def first_line(exc: BaseException) -> str:

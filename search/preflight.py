@@ -23,7 +23,7 @@ from typing import Any
 from .components import build_datamodule, build_model, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .devices import loader_options
-from .errors import ConfigError
+from .errors import ConfigError, warn_user
 from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
 
 
@@ -76,8 +76,8 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
         # The builds ran here, on a driver without a GPU (a laptop, a CPU head node), for
         # trials that will have one: a value may need the GPU, so this is not proof.
         for problem in problems:
-            warnings.warn(f"{problem} (built on this driver, which has no GPU; the trials have one, "
-                          "so its trials will tell)", stacklevel=2)
+            warn_user(f"{problem} (built on this driver, which has no GPU; the trials have one, "
+                      "so its trials will tell)")
     elif problems:
         raise ConfigError(problems)
     return logged
@@ -239,8 +239,8 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
                                     "hparams, which Lightning refuses as a trial starts (\"Error while merging "
                                     "hparams\")"))
     if unchecked:
-        warnings.warn(f"the preflight's {OTHER_VALUES_BUDGET_S:g} s for building the classes with other values ran out; "
-                      f"not checked: some values of {', '.join(unchecked)} (their trials still will be)", stacklevel=3)
+        warn_user(f"the preflight's {OTHER_VALUES_BUDGET_S:g} s for building the classes with other values ran out; "
+                  f"not checked: some values of {', '.join(unchecked)} (their trials still will be)")
     return problems
 
 

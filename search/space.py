@@ -7,14 +7,13 @@ in the Optuna study, trials.csv and TensorBoard.
 from __future__ import annotations
 
 import importlib.util
-import warnings
 from typing import Any
 
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
-from .errors import ConfigError
+from .errors import ConfigError, warn_user
 
 
 def to_distribution(param: FloatParam | IntParam | CategoricalParam) -> BaseDistribution:
@@ -54,5 +53,5 @@ def check_sampler(config: ExperimentConfig) -> None:
         raise ConfigError([config.problem(
             "search.sampler", "'gp' needs SciPy, which is not installed: pip install 'hpsearch[gp]'")])
     if config.search.sampler == "grid" and grid_size(config) < config.search.num_trials:
-        warnings.warn(f"search.num_trials is {config.search.num_trials} but the grid has {grid_size(config)} points: "
-                      f"the search ends after {grid_size(config)} trials", stacklevel=2)
+        warn_user(f"search.num_trials is {config.search.num_trials} but the grid has {grid_size(config)} points: "
+                  f"the search ends after {grid_size(config)} trials")

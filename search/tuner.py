@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from contextlib import contextmanager
 from functools import partial
 from typing import Iterator
 
 from .components import user_code_roots
 from .config import ExperimentConfig
+from .errors import warn_user
 from .experiment import ExperimentDir
 from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED, SESSION_TIME_BUDGET, PruneLog
 from .storage import Mirror
@@ -85,8 +85,8 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> b
     if ray.is_initialized():
         _quiet_tune_logs(verbose)
         if address is not None:
-            warnings.warn(f"address={address!r} is ignored: this process already runs Ray (ray.init was called); "
-                          "the search uses that one", stacklevel=3)
+            warn_user(f"address={address!r} is ignored: this process already runs Ray (ray.init was called); "
+                      "the search uses that one")
         return False
     target = address or os.environ.get("RAY_ADDRESS") or "local"
     runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
@@ -171,14 +171,12 @@ def plan_concurrency(config: ExperimentConfig, nodes: list[dict]) -> int:
     trials: their Tune driver holds no CPU, so Tune alone would start more trials than
     the cluster has workers for, and their worker groups would wait, then time out.
     """
-    import warnings
-
     from .resources import concurrent_trials_capacity
 
     capacity = concurrent_trials_capacity(config.resources, nodes)
     if capacity < config.search.max_concurrent:
-        warnings.warn(f"search.max_concurrent={config.search.max_concurrent} but the cluster holds {capacity} "
-                      f"trial(s) of this size at once; running {capacity} at a time", stacklevel=2)
+        warn_user(f"search.max_concurrent={config.search.max_concurrent} but the cluster holds {capacity} "
+                  f"trial(s) of this size at once; running {capacity} at a time")
     return min(capacity, config.search.max_concurrent)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -104,6 +105,7 @@ def test_fp16_on_cpu_trials_warns_once_in_the_driver(example_config):
         warnings.simplefilter("always")
         precision_fallback_warning(config.trainer, config.resources)
     assert len(caught) == 1 and "'bf16-mixed' instead" in str(caught[0].message)
+    assert caught[0].filename == __file__  # the user's call, not hpsearch's own line
     example_config["resources"] = {"gpus_per_trial": 1}
     gpu = load_config(example_config)
     with warnings.catch_warnings(record=True) as caught:
@@ -145,3 +147,17 @@ def test_a_reservation_that_cannot_be_freed_warns_and_the_search_goes_on(monkeyp
     with pytest.warns(UserWarning, match=f"placement group {'ab' * 18} of trial t1: the GCS is unreachable"):
         reservations.on_trial_complete(0, [], Trial())
     assert reservations.groups == {}  # freed once, not again at the next hook
+
+
+def test_warnings_from_deep_inside_a_search_name_the_users_line(example_config):
+    """The Python API's warnings point at the user's call into hpsearch, however deep
+    inside it they are raised (here: check, then its preflight, then the device rules)."""
+    import hpsearch
+
+    example_config["trainer"]["precision"] = "16-mixed"
+    example_config["search"]["preflight"] = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hpsearch.check(example_config); line = sys._getframe().f_lineno  # noqa: E702
+    fallback = [w for w in caught if "'bf16-mixed' instead" in str(w.message)]
+    assert [(w.filename, w.lineno) for w in fallback] == [(__file__, line)], [(w.filename, w.lineno) for w in caught]
