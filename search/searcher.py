@@ -135,10 +135,13 @@ class OptunaSearcher(Searcher):
         for trial in self.study.get_trials(deepcopy=False):
             if trial.state in states:
                 values = [v for v in trial.intermediate_values.values() if math.isfinite(v)]
+                # The best epoch's value, as the trial reported it live: a PRUNED trial's
+                # value in the study is its last epoch's (Optuna's rule), not its best.
+                best = best_of(values, self.config.mode) if values else trial.value
                 finished.append({
                     "trial": trial.number, "state": states[trial.state],
                     "reason": trial.user_attrs.get(STOP_REASON, ""),
-                    **({"best": trial.value} if trial.value is not None else {}),
+                    **({"best": best} if best is not None else {}),
                     **({"last": trial.intermediate_values[max(trial.intermediate_values)]} if values else {}),
                     **({"epochs": trial.user_attrs[EPOCH]} if EPOCH in trial.user_attrs else {}),
                     **trial.params,

@@ -56,6 +56,20 @@ def test_complete_value_is_the_best_epoch_not_the_last(tmp_path, config):
     assert states(tmp_path, config)[0] == ("COMPLETE", 0.9)
 
 
+def test_a_resumed_studys_table_keeps_a_pruned_trials_best_epoch_not_its_last(tmp_path, config):
+    """Each session rebuilds trials.csv's finished rows from the study; a PRUNED trial's
+    value there is its last epoch's (Optuna's rule), and it overwrote the best one."""
+    prunes = PruneLog()
+    searcher = OptunaSearcher(config, tmp_path, prunes)
+    searcher.suggest("a")
+    for epoch, value in enumerate([0.33, 0.55, 0.30], start=1):
+        searcher.on_trial_result("a", result(epoch, value))
+    prunes.record("a", 3)
+    searcher.on_trial_complete("a", result(3, 0.30))
+    rows = OptunaSearcher(config, tmp_path, PruneLog()).finished_trials()  # the next session's
+    assert [(r["state"], r["best"], r["last"]) for r in rows] == [("PRUNED", 0.55, 0.30)]
+
+
 def test_a_fresh_searcher_resumes_interrupted_trials_first_and_keeps_the_limit(tmp_path, config):
     first = OptunaSearcher(config, tmp_path, PruneLog())
     first.suggest("a")
