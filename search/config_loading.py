@@ -8,6 +8,7 @@ YAML line; nothing here touches the filesystem beyond reading the file.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,21 @@ from .errors import ConfigError, Problem
 # ("--set", "--name", "--storage"), so that an error blames what the user typed.
 LineMap = dict[tuple[str, ...], int | str]
 SET = "--set"
+
+
+class ExperimentLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-4`` as the float it is in YAML 1.2 (and in
+    Python, JSON and every config a user has written). PyYAML follows YAML 1.1, which
+    wants a dot (``1.0e-4``) and otherwise keeps a string: ``weight_decay: 1e-4`` in
+    ``init_args`` reached the model as ``'1e-4'`` and failed in the preflight, blamed on
+    the class rather than the value."""
+
+
+ExperimentLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def load_config(
@@ -66,8 +82,8 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], LineMap]:
         raise ConfigError.single("", f"experiment file {str(path)!r} does not exist")
     text = path.read_text()
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=ExperimentLoader)
+        data = yaml.load(text, Loader=ExperimentLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else None
@@ -104,7 +120,7 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, A
         if not eq or not key.strip():
             raise ConfigError.single("--set", f"{item!r} is not of the form key=value")
         try:
-            parsed[key.strip()] = yaml.safe_load(value) if value.strip() else None
+            parsed[key.strip()] = yaml.load(value, Loader=ExperimentLoader) if value.strip() else None
         except yaml.YAMLError:
             raise ConfigError.single(key.strip(), f"--set value {value!r} is not valid YAML") from None
     return parsed

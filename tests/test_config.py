@@ -159,6 +159,21 @@ def test_errors_from_a_file_carry_the_yaml_line(tmp_path):
     assert problem.field == "space.model.lr.lw" and problem.line == line and str(text) in str(problem)
 
 
+def test_exponent_notation_is_a_number_in_the_file_and_in_set(tmp_path):
+    """YAML 1.1 (PyYAML) reads ``1e-4`` as a string; the model then got '1e-4' as its
+    weight decay and failed in the preflight, blamed on its class."""
+    source = open(__import__("conftest").EXAMPLE).read()
+    path = tmp_path / "x.yaml"
+    path.write_text(source.replace("init_args: {", "init_args: {weight_decay: 1e-4, ", 1))
+    assert "weight_decay: 1e-4" in path.read_text()
+    assert load_config(path).model.init_args["weight_decay"] == pytest.approx(1e-4)
+    config = load_config(path, ["model.init_args.weight_decay=5E-3", "space.model.lr.low=2e-5",
+                                "model.init_args.note=1e-4x"])
+    assert config.model.init_args["weight_decay"] == pytest.approx(5e-3)
+    assert config.space["model.lr"].low == pytest.approx(2e-5)
+    assert config.model.init_args["note"] == "1e-4x"  # not a number: stays a string
+
+
 def test_constructor_errors_from_a_file_carry_the_line(tmp_path):
     data = mutated(_set("space/model.momentum", {"type": "float", "low": 0.1, "high": 0.9}))
     path = write_yaml(tmp_path / "x.yaml", data)
