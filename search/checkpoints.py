@@ -57,8 +57,15 @@ def latest_good_checkpoint(trial_dir: Path) -> tuple[Path | None, list[str]]:
     return None, notes
 
 
-def global_step_of(path: Path) -> int:
-    """The optimizer step a Lightning checkpoint was taken at (memory-mapped, cheap)."""
+def first_logging_step_after(path: Path) -> int:
+    """The TensorBoard step of the first batch trained after a Lightning checkpoint: the
+    step a resumed attempt's events start at. Lightning steps its logs by the batches that
+    stepped an optimizer; a checkpoint taken at an epoch's end holds that count before its
+    last batch's increment, which Lightning makes again on restoring (memory-mapped, cheap)."""
     import torch
 
-    return int(torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("global_step", 0))
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    epoch_loop = state.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
+    if "_batches_that_stepped" in epoch_loop:
+        return int(epoch_loop["_batches_that_stepped"]) + 1
+    return int(state.get("global_step", 0))  # a checkpoint without the loops' state: its optimizer steps

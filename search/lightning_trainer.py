@@ -120,8 +120,8 @@ def build_trainer(
         ))
     all_callbacks.append(LearningRateMonitor(logging_interval="epoch"))
     # A resumed trial redoes what came after its checkpoint: purge_step hides the events
-    # an earlier attempt wrote past that step, so each curve keeps one point per step.
-    purge = {"purge_step": resume_step + 1} if resume_step is not None else {}
+    # an earlier attempt wrote from that step on, so each curve keeps one point per step.
+    purge = {"purge_step": resume_step} if resume_step is not None else {}
     logger = TensorBoardLogger(save_dir=str(tensorboard_run.parent), name="", version=tensorboard_run.name,
                                default_hp_metric=False, **purge)
     return pl.Trainer(

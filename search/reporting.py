@@ -342,7 +342,7 @@ class TuneReporter(pl.Callback):
         if trainer.global_rank == 0:
             if trainer.logger is not None:
                 trainer.logger.log_metrics({f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS},
-                                           step=trainer.global_step)
+                                           step=_epoch_step(trainer))
                 # Events reach disk before the report: a driver killed right after it
                 # must not leave TensorBoard missing epochs the study has.
                 trainer.logger.experiment.flush()
@@ -363,12 +363,20 @@ class TuneReporter(pl.Callback):
             raise StoppedByScheduler(f"stopped by the scheduler at epoch {metrics[EPOCH]}")
 
     def _log_search_metric(self, trainer: pl.Trainer) -> None:
-        """``hp/<metric>``: the best value so far, the column HParams compares trials by.
-        Every scalar hpsearch adds is stepped by the global step, like Lightning's own, so
-        one ``purge_step`` on resume (see ``lightning_trainer``) covers all of them."""
+        """``hp/<metric>``: the best value so far, the column HParams compares trials by."""
         if trainer.logger is None or self.best is None:
             return
-        trainer.logger.log_metrics({f"hp/{self.metric}": self.best}, step=trainer.global_step)
+        trainer.logger.log_metrics({f"hp/{self.metric}": self.best}, step=_epoch_step(trainer))
+
+
+def _epoch_step(trainer: pl.Trainer) -> int:
+    """The TensorBoard step of an ended epoch's metrics, as Lightning logs them (its last
+    batch's), so every scalar hpsearch adds for the epoch sits on the same step as the
+    epoch's own, and one ``purge_step`` on resume (``lightning_trainer``) covers them all.
+    Lightning steps its logs by the batches that stepped an optimizer, which its own
+    ``LearningRateMonitor`` reads here too; not the global step, which counts every
+    optimizer's steps (twice per batch for a GAN's two)."""
+    return max(0, trainer.fit_loop.epoch_loop._batches_that_stepped - 1)
 
 
 def _is_scalar(value: Any) -> bool:

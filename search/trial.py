@@ -20,7 +20,7 @@ from .components import build_datamodule, build_model, raised_at, raised_by, res
 from .config import ExperimentConfig
 from .errors import first_line
 from .experiment import TRIAL_TRACEBACK, ExperimentDir, trial_name
-from .checkpoints import global_step_of, latest_good_checkpoint
+from .checkpoints import first_logging_step_after, latest_good_checkpoint
 from .gc_pause import collector_paused
 from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, RESTORED, TRIAL_NUMBER
 from .storage import Mirror, is_uri, study_root
@@ -148,7 +148,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
                             tensorboard_run=tensorboard_run, callbacks=[reporter],
                             strategy=parallel.strategy, profiler=reporter.fetch_timer,
-                            resume_step=global_step_of(resume_from) if resume_from else None)
+                            resume_step=first_logging_step_after(resume_from) if resume_from else None)
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
         if resume_from is not None and not reporter.reported:

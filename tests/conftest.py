@@ -67,16 +67,19 @@ def tensorboard_run(exp_dir: Path, number: int) -> Path:
     return runs[0]
 
 
-def tensorboard_steps(run: Path, tag: str = "val_acc") -> list[int]:
-    """The steps of one scalar as TensorBoard shows it: all of the trial's event files
-    read in order, with what a resumed attempt purged left out."""
+def tensorboard_scalars(run: Path) -> dict[str, list[int]]:
+    """Each scalar's steps as TensorBoard shows them: all of the trial's event files read
+    in order, with what a resumed attempt purged left out."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(run))
     accumulator.Reload()
-    if tag not in accumulator.Tags()["scalars"]:
-        return []
-    return [e.step for e in accumulator.Scalars(tag)]
+    return {tag: [e.step for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+def tensorboard_steps(run: Path, tag: str = "val_acc") -> list[int]:
+    """The steps of one scalar as TensorBoard shows it (see ``tensorboard_scalars``)."""
+    return tensorboard_scalars(run).get(tag, [])
 
 
 def make_image_folder(root: Path, per_class: int = 6, size: int = 10) -> Path:

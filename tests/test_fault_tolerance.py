@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, tensorboard_run, tensorboard_steps, write_yaml
+from conftest import FIXTURES, tensorboard_run, tensorboard_scalars, tensorboard_steps, write_yaml
 from hpsearch.search.api import GRACEFUL_STOP_MESSAGE
 
 pytestmark = pytest.mark.e2e
@@ -248,6 +248,13 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     assert "injected failure (once)" in once["error"]
     steps = tensorboard_steps(tensorboard_run(exp_dir, 1))
     assert steps == sorted(set(steps)) and len(steps) == 3  # global step continued, epochs not redone
+    # Every curve has one point per step across the two attempts (the retry's purge_step
+    # hides what the first attempt wrote after its checkpoint), and hpsearch's own scalars
+    # of an epoch sit on the step of the epoch's own metrics. ("epoch" is Lightning's: it
+    # logs it with both the training and the validation metrics of a step.)
+    scalars = tensorboard_scalars(tensorboard_run(exp_dir, 1))
+    assert all(s == sorted(set(s)) for tag, s in scalars.items() if tag != "epoch"), scalars
+    assert scalars["hp/val_acc"] == scalars["speed/epoch_time_s"] == scalars["val_acc"] == steps, scalars
 
     always = table[2]  # a new message each try: it might have been a different fault
     assert (always["state"], always["attempts"]) == ("FAILED", "3")  # max_retries + 1
