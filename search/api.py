@@ -25,7 +25,7 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .config_loading import load_config
-from .errors import CallbackError, ConfigError, HpsearchError, Interrupted, Problem, warn_user
+from .errors import CallbackError, ConfigError, HpsearchError, Interrupted, Problem, resume_command, warn_user
 from .experiment import ExperimentDir, close_killed_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED
@@ -49,6 +49,7 @@ class SearchResult:
     elapsed_s: float = 0.0
     already_complete: bool = False  # a resume that found nothing to do, and started nothing
     evaluated_again: bool = False  # a resume of a complete search that ran only its test evaluation
+    address: str | None = None  # the cluster the session joined by address, which a resume needs too
 
     @property
     def complete(self) -> bool:
@@ -57,7 +58,7 @@ class SearchResult:
 
     @property
     def resume_command(self) -> str:
-        return f"hpsearch resume {self.experiment_dir}"
+        return resume_command(self.experiment_dir, self.address)
 
 
 def run(
@@ -88,7 +89,7 @@ def run(
             with study_lock(exp):
                 write_config(exp, config.model_dump(mode="json"))
                 interrupted.raise_if_heard()
-                return _search(config, exp, verbose, concurrency, callbacks, home.mirror)
+                return _search(config, exp, verbose, concurrency, callbacks, home.mirror, address)
 
 
 def check(
@@ -214,7 +215,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         concurrency = _plan(config)
         write_config(exp, config.model_dump(mode="json"))
         interrupted.raise_if_heard()
-        return _search(config, exp, verbose, concurrency, callbacks, mirror)
+        return _search(config, exp, verbose, concurrency, callbacks, mirror, address)
 
 
 def _search_complete(exp: ExperimentDir, config: ExperimentConfig) -> bool:
@@ -282,7 +283,7 @@ def _plan(config: ExperimentConfig) -> int:
 
 
 def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int,
-            callbacks: Iterable[Any] = (), mirror: Mirror | None = None) -> SearchResult:
+            callbacks: Iterable[Any] = (), mirror: Mirror | None = None, address: str | None = None) -> SearchResult:
     from .results import finalize
     from .tuner import run_session
 
@@ -302,7 +303,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         # A second Ctrl+C (while Tune winds down or during the test evaluation): stop at
         # once. Everything finished is on disk; resume evaluates the best trial again.
         outcome = SESSION_INTERRUPTED
-        raise Interrupted(exp.root) from None
+        raise Interrupted(exp.root, address) from None
     except Exception as exc:
         raise _user_error_in(exc) or _callback_error_in(exc, callbacks, exp) or exc
     finally:
@@ -319,7 +320,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         warn_user(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
                                   f"result.best is None. See why in result.trials or with: "
                                   f"hpsearch status {exp.root}"))
-    return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started)
+    return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started, address=address)
 
 
 class NoResultWarning(UserWarning):

@@ -83,10 +83,16 @@ class ExperimentError(HpsearchError):
 class Interrupted(HpsearchError):
     """The search was stopped (Ctrl+C, SIGTERM) before the study was complete; it can be resumed."""
 
-    def __init__(self, experiment_dir) -> None:
+    def __init__(self, experiment_dir, address: str | None = None) -> None:
         self.experiment_dir = experiment_dir
         super().__init__(f"search interrupted; finished trials are kept. Continue it with:\n"
-                         f"  hpsearch resume {experiment_dir}")
+                         f"  {resume_command(experiment_dir, address)}")
+
+
+def resume_command(experiment_dir, address: str | None = None) -> str:
+    """The command that continues a study, on the cluster its session joined by
+    ``--address`` (without it, a resume starts a Ray of its own on this machine)."""
+    return f"hpsearch resume {experiment_dir}" + (f" --address {address}" if address else "")
 
 
 class CallbackError(HpsearchError):

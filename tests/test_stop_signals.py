@@ -79,3 +79,35 @@ def test_a_ctrl_c_swallowed_during_start_up_still_stops_the_search_before_ray_st
         hpsearch.run(example_config)
     assert signal.getsignal(signal.SIGINT) is before
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("how", ["graceful", "second_ctrl_c"])
+def test_the_resume_command_of_a_cluster_search_names_its_cluster(example_config, tmp_path, monkeypatch, how):
+    """Copied as printed, a resume without --address would start a Ray of its own on this
+    machine (a cluster's head, meant to run no trials) instead of joining the cluster."""
+    from contextlib import nullcontext
+
+    import hpsearch
+    from hpsearch.search import api, tuner
+    from hpsearch.search.errors import Interrupted
+    from hpsearch.search.outcome import SESSION_INTERRUPTED
+
+    def stopped_session(*args, **kwargs):
+        if how == "second_ctrl_c":
+            raise KeyboardInterrupt
+        return SESSION_INTERRUPTED
+
+    monkeypatch.setattr(api, "prepare", lambda config, preflight=None: None)
+    monkeypatch.setattr(api, "_plan", lambda config: 1)
+    monkeypatch.setattr(tuner, "ray_for_search", lambda config, address, verbose: nullcontext())
+    monkeypatch.setattr(tuner, "run_session", stopped_session)
+    example_config["storage"] = str(tmp_path / "runs")
+    exp_dir = tmp_path / "runs" / example_config["name"]
+    expected = f"hpsearch resume {exp_dir} --address 10.1.2.3:6379"
+    if how == "graceful":
+        assert hpsearch.run(example_config, address="10.1.2.3:6379").resume_command == expected
+        assert hpsearch.run(example_config, name="local").resume_command == f"hpsearch resume {tmp_path / 'runs' / 'local'}"
+    else:
+        with pytest.raises(Interrupted) as caught:
+            hpsearch.run(example_config, address="10.1.2.3:6379")
+        assert str(caught.value).endswith(expected)
