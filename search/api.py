@@ -274,12 +274,14 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
 
 
 def _plan(config: ExperimentConfig) -> int:
-    """Concurrent trials the cluster can hold (a ``ResourceError`` if none fits)."""
+    """Concurrent trials the cluster can hold, at full scale if it autoscales (a
+    ``ResourceError`` if none fits)."""
     import ray
 
+    from .autoscaling import addable_nodes
     from .tuner import plan_concurrency
 
-    return plan_concurrency(config, ray.nodes())
+    return plan_concurrency(config, ray.nodes(), addable_nodes())
 
 
 def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int,

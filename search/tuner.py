@@ -51,8 +51,14 @@ RAY_NO_SIGTERM_HANDLER_NOTICE = ("ray._private.worker", "SIGTERM handler is not 
 
 def ray_settings() -> dict[str, str]:
     """The variables every Ray process of a search gets: ``RAY_ENV``, and ``RAY_DEFAULTS``
-    where this process's environment does not set them."""
-    return {**{name: os.environ.get(name, value) for name, value in RAY_DEFAULTS.items()}, **RAY_ENV}
+    where this process's environment does not set them (on an autoscaling cluster, a
+    distributed trial also waits longer for its nodes: ``autoscaling``)."""
+    from .autoscaling import WORKER_GROUP_START_TIMEOUT_S, addable_nodes
+
+    defaults = dict(RAY_DEFAULTS)
+    if addable_nodes():
+        defaults["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(WORKER_GROUP_START_TIMEOUT_S)
+    return {**{name: os.environ.get(name, value) for name, value in defaults.items()}, **RAY_ENV}
 
 
 @contextmanager
@@ -164,16 +170,38 @@ def worker_runtime_env(user_code: list[str], joins_cluster: bool) -> dict:
     return runtime_env
 
 
-def plan_concurrency(config: ExperimentConfig, nodes: list[dict]) -> int:
-    """Concurrent trials: the file's ``max_concurrent``, lowered to what the cluster holds.
+def plan_concurrency(config: ExperimentConfig, nodes: list[dict], addable: list[dict] = ()) -> int:
+    """Concurrent trials: the file's ``max_concurrent``, lowered to what the cluster holds,
+    at full scale when it autoscales (``addable``: the worker nodes its autoscaler may add,
+    see ``autoscaling``; trials wait for them, which is what makes it add them).
 
     Raises ``ResourceError`` if not even one trial fits. The cap matters for distributed
     trials: their Tune driver holds no CPU, so Tune alone would start more trials than
     the cluster has workers for, and their worker groups would wait, then time out.
     """
+    from .autoscaling import head_nodes
+    from .errors import ResourceError
     from .resources import concurrent_trials_capacity
 
-    capacity = concurrent_trials_capacity(config.resources, nodes)
+    try:
+        now = concurrent_trials_capacity(config.resources, nodes)
+    except ResourceError as too_big_now:
+        now, refusal = 0, too_big_now
+    at_full_scale = 0
+    if addable:
+        try:
+            at_full_scale = concurrent_trials_capacity(config.resources, head_nodes(nodes) + list(addable))
+        except ResourceError:
+            pass
+    if now == at_full_scale == 0:
+        if addable:
+            raise ResourceError(f"{refusal}; nor do the {len(addable)} nodes the cluster's autoscaler may add "
+                                f"hold one (see available_node_types in its launcher config)") from None
+        raise refusal
+    capacity = max(now, at_full_scale)
+    if at_full_scale > now:
+        warn_user(f"the cluster holds {now} trial(s) of this size now and {at_full_scale} once its autoscaler "
+                  f"has added nodes; trials wait for them")
     if capacity < config.search.max_concurrent:
         warn_user(f"search.max_concurrent={config.search.max_concurrent} but the cluster holds {capacity} "
                   f"trial(s) of this size at once; running {capacity} at a time")

@@ -161,3 +161,66 @@ def test_warnings_from_deep_inside_a_search_name_the_users_line(example_config):
         hpsearch.check(example_config); line = sys._getframe().f_lineno  # noqa: E702
     fallback = [w for w in caught if "'bf16-mixed' instead" in str(w.message)]
     assert [(w.filename, w.lineno) for w in fallback] == [(__file__, line)], [(w.filename, w.lineno) for w in caught]
+
+
+HEAD_ONLY = [{"Alive": True, "Resources": {"CPU": 0.0, "node:__internal_head__": 1.0, "memory": 1e9}}]
+
+
+def launcher_config(tmp_path, gpu_worker_resources):
+    """cluster.yaml as `ray up` leaves it on the head (~/ray_bootstrap_config.yaml): Ray's
+    defaults filled in, and the worker type's resources, which on AWS the launcher fills in
+    from the instance type (here given, as no AWS is reachable)."""
+    import json
+
+    import yaml
+    from ray.autoscaler._private.util import prepare_config
+
+    from conftest import REPO
+
+    config = prepare_config(yaml.safe_load((REPO / "cluster.yaml").read_text()))
+    config["available_node_types"]["gpu_worker"]["resources"] = gpu_worker_resources
+    path = tmp_path / "ray_bootstrap_config.yaml"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_the_nodes_an_autoscaler_may_add_are_read_from_the_launchers_config(tmp_path):
+    from hpsearch.search.autoscaling import addable_nodes
+
+    nodes = addable_nodes(launcher_config(tmp_path, {"CPU": 48, "GPU": 4}))
+    assert len(nodes) == 8 and nodes[0]["Resources"] == {"CPU": 48.0, "GPU": 4.0}  # gpu_worker's max_workers
+    # A node type the launcher could not size is left out; no launcher config, no nodes.
+    assert addable_nodes(launcher_config(tmp_path, {})) == []
+    assert addable_nodes(tmp_path / "absent.yaml") == []
+
+
+def test_a_search_on_cluster_yamls_head_is_sized_for_the_gpu_nodes_its_autoscaler_adds(tmp_path, example_config):
+    """Right after `ray up`, the head (0 CPUs, it runs no trials) is the only node: the
+    search used to be refused there, though the autoscaler adds GPU nodes on demand."""
+    from hpsearch.search.autoscaling import addable_nodes
+    from hpsearch.search.tuner import plan_concurrency
+
+    example_config["resources"] = {"cpus_per_trial": 4, "gpus_per_trial": 1}
+    example_config["search"]["max_concurrent"] = 40
+    config = load_config(example_config)
+    with pytest.raises(ResourceError, match="largest node has 0 CPUs"):
+        plan_concurrency(config, HEAD_ONLY)  # no autoscaler: as before
+    addable = addable_nodes(launcher_config(tmp_path, {"CPU": 48, "GPU": 4}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert plan_concurrency(config, HEAD_ONLY, addable) == 32  # 8 nodes x 4 GPUs
+    assert any("holds 0 trial(s) of this size now and 32 once its autoscaler has added nodes" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
+    example_config["resources"] = {"cpus_per_trial": 4, "gpus_per_trial": 8}  # no node type has 8 GPUs
+    with pytest.raises(ResourceError, match="nor do the 8 nodes the cluster's autoscaler may add hold one"):
+        plan_concurrency(load_config(example_config), HEAD_ONLY, addable)
+
+
+def test_on_an_autoscaling_cluster_distributed_trials_wait_longer_for_their_nodes(tmp_path, monkeypatch):
+    from hpsearch.search import autoscaling
+    from hpsearch.search.tuner import ray_settings
+
+    monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)
+    assert "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S" not in ray_settings()
+    monkeypatch.setattr(autoscaling, "BOOTSTRAP_CONFIG", launcher_config(tmp_path, {"CPU": 48, "GPU": 4}))
+    assert ray_settings()["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "900"
