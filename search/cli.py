@@ -7,10 +7,13 @@ imports: torch, Lightning, Ray and Optuna load only for commands that search.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 EXIT_CONFIG_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -82,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import warnings
 
-    from .errors import ConfigError, HpsearchError, Interrupted
-
     # hpsearch's own warnings read as one line, like its errors.
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
     # A search with no result: the command line says so itself, with its exit status.
@@ -91,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("run", "resume"):
         _ctrl_c_heard()
+    with _console_reader_may_leave():
+        return _run_command(args)
+
+
+def _run_command(args) -> int:
+    from .errors import ConfigError, HpsearchError, Interrupted
+
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
@@ -105,6 +113,63 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+class _ReaderMayLeave(io.TextIOBase):
+    """A console stream whose reader may go away (``hpsearch run ... | head``, a ``less``
+    that was quit): from then on what is written is dropped, and the stream's descriptor
+    points at /dev/null, instead of a ``BrokenPipeError`` stopping the search (it was
+    raised in a Tune callback, ended the session as crashed and was charged to a trial
+    as a retry). The results are in the experiment directory either way."""
+
+    def __init__(self, stream) -> None:
+        super().__init__()
+        self.stream, self.gone = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self._left()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._left()
+
+    def _left(self) -> None:
+        self.gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())  # the stream's own buffer, flushed at exit, goes there too
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return self.stream.encoding
+
+
+@contextmanager
+def _console_reader_may_leave() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` as ``_ReaderMayLeave`` streams while a command runs."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ReaderMayLeave(sys.stdout), _ReaderMayLeave(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def _ctrl_c_heard() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import re
 import subprocess
@@ -281,3 +283,22 @@ def test_a_retry_says_whether_it_starts_from_a_checkpoint_or_from_the_start(tmp_
         trial = SimpleNamespace(config={"hps_trial_number": number}, last_result=last_result, error_file=str(error))
         display.on_trial_recover(0, [], trial)
         assert f"trial {number}: retrying {said} after RuntimeError: worker lost" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_a_search_goes_on_when_its_console_reader_leaves(tmp_path):
+    """``hpsearch run ... | head -1``: once the reader is gone, output is dropped and the
+    search finishes. A BrokenPipeError in the progress display used to end the session as
+    crashed and was charged to a trial as a retry."""
+    config = shrunk_example(tmp_path / "runs", **{"name": "piped", "search/num_trials": 3,
+                                                  "scheduler/type": "none", "scheduler/max_epochs": 1})
+    path = write_yaml(tmp_path / "exp.yaml", config)
+    process = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "run", str(path)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    first = process.stdout.readline()
+    process.stdout.close()  # as head does after its line
+    assert process.wait(timeout=300) == 0, first
+    rows = list(csv.DictReader((tmp_path / "runs" / "piped" / "trials.csv").open()))
+    assert [(r["state"], r["attempts"], r["error"]) for r in rows] == [("COMPLETE", "1", "")] * 3
+    assert json.loads((tmp_path / "runs" / "piped" / "sessions.json").read_text())[-1]["outcome"] == "complete"
