@@ -77,6 +77,12 @@ class ExperimentDir:
     def existing(cls, path: str | Path) -> "ExperimentDir":
         """An experiment directory that must already hold a study started by hpsearch."""
         root = Path(path).expanduser().resolve()
+        if not root.exists():
+            raise ExperimentError(f"{str(path)!r} does not exist; an experiment directory is STORAGE/NAME "
+                                  f"(`hpsearch run` prints it as it starts)")
+        if root.is_file() and root.suffix in (".yaml", ".yml"):
+            raise ExperimentError(f"{str(path)!r} is an experiment file, not an experiment directory; "
+                                  f"start a search from it with: hpsearch run {path}")
         if not (root / "experiment.yaml").is_file():
             raise ExperimentError(f"{str(path)!r} is not an hpsearch experiment directory (no experiment.yaml)")
         return cls(root)

@@ -110,6 +110,11 @@ def test_status_and_best_on_a_directory_that_is_not_an_experiment(tmp_path, caps
     assert main(["status", str(tmp_path)]) == 1
     assert "not an hpsearch experiment directory" in capsys.readouterr().err
     assert main(["best", str(tmp_path), "--json"]) == 1
+    assert main(["resume", str(tmp_path / "runs" / "nope")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    experiment_file = write_yaml(tmp_path / "exp.yaml", shrunk_example(tmp_path / "runs"))
+    assert main(["resume", str(experiment_file)]) == 1
+    assert f"start a search from it with: hpsearch run {experiment_file}" in capsys.readouterr().err
 
 
 def test_resume_refuses_a_changed_search_space(tmp_path, capsys):
