@@ -197,6 +197,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     if config.search.num_trials < started:
         raise ConfigError([config.problem("search.num_trials", f"the study already has {started} trials; "
                                                                f"num_trials cannot be lower on resume")])
+    say_what_resume_changes(stored, config, exp.root)
     searched = _search_complete(exp, config)
     if searched and (exp.stored_best() or {}).get("test_error") is None and exp.best_json.is_file():
         # Nothing is left to run: neither Ray nor a session starts (both used to, only for
@@ -216,6 +217,33 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         write_config(exp, config.model_dump(mode="json"))
         interrupted.raise_if_heard()
         return _search(config, exp, verbose, concurrency, callbacks, mirror, address)
+
+
+def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, root: Path) -> None:
+    """Warn of each setting a resume changes (besides ``search.num_trials``, the usual
+    one): it applies to every trial from now on, the paused ones included, which continue
+    with it (another precision, say). A changed ``storage`` changes nothing: the study
+    stays where it is."""
+    before, after = _leaves(stored.model_dump(mode="json")), _leaves(config.model_dump(mode="json"))
+    changed = [key for key in sorted(set(before) | set(after))
+               if before.get(key) != after.get(key) and key not in ("search.num_trials", "storage")]
+    if changed:
+        warn_user("resume changes " + ", ".join(f"{key} ({before.get(key)!r} -> {after.get(key)!r})"
+                                                for key in changed)
+                  + ": trials from now on use them, paused trials included")
+    if before.get("storage") != after.get("storage"):
+        warn_user(f"storage is ignored on resume: the study stays in {root}")
+
+
+def _leaves(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping's values by dotted key."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _search_complete(exp: ExperimentDir, config: ExperimentConfig) -> bool:

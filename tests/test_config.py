@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import sys
 import types
+import warnings
 
 import pytest
 
@@ -358,3 +359,22 @@ def test_the_api_s_arguments_of_the_wrong_kind_are_named(example_config):
         load_config(42)
     with pytest.raises(TypeError, match="overrides must be a mapping or a list of 'key=value' strings, not NoneType"):
         load_config(example_config, None)
+
+
+def test_resume_says_which_settings_it_changes(example_config, tmp_path):
+    """Settings outside the study's history may change on resume, but not silently: a
+    paused trial continues with them (another precision, say)."""
+    from hpsearch.search.api import say_what_resume_changes
+
+    stored = load_config(example_config)
+    changed = load_config(example_config, ["search.sampler=random", "trainer.precision=bf16-mixed",
+                                           "search.num_trials=40", f"storage={tmp_path}"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        say_what_resume_changes(stored, changed, tmp_path / "study")
+        say_what_resume_changes(stored, load_config(example_config, ["search.num_trials=40"]), tmp_path / "study")
+    messages = [str(w.message) for w in caught]
+    assert messages == [
+        "resume changes search.sampler ('tpe' -> 'random'), trainer.precision ('32-true' -> 'bf16-mixed'): "
+        "trials from now on use them, paused trials included",
+        f"storage is ignored on resume: the study stays in {tmp_path / 'study'}"], messages
