@@ -80,7 +80,7 @@ def run(
     with thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
         prepare(config)
         interrupted.raise_if_heard()
-        home = StudyHome.new(config.storage, config.name)  # a URI is checked for writing here
+        home = _new_study_home(config)  # a URI is checked for writing here
         from .tuner import ray_for_search
 
         with ray_for_search(config, address, verbose):
@@ -111,8 +111,19 @@ def check(
         prepare(config)
     if address is None and not os.environ.get("RAY_ADDRESS"):
         room_on_this_machine(config)  # raises ResourceError where run's local Ray would
-    home = StudyHome.new(config.storage, config.name)
+    home = _new_study_home(config)
     return config, home.mirror.uri if home.mirror is not None else str(home.root)
+
+
+def _new_study_home(config: ExperimentConfig) -> StudyHome:
+    """Where a new study goes; a storage that cannot be written is a mistake in the
+    config, named as the ``storage`` field (with its line, or the option that set it)."""
+    from .storage import StorageError
+
+    try:
+        return StudyHome.new(config.storage, config.name)
+    except StorageError as exc:
+        raise ConfigError([config.problem("storage", str(exc))]) from None
 
 
 def room_on_this_machine(config: ExperimentConfig) -> tuple[int, dict[str, float]]:

@@ -109,7 +109,9 @@ def test_a_bad_storage_uri_is_refused_before_ray_starts(s3_server, tmp_path, exa
     config = {**example_config, "storage": f"s3://no-such-bucket-{os.getpid()}/exps"}
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(config))
     result = run_cli("run", "exp.yaml", cwd=tmp_path, timeout=120, env={**s3_server, "HPSEARCH_CACHE": str(tmp_path)})
-    assert result.returncode == 1 and "cannot write to storage" in result.stderr and "no-such-bucket" in result.stderr
+    assert "cannot write to storage" in result.stderr and "no-such-bucket" in result.stderr
+    # A mistake in the config like any other: exit 2, naming the field and its line.
+    assert result.returncode == 2 and "- storage (exp.yaml, line " in result.stderr, result.stderr
     assert "Ray" not in result.stderr  # refused before Ray started
 
 
