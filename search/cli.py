@@ -92,8 +92,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("run", "resume"):
         _ctrl_c_heard()
-    with _console_reader_may_leave():
-        return _run_command(args)
+    with _console_reader_may_leave(getattr(args, "verbose", False)):
+        try:
+            return _run_command(args)
+        finally:
+            _disconnect_ray()
+
+
+def _disconnect_ray() -> None:
+    """Leave Ray now, while the console streams are still this command's: Ray prints the
+    messages it held back (to merge repeats) as it disconnects, which would otherwise be
+    at the interpreter's exit, past ``_WithoutRayletEcho``."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 def _run_command(args) -> int:
@@ -161,11 +173,45 @@ class _ReaderMayLeave(io.TextIOBase):
         return self.stream.encoding
 
 
+class _WithoutRayletEcho(io.TextIOBase):
+    """stdout without the raylets' error messages that Ray's driver prints there, prefixed
+    ``(raylet)``: a dead node's is its raylet's last 20 log lines, twice. The search says
+    what happened in one line of its own; ``-v`` shows Ray's output as it is."""
+
+    PREFIX = "(raylet)"
+
+    def __init__(self, stream) -> None:
+        super().__init__()
+        self.stream, self._dropped = stream, False
+
+    def write(self, text: str) -> int:
+        # print() writes the message, then its "\n" on its own
+        dropped, self._dropped = self._dropped, self.PREFIX in text[:24]
+        if not (self._dropped or (dropped and text == "\n")):
+            self.stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return self.stream.encoding
+
+
 @contextmanager
-def _console_reader_may_leave() -> Iterator[None]:
-    """``sys.stdout`` and ``sys.stderr`` as ``_ReaderMayLeave`` streams while a command runs."""
+def _console_reader_may_leave(verbose: bool) -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` as ``_ReaderMayLeave`` streams while a command
+    runs; stdout also ``_WithoutRayletEcho`` unless ``verbose``."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _ReaderMayLeave(sys.stdout), _ReaderMayLeave(sys.stderr)
+    stdout = sys.stdout if verbose else _WithoutRayletEcho(sys.stdout)
+    sys.stdout, sys.stderr = _ReaderMayLeave(stdout), _ReaderMayLeave(sys.stderr)
     try:
         yield
     finally:

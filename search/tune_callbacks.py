@@ -473,6 +473,10 @@ class ProgressDisplay(Callback):
         number = int(trial.config[TRIAL_NUMBER])
         # An epoch's checkpoint is on disk before its report: a trial with none has no checkpoint.
         start = "its last checkpoint" if (trial.last_result or {}).get(EPOCH) else "the start (no epoch finished)"
+        if node_was_lost(trial):  # Ray's own words for it are an RPC error on an unreachable actor
+            self._say(f"trial {number}: its node was lost; retrying from {start} on another node (not counted "
+                      f"in failure.max_retries){_traceback_at(trial, self.exp)}")
+            return
         self._say(f"trial {number}: retrying from {start} after {_last_error_line(trial)}"
                   f"{_traceback_at(trial, self.exp)}")
 

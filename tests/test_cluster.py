@@ -102,6 +102,9 @@ def test_a_worker_node_dies_mid_search_and_its_trials_finish_elsewhere(tmp_path)
         code, output = finish(driver, timeout=400)
         assert code == 0, output
         recovered_s = time.monotonic() - killed_at
+        # Said as what happened, not as Ray's RPC error on the unreachable worker.
+        assert "its node was lost; retrying from its last checkpoint on another node" in output, output
+        assert "(raylet)" not in output, output  # Ray's own log of the dead node stays off the console (no -v)
     finally:
         cluster.shutdown()
 
