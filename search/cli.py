@@ -127,7 +127,28 @@ def _run_command(args) -> int:
         return EXIT_INTERRUPTED
 
 
-class _ReaderMayLeave(io.TextIOBase):
+class _ConsoleStream(io.TextIOBase):
+    """A wrapper of one of the command's console streams that passes on what it does not change."""
+
+    def __init__(self, stream) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return self.stream.encoding
+
+
+class _ReaderMayLeave(_ConsoleStream):
     """A console stream whose reader may go away (``hpsearch run ... | head``, a ``less``
     that was quit): from then on what is written is dropped, and the stream's descriptor
     points at /dev/null, instead of a ``BrokenPipeError`` stopping the search (it was
@@ -135,8 +156,8 @@ class _ReaderMayLeave(io.TextIOBase):
     as a retry). The results are in the experiment directory either way."""
 
     def __init__(self, stream) -> None:
-        super().__init__()
-        self.stream, self.gone = stream, False
+        super().__init__(stream)
+        self.gone = False
 
     def write(self, text: str) -> int:
         if not self.gone:
@@ -162,18 +183,8 @@ class _ReaderMayLeave(io.TextIOBase):
         except (OSError, ValueError):
             pass
 
-    def isatty(self) -> bool:
-        return self.stream.isatty()
 
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-    @property
-    def encoding(self) -> str:
-        return self.stream.encoding
-
-
-class _WithoutRayletEcho(io.TextIOBase):
+class _WithoutRayletEcho(_ConsoleStream):
     """stdout without the raylets' error messages that Ray's driver prints there, prefixed
     ``(raylet)``: a dead node's is its raylet's last 20 log lines, twice. The search says
     what happened in one line of its own; ``-v`` shows Ray's output as it is."""
@@ -181,8 +192,8 @@ class _WithoutRayletEcho(io.TextIOBase):
     PREFIX = "(raylet)"
 
     def __init__(self, stream) -> None:
-        super().__init__()
-        self.stream, self._dropped = stream, False
+        super().__init__(stream)
+        self._dropped = False
 
     def write(self, text: str) -> int:
         # print() writes the message, then its "\n" on its own
@@ -190,19 +201,6 @@ class _WithoutRayletEcho(io.TextIOBase):
         if not (self._dropped or (dropped and text == "\n")):
             self.stream.write(text)
         return len(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def isatty(self) -> bool:
-        return self.stream.isatty()
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-    @property
-    def encoding(self) -> str:
-        return self.stream.encoding
 
 
 @contextmanager
