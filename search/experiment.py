@@ -128,6 +128,9 @@ def free_name(name: str, taken) -> str:
 # Beside a trial's checkpoints: the traceback of the fault that ended it, or of its last
 # failed try (written by the trial, or copied there by the driver).
 TRIAL_TRACEBACK = "error.txt"
+# Beside a trial's checkpoints: the experiment's settings the trial last trained with (a
+# resume may change some, the precision say), for its evaluation and best.json's config.
+TRIAL_SETTINGS = "experiment.json"
 
 
 def trial_name(number: int) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .errors import HpsearchError, first_line
-from .experiment import ExperimentDir, trial_name, write_json
+from .experiment import TRIAL_SETTINGS, ExperimentDir, trial_name, write_json
 from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
 from .storage import Mirror, join_uri
 from .trials_table import TrialsTable
@@ -22,10 +22,13 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     row = table.best_row()
     if row is None:
         return None
-    params = sampled_params(config, exp, int(row["trial"]))
+    number = int(row["trial"])
+    params = sampled_params(config, exp, number)
     if mirror is not None:
-        mirror.pull(f"trials/{trial_name(int(row['trial']))}/checkpoints/{BEST_CHECKPOINT}")
-    checkpoint = checkpoint_dir(exp.trial_dir(trial_name(int(row["trial"])))) / BEST_CHECKPOINT
+        mirror.pull(f"trials/{trial_name(number)}/checkpoints/{BEST_CHECKPOINT}",
+                    f"trials/{trial_name(number)}/{TRIAL_SETTINGS}")
+    config = trained_with(config, exp, number)
+    checkpoint = checkpoint_dir(exp.trial_dir(trial_name(number))) / BEST_CHECKPOINT
     test_metrics, test_error = {}, None
     if checkpoint.is_file():
         try:
@@ -54,6 +57,20 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     }
     write_json(exp.best_json, best)
     return best
+
+
+def trained_with(config: ExperimentConfig, exp: ExperimentDir, number: int) -> ExperimentConfig:
+    """The experiment's settings trial ``number`` last trained with (a resume may have
+    changed some since, such as the precision): the best trial is evaluated, and described
+    in best.json, as it was trained. The current settings for a trial that did not record
+    them (one of a study begun before trials kept them)."""
+    import json
+
+    recorded = exp.trial_dir(trial_name(number)) / TRIAL_SETTINGS
+    try:
+        return ExperimentConfig.model_validate(json.loads(recorded.read_text()))
+    except (OSError, ValueError):
+        return config
 
 
 def _evaluation_failure(exc: Exception, exp: ExperimentDir) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class
 from .config import ExperimentConfig
 from .errors import first_line
-from .experiment import TRIAL_TRACEBACK, ExperimentDir, trial_name
+from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_name, write_json
 from .checkpoints import first_logging_step_after, latest_good_checkpoint
 from .gc_pause import collector_paused
 from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, RESTORED, TRIAL_NUMBER
@@ -85,6 +85,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     if mirror is not None:
         mirror.pull(*own_files)
     trial_dir.mkdir(parents=True, exist_ok=True)
+    write_json(trial_dir / TRIAL_SETTINGS, experiment)  # (each rank writes the same, atomically)
     # User code may want to know which trial it is part of (e.g. to write files beside it).
     os.environ[IN_TRIAL_ENV], os.environ["HPSEARCH_TRIAL_DIR"] = str(number), str(trial_dir)
     import pytorch_lightning as pl

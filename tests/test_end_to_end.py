@@ -107,6 +107,26 @@ def test_resume_extends_a_finished_study_without_rerunning_its_trials(finished_s
     assert len(study_of(copy, config["name"]).trials) == 7
 
 
+def test_the_best_trial_is_evaluated_and_described_as_it_was_trained_after_a_resume_changed_a_setting(
+        finished_search, tmp_path, monkeypatch):
+    """A resume may change the precision (it warns): best.json's config and the test
+    evaluation of the best trial still follow what that trial trained with."""
+    from hpsearch.search import api, results
+
+    exp_dir, _, _ = finished_search
+    copy = tmp_path / "copy"
+    shutil.copytree(exp_dir, copy)
+    assert all((trial / "experiment.json").is_file() for trial in (copy / "trials").iterdir())
+    (copy / "best.json").unlink()  # the search is complete: resume runs only the evaluation
+    evaluated = []
+    monkeypatch.setattr(results, "evaluate_on_cluster", lambda config, params, checkpoint, mirror=None:
+                        evaluated.append(config.trainer.precision) or {"test_acc": 0.5})
+    with pytest.warns(UserWarning, match=r"resume changes trainer.precision \('32-true' -> 'bf16-mixed'\)"):
+        result = api.resume(copy, ["trainer.precision=bf16-mixed"])
+    assert result.evaluated_again and evaluated == ["32-true"]
+    assert result.best["config"]["trainer"]["precision"] == "32-true"
+
+
 def test_resuming_a_complete_study_starts_nothing_and_changes_nothing(finished_search, tmp_path, monkeypatch):
     from hpsearch.search import api, tuner
 
