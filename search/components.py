@@ -176,7 +176,53 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
         config.problem(f"{section}.init_args", f"{klass.__name__} needs argument {name!r}; set it in init_args or space")
         for name in sorted(missing)
     ]
+    hints = _type_hints(klass)
+    problems += [
+        config.problem(f"{section}.init_args.{name}", wrong)
+        for name, value in component.init_args.items()
+        if name in hints and name not in searched and (wrong := _wrong_type(klass, name, hints[name], value))
+    ]
     return problems
+
+
+def _type_hints(klass: type) -> dict[str, Any]:
+    """The constructor's annotated argument types; none where they cannot be resolved."""
+    import typing
+
+    try:
+        return typing.get_type_hints(klass.__init__)
+    except Exception:  # a forward reference or annotation that does not evaluate here
+        return {}
+
+
+def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | None:
+    """Why ``value`` from the file does not suit the argument's annotated type, or None.
+    A value pydantic would convert counts as fitting, except a string where the type takes
+    none (``weight_decay: "1e-4"``, quoted): the constructor would get the string, and fail
+    later, in the preflight, blamed on the class. An annotation pydantic cannot check is
+    not checked."""
+    from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+    try:
+        adapter = TypeAdapter(annotation, config=ConfigDict(arbitrary_types_allowed=True))
+    except Exception:
+        return None
+    expected = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+    try:
+        adapter.validate_python(value)
+    except ValidationError as exc:
+        return f"{value!r} does not suit {klass.__name__}'s {name}: {expected} ({exc.errors()[0]['msg']})"
+    except Exception:
+        return None
+    if isinstance(value, str):
+        try:
+            adapter.validate_python(value, strict=True)
+        except ValidationError:
+            return (f"{value!r} is a string, and {klass.__name__}'s {name} takes {expected}: "
+                    f"write it without quotes")
+        except Exception:
+            return None
+    return None
 
 
 def build_datamodule(config: ExperimentConfig, data_class: type, params: dict[str, Any], loader_options: dict[str, Any]):

@@ -15,6 +15,7 @@ seconds, with no experiment directory created.
 
 from __future__ import annotations
 
+import re
 import tempfile
 import time
 import warnings
@@ -94,6 +95,20 @@ def _argument_named(config: ExperimentConfig, section: str, exc: Exception) -> s
     return f"{section}.init_args"
 
 
+def _arguments_mentioned(config: ExperimentConfig, exc: Exception) -> list[str]:
+    """The ``init_args`` fields an error's message names together with their value, as a
+    refused value is named ("Invalid weight_decay value: -0.0001", the optimizer's). Both
+    must appear: a name alone (say 'channels' in a shape error) may not be at fault."""
+    message, fields = str(exc), []
+    for section in ("model", "data"):
+        searched = {key.partition(".")[2] for key in config.space if key.startswith(section + ".")}
+        for name, value in getattr(config, section).init_args.items():
+            if name not in searched and re.search(rf"\b{re.escape(name)}\b", message) \
+                    and isinstance(value, (int, float, str)) and str(value) in message:
+                fields.append(f"{section}.init_args.{name}")
+    return fields
+
+
 def _driver_has_gpu() -> bool:
     import torch
 
@@ -169,6 +184,9 @@ def _field_at_fault(config: ExperimentConfig, exc: Exception, model_class: type,
         for section in ("data", "model"):
             if (field := _argument_named(config, section, exc)) != f"{section}.init_args":
                 return field
+    mentioned = _arguments_mentioned(config, exc)
+    if len(mentioned) == 1:
+        return mentioned[0]
     return "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
 
 

@@ -522,3 +522,32 @@ def test_a_sampleable_value_that_makes_the_saved_hparams_clash_is_refused(exampl
     [problem] = caught.value.problems
     assert problem.field == "space.data.batch_size" and problem.message.startswith(
         "256 can be sampled, but then SavesBatchSize and SavesItsArguments save different values of batch_size"), problem
+
+
+@pytest.mark.parametrize("value,said", [
+    ("1e-4x", "'1e-4x' does not suit CNNClassifier's weight_decay: float (Input should be a valid number"),
+    ("1e-4", "'1e-4' is a string, and CNNClassifier's weight_decay takes float: write it without quotes"),
+])
+def test_an_init_arg_of_the_wrong_type_is_named_before_anything_runs(example_config, value, said):
+    """Checked against the constructor's annotations: the value used to reach the model as
+    a string and fail in the preflight, blamed on model.class_path."""
+    example_config["model"]["init_args"]["weight_decay"] = value
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        check_components(config)
+    [problem] = caught.value.problems
+    assert problem.field == "model.init_args.weight_decay" and said in problem.message, problem
+
+
+def test_values_of_the_annotated_type_or_converted_without_loss_pass(example_config):
+    example_config["model"]["init_args"].update(weight_decay=0, lr=1e-3)  # an int where a float goes
+    check_components(load_config(example_config))
+
+
+def test_a_value_the_set_up_refuses_by_name_and_value_is_blamed_on_its_argument(example_config):
+    example_config["model"]["init_args"]["weight_decay"] = -1e-4  # the optimizer refuses it in the set-up
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "model.init_args.weight_decay" and "Invalid weight_decay value: -0.0001" in problem.message
