@@ -80,6 +80,9 @@ class ExperimentDir:
         if not root.exists():
             raise ExperimentError(f"{str(path)!r} does not exist; an experiment directory is STORAGE/NAME "
                                   f"(`hpsearch run` prints it as it starts)")
+        if root.is_file() and root.name == "experiment.yaml" and (root.parent / "trials.csv").exists():
+            raise ExperimentError(f"{str(path)!r} is the saved config of the study in {root.parent}; "
+                                  f"continue that study with: hpsearch resume {root.parent}")
         if root.is_file() and root.suffix in (".yaml", ".yml"):
             raise ExperimentError(f"{str(path)!r} is an experiment file, not an experiment directory; "
                                   f"start a search from it with: hpsearch run {path}")

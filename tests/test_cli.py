@@ -115,6 +115,12 @@ def test_status_and_best_on_a_directory_that_is_not_an_experiment(tmp_path, caps
     experiment_file = write_yaml(tmp_path / "exp.yaml", shrunk_example(tmp_path / "runs"))
     assert main(["resume", str(experiment_file)]) == 1
     assert f"start a search from it with: hpsearch run {experiment_file}" in capsys.readouterr().err
+    study = tmp_path / "runs" / "study"  # a study's own saved experiment.yaml: resume the study, not run it anew
+    study.mkdir(parents=True)
+    (study / "experiment.yaml").write_text(experiment_file.read_text())
+    (study / "trials.csv").write_text("trial,state\n")
+    assert main(["resume", str(study / "experiment.yaml")]) == 1
+    assert f"continue that study with: hpsearch resume {study}" in capsys.readouterr().err
 
 
 def test_resume_refuses_a_changed_search_space(tmp_path, capsys):
