@@ -230,18 +230,21 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         return _search(config, exp, verbose, concurrency, callbacks, mirror, address)
 
 
+# Settings of a session rather than of its trials, which a resume changes as a matter of course.
+SESSION_SETTINGS = ("search.num_trials", "search.max_concurrent", "search.time_budget_s", "storage")
+
+
 def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, root: Path) -> None:
-    """Warn of each setting a resume changes (besides ``search.num_trials``, the usual
-    one): it applies to every trial from now on, the paused ones included, which continue
+    """Warn of each setting of the trials a resume changes (not ``SESSION_SETTINGS``): it applies to every trial from now on, the paused ones included, which continue
     with it (another precision, say). A changed ``storage`` changes nothing: the study
     stays where it is."""
     before, after = _leaves(stored.model_dump(mode="json")), _leaves(config.model_dump(mode="json"))
     changed = [key for key in sorted(set(before) | set(after))
-               if before.get(key) != after.get(key) and key not in ("search.num_trials", "storage")]
+               if before.get(key) != after.get(key) and key not in SESSION_SETTINGS]
     if changed:
         warn_user("resume changes " + ", ".join(f"{key} ({before.get(key)!r} -> {after.get(key)!r})"
                                                 for key in changed)
-                  + ": trials from now on use them, paused trials included")
+                  + f": trials from now on use {'it' if len(changed) == 1 else 'them'}, paused trials included")
     if before.get("storage") != after.get("storage"):
         warn_user(f"storage is ignored on resume: the study stays in {root}")
 

@@ -368,13 +368,15 @@ def test_resume_says_which_settings_it_changes(example_config, tmp_path):
 
     stored = load_config(example_config)
     changed = load_config(example_config, ["search.sampler=random", "trainer.precision=bf16-mixed",
-                                           "search.num_trials=40", f"storage={tmp_path}"])
+                                           "search.num_trials=40", "search.time_budget_s=60", f"storage={tmp_path}"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         say_what_resume_changes(stored, changed, tmp_path / "study")
         say_what_resume_changes(stored, load_config(example_config, ["search.num_trials=40"]), tmp_path / "study")
+        say_what_resume_changes(stored, load_config(example_config, ["search.seed=5"]), tmp_path / "study")
     messages = [str(w.message) for w in caught]
     assert messages == [
         "resume changes search.sampler ('tpe' -> 'random'), trainer.precision ('32-true' -> 'bf16-mixed'): "
         "trials from now on use them, paused trials included",
-        f"storage is ignored on resume: the study stays in {tmp_path / 'study'}"], messages
+        f"storage is ignored on resume: the study stays in {tmp_path / 'study'}",
+        "resume changes search.seed (0 -> 5): trials from now on use it, paused trials included"], messages
