@@ -87,7 +87,10 @@ class ExperimentDir:
             raise ExperimentError(f"{str(path)!r} is an experiment file, not an experiment directory; "
                                   f"start a search from it with: hpsearch run {path}")
         if not (root / "experiment.yaml").is_file():
-            raise ExperimentError(f"{str(path)!r} is not an hpsearch experiment directory (no experiment.yaml)")
+            studies = sorted(p.parent.name for p in root.glob("*/experiment.yaml")) if root.is_dir() else []
+            inside = (f"; it holds the studies {', '.join(studies[:10])}{' ...' if len(studies) > 10 else ''}: "
+                      f"give one of them, e.g. {root / studies[0]}") if studies else ""
+            raise ExperimentError(f"{str(path)!r} is not an hpsearch experiment directory (no experiment.yaml){inside}")
         return cls(root)
 
     @classmethod

@@ -121,6 +121,8 @@ def test_status_and_best_on_a_directory_that_is_not_an_experiment(tmp_path, caps
     (study / "trials.csv").write_text("trial,state\n")
     assert main(["resume", str(study / "experiment.yaml")]) == 1
     assert f"continue that study with: hpsearch resume {study}" in capsys.readouterr().err
+    assert main(["status", str(tmp_path / "runs")]) == 1  # the storage folder: name the studies in it
+    assert f"it holds the studies study: give one of them, e.g. {study}" in capsys.readouterr().err
 
 
 def test_resume_refuses_a_changed_search_space(tmp_path, capsys):
