@@ -228,7 +228,11 @@ def check_local_writable(base: Path) -> None:
             raise NotADirectoryError(f"{str(existing)!r} is a file")
         os.rmdir(tempfile.mkdtemp(prefix=".hpsearch-probe-", dir=existing))
     except OSError as exc:
-        raise StorageError(f"cannot write to storage {str(base)!r}: {exc}") from None
+        # the error's own words, without the name of the probe that hit it
+        probe_failed = bool(exc.strerror and exc.filename)
+        reason = exc.strerror if probe_failed else str(exc)
+        where = f" (writing in {str(existing)!r})" if probe_failed and existing != base else ""
+        raise StorageError(f"cannot write to storage {str(base)!r}: {reason}{where}") from None
 
 
 @dataclass(frozen=True)

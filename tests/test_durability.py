@@ -144,8 +144,9 @@ def test_local_storage_that_cannot_hold_a_study_is_an_error_before_anything_is_m
     a_file = tmp_path / "exp.yaml"
     a_file.write_text("name: x\n")
     for storage in (a_file, a_file / "runs", Path("/proc/hpsearch-runs")):
-        with pytest.raises(StorageError, match="cannot write to storage"):
+        with pytest.raises(StorageError, match="cannot write to storage") as caught:
             StudyHome.new(str(storage), "study")
+        assert ".hpsearch-probe" not in str(caught.value)  # the probe's name means nothing to the user
     home = StudyHome.new(str(tmp_path / "new" / "runs"), "study")
     assert home.root == tmp_path / "new" / "runs" / "study"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]  # the probe left nothing
