@@ -34,7 +34,9 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
     table = Table(title=f"{config['name']} — {len(rows)} trials, {metric} ({config['mode']})")
     for column in ("trial", "state", *params, metric, "epochs", "tries", *node_column, "s/epoch", "start-up s",
                    "why it stopped"):
-        table.add_column(column, justify="right" if column not in ("state", "why it stopped") else "left")
+        table.add_column(column, justify="right" if column not in ("state", "why it stopped") else "left",
+                         # a reason ends in its traceback's path: folded onto the next line, not cut off
+                         overflow="fold" if column == "why it stopped" else "ellipsis")
     for row in rows:
         state = str(row.get("state", ""))
         reason = row.get("reason") or ""

@@ -315,3 +315,22 @@ def test_a_search_goes_on_when_its_console_reader_leaves(tmp_path):
     rows = list(csv.DictReader((tmp_path / "runs" / "piped" / "trials.csv").open()))
     assert [(r["state"], r["attempts"], r["error"]) for r in rows] == [("COMPLETE", "1", "")] * 3
     assert json.loads((tmp_path / "runs" / "piped" / "sessions.json").read_text())[-1]["outcome"] == "complete"
+
+
+def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import print_status
+
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk_example(tmp_path))
+    traceback = exp.root / "trials" / "trial_0001" / "error.txt"
+    (exp.root / "trials.csv").write_text(
+        "trial,state,reason,best,epochs\n"
+        f"1,FAILED,TypeError: unsupported operand (at /home/me/project/model.py:55 in training_step); "
+        f"not retried (traceback: {traceback}),,1\n")
+    console = Console(width=110, record=True)
+    print_status(exp, console)
+    shown = "".join(console.export_text().split())  # the table's cells, without its wrapping
+    assert "".join(f"(traceback:{traceback})".split()) in shown.replace("│", ""), console.export_text()
