@@ -199,6 +199,8 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
         message = "type must be one of 'float', 'int', 'categorical'"
     elif error["type"] == "union_tag_not_found":
         message = "needs a 'type': 'float', 'int' or 'categorical' (space keys are 'model.<arg>', 'data.<arg>' or 'trainer.<setting>')"
+    elif error["type"] == "string_type" and isinstance(error.get("input"), (int, float, bool)):
+        message = f"{message}; YAML read {error['input']!r} as a {type(error['input']).__name__}: put it in quotes"
     line = _line_of(tuple(loc), lines)
     if isinstance(line, str):
         return Problem(".".join(loc), message, None, line)

@@ -380,3 +380,10 @@ def test_resume_says_which_settings_it_changes(example_config, tmp_path):
         "trials from now on use them, paused trials included",
         f"storage is ignored on resume: the study stays in {tmp_path / 'study'}",
         "resume changes search.seed (0 -> 5): trials from now on use it, paused trials included"], messages
+
+
+def test_a_name_yaml_reads_as_a_number_is_told_to_be_quoted(example_config):
+    with pytest.raises(ConfigError) as caught:
+        load_config(example_config, ["name=1e3"])
+    [problem] = caught.value.problems
+    assert problem.field == "name" and "YAML read 1000.0 as a float: put it in quotes" in problem.message, problem
