@@ -122,8 +122,12 @@ def _run_command(args) -> int:
     except HpsearchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # during the start-up: a search's own stop is an Interrupted
+        from .errors import resume_command
+
+        again = (f"; nothing ran, and the study is as it was: continue it with:\n  "
+                 f"{resume_command(args.experiment_dir, args.address)}" if args.command == "resume" else "")
+        print(f"\ninterrupted{again}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

@@ -334,3 +334,16 @@ def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
     print_status(exp, console)
     shown = "".join(console.export_text().split())  # the table's cells, without its wrapping
     assert "".join(f"(traceback:{traceback})".split()) in shown.replace("│", ""), console.export_text()
+
+
+def test_a_ctrl_c_during_a_resumes_start_up_repeats_the_resume_command(tmp_path, monkeypatch, capsys):
+    from hpsearch.search import api
+
+    def start_up_hit_by_ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt  # as in the preflight, before any trial
+
+    monkeypatch.setattr(api, "resume", start_up_hit_by_ctrl_c)
+    assert main(["resume", str(tmp_path / "study"), "--address", "10.1.2.3:6379"]) == 130
+    err = capsys.readouterr().err
+    assert f"nothing ran, and the study is as it was: continue it with:\n  hpsearch resume {tmp_path / 'study'} " \
+           f"--address 10.1.2.3:6379" in err, err
