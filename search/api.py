@@ -235,9 +235,10 @@ SESSION_SETTINGS = ("search.num_trials", "search.max_concurrent", "search.time_b
 
 
 def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, root: Path) -> None:
-    """Warn of each setting of the trials a resume changes (not ``SESSION_SETTINGS``): it applies to every trial from now on, the paused ones included, which continue
-    with it (another precision, say). A changed ``storage`` changes nothing: the study
-    stays where it is."""
+    """Warn of each setting of the trials a resume changes (not ``SESSION_SETTINGS``): it
+    applies to every trial from now on, the paused ones included, which continue with it
+    (another precision, say). A changed ``storage`` changes nothing: the study stays where
+    it is."""
     before, after = _leaves(stored.model_dump(mode="json")), _leaves(config.model_dump(mode="json"))
     changed = [key for key in sorted(set(before) | set(after))
                if before.get(key) != after.get(key) and key not in SESSION_SETTINGS]
@@ -290,7 +291,7 @@ def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str |
     if mirror is not None:
         mirror.push_study_files()
     return SearchResult(exp.root, SESSION_COMPLETE, best, read_rows(exp.trials_csv), time.monotonic() - started,
-                        evaluated_again=True)
+                        evaluated_again=True, address=address)
 
 
 def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
