@@ -160,7 +160,7 @@ def _kind_problem(section: str, klass: type) -> str | None:
 def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> list[Problem]:
     signature = Signature.of(klass)
     component: ComponentConfig = getattr(config, section)
-    searched = {key.partition(".")[2] for key in config.space if key.startswith(section + ".")}
+    searched = set(config.params_for(section, config.space))
     filled = set(DATA_TO_MODEL_ARGS if section == "model" else LOADER_ARGS)
     known = ", ".join(sorted(signature.names)) or "none"
     problems = [

@@ -88,7 +88,7 @@ def _argument_named(config: ExperimentConfig, section: str, exc: Exception) -> s
     """The argument a constructor's error names in quotes (e.g. a class taking ``**kwargs``
     that passes on a misspelt 'hiden'), as the field at fault, searched or set; else the
     section's ``init_args``."""
-    searched = [key.partition(".")[2] for key in config.space if key.startswith(section + ".")]
+    searched = list(config.params_for(section, config.space))
     for name in [*searched, *getattr(config, section).init_args]:
         if f"'{name}'" in str(exc):
             return f"space.{section}.{name}" if name in searched else f"{section}.init_args.{name}"
@@ -101,7 +101,7 @@ def _arguments_mentioned(config: ExperimentConfig, exc: Exception) -> list[str]:
     must appear: a name alone (say 'channels' in a shape error) may not be at fault."""
     message, fields = str(exc), []
     for section in ("model", "data"):
-        searched = {key.partition(".")[2] for key in config.space if key.startswith(section + ".")}
+        searched = config.params_for(section, config.space)
         for name, value in getattr(config, section).init_args.items():
             if name not in searched and re.search(rf"\b{re.escape(name)}\b", message) \
                     and isinstance(value, (int, float, str)) and str(value) in message:
