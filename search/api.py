@@ -339,14 +339,15 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         mirror.push_study_files()
     outcome = "crashed"
     try:
-        with _stop_signals_interrupt():
+        with _stop_signals_interrupt() as tune_ended:
             ended = run_session(config, exp, verbose, concurrency, list(callbacks), mirror)
+            tune_ended()
             # After a graceful stop too: best.json then holds the best trial so far.
             best = finalize(config, exp, mirror) if exp.trials_csv.is_file() else None
         outcome = ended
     except KeyboardInterrupt:
-        # A second Ctrl+C (while Tune winds down or during the test evaluation): stop at
-        # once. Everything finished is on disk; resume evaluates the best trial again.
+        # A second Ctrl+C while Tune winds down, or the first during the test evaluation:
+        # stop at once. Everything finished is on disk; resume evaluates the best trial again.
         outcome = SESSION_INTERRUPTED
         raise Interrupted(exp.root, address) from None
     except Exception as exc:
@@ -415,12 +416,15 @@ _TUNE_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGUSR1") if
 def _stop_signals_interrupt():
     """SIGTERM (a scheduler's or a pre-emption's stop) stops gracefully, like Ctrl+C; the
     second of either stops at once. On exit every handler it or Ray Tune changed is put back.
+    It yields ``tune_ended``, to call once Ray Tune's run has returned: from there no trial
+    is left to stop, and the first signal interrupts at once (the test evaluation, which a
+    resume runs again), instead of being announced as a graceful stop that never comes.
 
     That holds in a process started with SIGINT ignored too, as a job script's background
     ``hpsearch run ... &`` is: Ray Tune takes the first Ctrl+C or SIGTERM regardless, then
     puts the ignoring back, so the second would have been lost."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: None
         return
     # Ray Tune installs its own SIGINT and SIGUSR1 handlers and leaves them: after a
     # search, a notebook's or REPL's next Ctrl+C only set an event on the finished Tuner.
@@ -428,9 +432,10 @@ def _stop_signals_interrupt():
     previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
     if previous[signal.SIGINT] == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    ours = signal.getsignal(signal.SIGINT) or signal.default_int_handler  # None: set outside Python
     try:
         with _graceful_stop_announced():
-            yield
+            yield lambda: signal.signal(signal.SIGINT, ours)  # Tune leaves its handler after a fit
     finally:
         signal.signal(signal.SIGTERM, previous_term)
         for signum, handler in previous.items():

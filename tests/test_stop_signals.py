@@ -54,6 +54,23 @@ def test_the_first_stop_signal_is_announced_at_once_and_the_second_interrupts(st
     assert signal.getsignal(signal.SIGINT) is sigint_before
 
 
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_once_tune_has_ended_the_first_stop_signal_interrupts_at_once(stop_signal, quiet_tune, capsys):
+    """During the best trial's test evaluation no trial is left to stop gracefully; Ray
+    Tune's handler, still installed after its run, would only announce a stop that never
+    comes and leave the evaluation running until a second signal."""
+    from ray.tune.tune import _setup_signal_catching
+
+    with pytest.raises(KeyboardInterrupt):
+        with _stop_signals_interrupt() as tune_ended:
+            stop_requested = _setup_signal_catching()
+            tune_ended()
+            os.kill(os.getpid(), stop_signal)
+            wait_for_signal_handler()
+    assert not stop_requested.is_set()
+    assert GRACEFUL_STOP_MESSAGE not in capsys.readouterr().err
+
+
 def test_a_ctrl_c_swallowed_during_start_up_still_stops_the_search_before_ray_starts(example_config, tmp_path,
                                                                                      monkeypatch):
     """Python swallows a KeyboardInterrupt raised in an at-fork hook ("Exception ignored in:
