@@ -33,3 +33,12 @@ def test_gpu_workers_install_a_cuda_torch_and_the_head_runs_no_trials():
     assert any("download.pytorch.org/whl/cu" in c for c in config["setup_commands"])
     assert any("hpsearch[cluster]" in c for c in config["setup_commands"])  # + the job API
     assert config["available_node_types"]["head"]["resources"] == {"CPU": 0}
+
+
+def test_the_workers_that_write_to_s3_storage_have_an_instance_profile():
+    """Ray's launcher gives its default instance profile to the head only; without one of
+    their own, trials on the workers could not upload their checkpoints to an S3 bucket."""
+    from ray.autoscaler._private.util import prepare_config
+
+    worker = prepare_config(load())["available_node_types"]["gpu_worker"]["node_config"]
+    assert worker["IamInstanceProfile"]["Arn"].startswith("arn:aws:iam::")
