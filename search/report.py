@@ -29,6 +29,7 @@ SPEED_COLUMNS = (("trial", "trial"), ("state", "state"), ("epochs", "epochs"), (
                  ("world_size", "world size"), ("device", "device"), ("num_workers", "loader workers"),
                  ("data_starved", "data-starved"))
 LABELLED_CURVES = 30  # trials in a learning-curve plot up to which every curve is named
+LABEL_HEIGHT = 0.03  # a curve label's height, as a share of the plot's value range
 STATE_STYLE = {"COMPLETE": ("tab:blue", "-"), "PRUNED": ("tab:gray", "--"), "FAILED": ("tab:red", ":"),
                "RUNNING": ("tab:green", "-"), "PAUSED": ("tab:purple", "-.")}
 
@@ -81,8 +82,9 @@ def _open_study(exp: ExperimentDir, summary: StudySummary):
 def _learning_curves(study, summary: StudySummary):
     """The search metric per epoch, one line per trial, named by its trial number at its
     end; pruned trials end in an ``x`` at the rung where ASHA cut them; the rungs are the
-    dotted verticals. Beyond ``LABELLED_CURVES`` trials only COMPLETE ones are named, so
-    the names stay readable."""
+    dotted verticals. Beyond ``LABELLED_CURVES`` trials only COMPLETE ones are named, and
+    trials whose curves end at one point share one label ("3, 7"), so the names stay
+    readable."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -90,6 +92,7 @@ def _learning_curves(study, summary: StudySummary):
     figure, axes = plt.subplots(figsize=(8, 4.5))
     curves = [(trial.number, sorted(trial.intermediate_values.items()))
               for trial in (study.trials if study is not None else []) if trial.intermediate_values]
+    ends = []
     for number, curve in curves:
         state = states.get(number, "")
         color, style = STATE_STYLE.get(state, ("black", "-"))
@@ -98,8 +101,10 @@ def _learning_curves(study, summary: StudySummary):
         if state in ("PRUNED", "FAILED"):
             axes.plot(epochs[-1], values[-1], marker="x", color=color, markersize=7)
         if len(curves) <= LABELLED_CURVES or state == "COMPLETE":
-            axes.annotate(str(number), (epochs[-1], values[-1]), xytext=(3, 2), textcoords="offset points",
-                          fontsize=7, color=color)
+            ends.append((epochs[-1], values[-1], number, color))
+    low, high = axes.get_ylim()
+    for (epoch, value), numbers, color in _end_labels(ends, closer_than=LABEL_HEIGHT * (high - low)):
+        axes.annotate(numbers, (epoch, value), xytext=(3, 2), textcoords="offset points", fontsize=7, color=color)
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole
     for rung in summary.rungs:
         axes.axvline(rung.epoch, color="tab:orange", linestyle=":", linewidth=1)
@@ -112,6 +117,24 @@ def _learning_curves(study, summary: StudySummary):
     axes.set_ylabel(summary.metric)
     axes.set_title(f"{summary.metric} per epoch, every trial")
     return figure
+
+
+def _end_labels(ends: list[tuple[int, float, int, str]], closer_than: float):
+    """The labels for curves ending at (epoch, value, trial number, colour): one per end,
+    except that ends at one epoch whose values lie closer than ``closer_than`` share the
+    lowest one's label, naming their trials in order ("3, 7"); black when their colours
+    differ."""
+    labels: list[tuple[tuple[int, float], str, str]] = []
+    group: list[tuple[int, float, int, str]] = []
+    for end in sorted(ends, key=lambda end: (end[0], end[1])) + [None]:
+        if group and (end is None or end[0] != group[0][0] or end[1] - group[-1][1] >= closer_than):
+            colors = {member[3] for member in group}
+            labels.append(((group[0][0], group[0][1]), ", ".join(str(n) for n in sorted(m[2] for m in group)),
+                           colors.pop() if len(colors) == 1 else "black"))
+            group = []
+        if end is not None:
+            group.append(end)
+    return labels
 
 
 def _scored_copy(study, summary: StudySummary):

@@ -151,3 +151,16 @@ def test_learning_curves_name_each_trial_and_count_whole_epochs():
     assert labels == {"0": (3, 0.7), "1": (1, 0.4), "2": (2, 0.35)}
     ticks = [tick for tick in axes.get_xticks() if 1 <= tick <= 3]
     assert ticks and all(float(tick).is_integer() for tick in ticks), ticks
+
+
+def test_curves_ending_at_one_point_share_one_label():
+    from hpsearch.search.report import _end_labels
+
+    ends = [(3, 0.700, 4, "tab:blue"), (1, 0.40, 1, "tab:gray"), (3, 0.701, 2, "tab:gray"),
+            (1, 0.50, 3, "tab:gray"), (1, 0.401, 0, "tab:gray"), (3, 0.9, 5, "tab:blue")]
+    assert _end_labels(ends, closer_than=0.01) == [
+        ((1, 0.40), "0, 1", "tab:gray"),    # one epoch, nearly one value: one label
+        ((1, 0.50), "3", "tab:gray"),       # same epoch, apart
+        ((3, 0.700), "2, 4", "black"),      # a COMPLETE and a PRUNED trial: neither colour
+        ((3, 0.9), "5", "tab:blue")]
+    assert _end_labels([], closer_than=0.01) == []
