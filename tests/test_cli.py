@@ -178,7 +178,7 @@ def test_best_says_why_a_study_has_no_best_json(tmp_path, capsys):
     assert "no trial has a result yet (2 started, 2 failed" in capsys.readouterr().err
     cut_short = _study_with(tmp_path / "b", ["COMPLETE", "COMPLETE", "FAILED"])
     assert main(["best", str(cut_short.root)]) == 1
-    assert f"2 trials have results" in (err := capsys.readouterr().err) and f"hpsearch resume {cut_short.root}" in err
+    assert "2 trials have results" in (err := capsys.readouterr().err) and f"hpsearch resume {cut_short.root}" in err
     # Trials with epochs but none finished (a search still running, or each failed after
     # an epoch): not "no result yet", which contradicted status.
     running = _study_with(tmp_path / "c", ["RUNNING", "FAILED"])
