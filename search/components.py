@@ -182,6 +182,11 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
         for name, value in component.init_args.items()
         if name in hints and name not in searched and (wrong := _wrong_type(klass, name, hints[name], value))
     ]
+    problems += [
+        config.problem(f"space.{section}.{name}", wrong)
+        for name, param in sorted(config.params_for(section, config.space).items())
+        if name in hints and (wrong := _sampled_wrong_type(klass, name, hints[name], param))
+    ]
     return problems
 
 
@@ -196,9 +201,9 @@ def _type_hints(klass: type) -> dict[str, Any]:
 
 
 def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | None:
-    """Why ``value`` from the file does not suit the argument's annotated type, or None.
-    A value pydantic would convert counts as fitting, except a string where the type takes
-    none (``weight_decay: "1e-4"``, quoted): the constructor would get the string, and fail
+    """Why ``value`` (set in init_args, or one the space can sample) does not suit the
+    argument's annotated type, or None. A value pydantic would convert counts as fitting,
+    except a string where the type takes none (``weight_decay: "1e-4"``, quoted): the constructor would get the string, and fail
     later, in the preflight, blamed on the class. An annotation pydantic cannot check is
     not checked."""
     from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -207,22 +212,51 @@ def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | No
         adapter = TypeAdapter(annotation, config=ConfigDict(arbitrary_types_allowed=True))
     except Exception:
         return None
-    expected = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+    expected = _type_name(annotation)
     try:
         adapter.validate_python(value)
     except ValidationError as exc:
         return f"{value!r} does not suit {klass.__name__}'s {name}: {expected} ({exc.errors()[0]['msg']})"
     except Exception:
         return None
-    if isinstance(value, str):
-        try:
-            adapter.validate_python(value, strict=True)
-        except ValidationError:
-            return (f"{value!r} is a string, and {klass.__name__}'s {name} takes {expected}: "
-                    f"write it without quotes")
-        except Exception:
-            return None
+    if isinstance(value, str) and not _fits_as_it_is(annotation, value):
+        return f"{value!r} is a string, and {klass.__name__}'s {name} takes {expected}: write it without quotes"
     return None
+
+
+def _sampled_wrong_type(klass: type, name: str, annotation: Any, param) -> str | None:
+    """Why values a space parameter can sample do not suit the argument's annotated type,
+    or None: a choice or a range's end as an ``init_args`` value is judged, and a float
+    range for an argument that takes no float (``type: float`` gives ``16.0`` to
+    ``hidden: int``, which e.g. ``torch.empty`` refuses, blamed on the class)."""
+    from .config import FloatParam
+
+    for value in param.edge_values():
+        if wrong := _wrong_type(klass, name, annotation, value):
+            return wrong
+        if isinstance(param, FloatParam) and not _fits_as_it_is(annotation, value):
+            hint = ": use type: int" if _fits_as_it_is(annotation, int(value)) else ""
+            return (f"type: float samples floats such as {value!r}, and {klass.__name__}'s {name} takes "
+                    f"{_type_name(annotation)}{hint}")
+    return None
+
+
+def _fits_as_it_is(annotation: Any, value: Any) -> bool:
+    """Whether ``value`` suits the annotation with no conversion (pydantic's strict mode:
+    an int passes for a float, a float never for an int)."""
+    from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(annotation, config=ConfigDict(arbitrary_types_allowed=True)).validate_python(value, strict=True)
+    except ValidationError:
+        return False
+    except Exception:  # an annotation pydantic cannot check
+        return True
+    return True
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
 def build_datamodule(config: ExperimentConfig, data_class: type, params: dict[str, Any], loader_options: dict[str, Any]):

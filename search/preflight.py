@@ -55,13 +55,13 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     try:
         datamodule = build_datamodule(config, data_class, params, loader)
     except Exception as exc:
-        raise ConfigError([config.problem(_argument_named(config, "data", exc),
+        raise ConfigError([config.problem(_argument_named(config, "data", exc, params),
                                           f"{data_class.__name__}(...{_searched(params, 'data')}) "
                                           f"raised {type(exc).__name__}: {exc}")]) from None
     try:
         model = build_model(config, model_class, params, datamodule)
     except Exception as exc:
-        raise ConfigError([config.problem(_argument_named(config, "model", exc),
+        raise ConfigError([config.problem(_argument_named(config, "model", exc, params),
                                           f"{model_class.__name__}(...{_searched(params, 'model')}) "
                                           f"raised {type(exc).__name__}: {exc}")]) from None
     quiet_lightning()
@@ -84,28 +84,33 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     return logged
 
 
-def _argument_named(config: ExperimentConfig, section: str, exc: Exception) -> str:
+def _argument_named(config: ExperimentConfig, section: str, exc: Exception, params: dict[str, Any]) -> str:
     """The argument a constructor's error names in quotes (e.g. a class taking ``**kwargs``
-    that passes on a misspelt 'hiden'), as the field at fault, searched or set; else the
-    section's ``init_args``."""
+    that passes on a misspelt 'hiden'), or else names with its value, as the field at
+    fault, searched or set; else the section's ``init_args``."""
     searched = list(config.params_for(section, config.space))
     for name in [*searched, *getattr(config, section).init_args]:
         if f"'{name}'" in str(exc):
             return f"space.{section}.{name}" if name in searched else f"{section}.init_args.{name}"
-    return f"{section}.init_args"
+    mentioned = _arguments_mentioned(config, exc, params, sections=(section,))
+    return mentioned[0] if len(mentioned) == 1 else f"{section}.init_args"
 
 
-def _arguments_mentioned(config: ExperimentConfig, exc: Exception) -> list[str]:
-    """The ``init_args`` fields an error's message names together with their value, as a
-    refused value is named ("Invalid weight_decay value: -0.0001", the optimizer's). Both
-    must appear: a name alone (say 'channels' in a shape error) may not be at fault."""
+def _arguments_mentioned(config: ExperimentConfig, exc: Exception, params: dict[str, Any],
+                         sections: tuple[str, ...] = ("model", "data")) -> list[str]:
+    """The fields an error's message names together with their value, as a refused value
+    is named ("Invalid weight_decay value: -0.0001", the optimizer's; "got
+    batch_size=16.0", Lightning's): an ``init_args`` value, or a searched one as sampled
+    (``params``). Both must appear: a name alone (say 'channels' in a shape error) may not
+    be at fault."""
     message, fields = str(exc), []
-    for section in ("model", "data"):
-        searched = config.params_for(section, config.space)
-        for name, value in getattr(config, section).init_args.items():
-            if name not in searched and re.search(rf"\b{re.escape(name)}\b", message) \
-                    and isinstance(value, (int, float, str)) and str(value) in message:
-                fields.append(f"{section}.init_args.{name}")
+    for section in sections:
+        searched = config.params_for(section, params)
+        given = {**getattr(config, section).init_args, **searched}
+        for name, value in given.items():
+            if re.search(rf"\b{re.escape(name)}\b", message) and isinstance(value, (int, float, str)) \
+                    and str(value) in message:
+                fields.append(f"space.{section}.{name}" if name in searched else f"{section}.init_args.{name}")
     return fields
 
 
@@ -166,13 +171,14 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
                     with torch.inference_mode():  # as the evaluation runs it
                         trainer.test(model, datamodule=datamodule, verbose=False)
         except Exception as exc:
-            raise ConfigError([config.problem(_field_at_fault(config, exc, model_class, data_class),
+            raise ConfigError([config.problem(_field_at_fault(config, exc, params, model_class, data_class),
                                               f"{watch.phase} failed: {type(exc).__name__}: {exc}"
                                               f"{_relative_path_note(exc)}")]) from None
     return watch.logged
 
 
-def _field_at_fault(config: ExperimentConfig, exc: Exception, model_class: type, data_class: type) -> str:
+def _field_at_fault(config: ExperimentConfig, exc: Exception, params: dict[str, Any], model_class: type,
+                    data_class: type) -> str:
     """The trainer setting Lightning's error names (e.g. "Remove Trainer(gradient_clip_val=1.0)"
     for a model that optimizes manually); for a clash of the two classes' saved
     hyperparameters, the argument it names; else the class whose code raised (a
@@ -182,9 +188,9 @@ def _field_at_fault(config: ExperimentConfig, exc: Exception, model_class: type,
             return f"space.trainer.{name}" if f"trainer.{name}" in config.space else f"trainer.{name}"
     if "merging hparams" in str(exc):
         for section in ("data", "model"):
-            if (field := _argument_named(config, section, exc)) != f"{section}.init_args":
+            if (field := _argument_named(config, section, exc, params)) != f"{section}.init_args":
                 return field
-    mentioned = _arguments_mentioned(config, exc)
+    mentioned = _arguments_mentioned(config, exc, params)
     if len(mentioned) == 1:
         return mentioned[0]
     return "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
@@ -203,9 +209,16 @@ def _relative_path_note(exc: Exception) -> str:
 def _searched(params: dict[str, Any], section: str) -> str:
     """The searched values a constructor was given, to show beside its error: the fault may
     lie in the space (a range's low end) rather than in init_args."""
-    given = [f"{key.partition('.')[2]}={value:.6g}" if isinstance(value, float) else f"{key.partition('.')[2]}={value!r}"
-             for key, value in params.items() if key.startswith(section + ".")]
+    given = [f"{key.partition('.')[2]}={_shown(value)}" for key, value in params.items() if key.startswith(section + ".")]
     return f", searched: {', '.join(given)}" if given else ""
+
+
+def _shown(value: Any) -> str:
+    """A sampled value as the constructor got it: a float keeps its point (16.0, not 16,
+    which a float-for-int error needs shown) and at most 6 significant digits."""
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.6g}"
+    return repr(value)
 
 
 def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data_class: type,

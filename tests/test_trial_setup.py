@@ -128,11 +128,12 @@ def test_preflight_names_a_metric_the_model_never_logs(example_config):
 
 
 def test_preflight_reports_a_constructor_that_raises(example_config):
+    # The message names the argument with its value, so the argument is named, not init_args.
     example_config["model"]["init_args"]["optimizer"] = "lbfgs"
     config = load_config(example_config)
     with pytest.raises(ConfigError) as caught:
         run_preflight(config, *check_components(config))
-    assert caught.value.problems[0].field == "model.init_args" and "lbfgs" in str(caught.value)
+    assert caught.value.problems[0].field == "model.init_args.optimizer" and "lbfgs" in str(caught.value)
 
 
 def test_the_other_values_stop_being_built_when_their_time_budget_is_spent(example_config, monkeypatch):
@@ -186,7 +187,7 @@ def test_a_constructor_error_shows_the_searched_values_it_was_given(example_conf
     with pytest.raises(ConfigError) as caught:
         run_preflight(config, *check_components(config))
     [problem] = caught.value.problems
-    assert problem.field == "model.init_args"
+    assert problem.field == "space.model.dropout"  # torch names it with its value
     assert "CNNClassifier(..., searched: lr=0.00316228, channels=8, dropout=1.5) raised ValueError" in problem.message
 
 
@@ -551,3 +552,49 @@ def test_a_value_the_set_up_refuses_by_name_and_value_is_blamed_on_its_argument(
         run_preflight(config, *check_components(config))
     [problem] = caught.value.problems
     assert problem.field == "model.init_args.weight_decay" and "Invalid weight_decay value: -0.0001" in problem.message
+
+
+@pytest.mark.parametrize("param,said", [
+    ({"type": "float", "low": 8, "high": 32},
+     "type: float samples floats such as 8.0, and CNNClassifier's channels takes int: use type: int"),
+    ({"type": "categorical", "choices": ["8", "16"]},
+     "'8' is a string, and CNNClassifier's channels takes int: write it without quotes"),
+])
+def test_a_searched_value_of_the_wrong_type_is_named_by_its_space_key(example_config, param, said):
+    """Checked against the constructor's annotations, as init_args are: the float reached
+    the model and failed there, blamed on model.init_args, shown as channels=8."""
+    example_config["space"]["model.channels"] = param
+    with pytest.raises(ConfigError) as caught:
+        check_components(load_config(example_config))
+    [problem] = caught.value.problems
+    assert problem.field == "space.model.channels" and said in problem.message, problem
+
+
+def test_a_searched_value_the_set_up_refuses_by_name_and_value_is_blamed_on_its_space_key(example_config):
+    """No annotation to check it by: the DataLoader refuses the float, naming it."""
+    from torch.utils.data import DataLoader
+
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule
+
+    class UnannotatedBatchSize(DigitsDataModule):
+        def __init__(self, batch_size=32, **kwargs):
+            super().__init__(**kwargs)
+            self.loader_batch_size = batch_size
+
+        def train_dataloader(self):
+            return DataLoader(self._splits["train"], batch_size=self.loader_batch_size)
+
+    example_config["space"]["data.batch_size"] = {"type": "float", "low": 16, "high": 64}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, CNNClassifier, UnannotatedBatchSize)
+    [problem] = caught.value.problems
+    assert problem.field == "space.data.batch_size" and "batch_size=16.0" in problem.message, problem
+
+
+def test_the_searched_values_beside_a_constructors_error_show_a_float_as_a_float():
+    from hpsearch.search.preflight import _searched
+
+    assert _searched({"model.hidden": 16.0, "model.lr": 0.001732051, "data.batch_size": 32, "model.act": "relu"},
+                     "model") == ", searched: hidden=16.0, lr=0.00173205, act='relu'"
