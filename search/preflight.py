@@ -168,6 +168,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             with ctrl_c_interrupts():
                 trainer.fit(model, datamodule=datamodule)
                 if has_test_split(model, datamodule):
+                    watch.phase = "the test split's set-up (setup('test'), test_dataloader)"
                     with torch.inference_mode():  # as the evaluation runs it
                         trainer.test(model, datamodule=datamodule, verbose=False)
         except Exception as exc:

@@ -242,6 +242,12 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
             super().__init__(**kwargs)
             self.save_hyperparameters()
 
+    class NoTestSplitYet(DigitsDataModule):  # Lightning sets the test split up before on_test_start
+        def setup(self, stage=None):
+            if stage == "test":
+                raise FileNotFoundError("test split not downloaded")
+            super().setup(stage)
+
     config = load_config(example_config)
     model_class, data_class = check_components(config)
     for model, data, field, said in (
@@ -251,6 +257,8 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
             (model_class, BrokenTrainLoader, "data.class_path", "before the first batch failed: RuntimeError: train loader"),
             (BrokenTest, data_class, "model.class_path", "one test batch (the best trial's final evaluation runs "
                                                          "test_step) failed: AttributeError"),
+            (model_class, NoTestSplitYet, "data.class_path", "the test split's set-up (setup('test'), "
+                                                             "test_dataloader) failed: FileNotFoundError"),
             (StepPlateau, data_class, "model.class_path", "training batch 1 failed: MisconfigurationException: "
                                                           "ReduceLROnPlateau conditioned on metric val_acc"),
             (PlateauTypo, data_class, "model.class_path", "the epoch's end, after validation (LR schedulers, "
