@@ -253,6 +253,9 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
         f'<b>{html.escape(summary.metric)}</b> ({summary.mode}) · written {time.strftime("%Y-%m-%d %H:%M:%S")}</p>',
         "<h2>Best configuration</h2>",
         _table("best", ["", "value"], best_rows) if best else "<p>No trial has a result yet.</p>",
+        *([f"<p>The best trial so far: the search ended before evaluating it on the test split; "
+           f"<code>hpsearch resume {html.escape(summary.experiment_dir)}</code> does.</p>"]
+          if best.get("evaluated") is False else []),
         "<h2>Trials</h2>", _table("counts", ["state", "trials"], counts),
         *(["<h3>Failed trials</h3>", _table("failed", ["trial", "epochs", "reason"], failed)] if failed else []),
         "<h2>Learning curves</h2>",

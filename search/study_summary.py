@@ -14,7 +14,7 @@ from typing import Any
 from .config import SchedulerConfig
 from .experiment import ExperimentDir, read_sessions
 from .outcome import FINISHED_STATES, PAUSED, RUNNING
-from .trials_table import read_rows
+from .trials_table import TrialsTable, read_rows
 
 
 @dataclass
@@ -31,7 +31,7 @@ class StudySummary:
     metric: str
     mode: str
     max_epochs: int
-    best: dict[str, Any] | None
+    best: dict[str, Any] | None  # best.json; before it is written, the best finished trial, marked "evaluated": False
     rows: list[dict[str, Any]]
     counts: dict[str, int]
     wall_s: float  # sum of the sessions' durations (a killed session counts to its last trial end)
@@ -50,7 +50,7 @@ def summarize(exp: ExperimentDir) -> StudySummary:
     scheduler = config.get("scheduler", {})
     max_epochs = int(scheduler.get("max_epochs", 20))
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
-    best = exp.stored_best()
+    best = exp.stored_best() or _best_not_yet_evaluated(exp, config)
     counts = {state: sum(1 for r in rows if r.get("state") == state) for state in (*FINISHED_STATES, PAUSED, RUNNING)}
     pruning = stopping = 0.0
     for row in rows:
@@ -63,7 +63,7 @@ def summarize(exp: ExperimentDir) -> StudySummary:
             pruning += saved
         elif "early_stopping" in str(row.get("reason", "")):
             stopping += saved
-    ran = [_number(r.get("epochs")) for r in rows if r.get("state") in FINISHED_STATES]
+    ran = [_number(r.get("epochs")) for r in rows]  # a paused trial reached its rungs too
     rungs = [RungCount(epoch, sum(1 for e in ran if e >= epoch), sum(1 for e in ran if e > epoch))
              for epoch in SchedulerConfig.model_validate(scheduler).rung_epochs]
     return StudySummary(
@@ -72,6 +72,18 @@ def summarize(exp: ExperimentDir) -> StudySummary:
         wall_s=_wall_seconds(exp), compute_s=sum(_number(r.get("compute_s")) for r in rows),
         saved_by_pruning_s=pruning, saved_by_early_stopping_s=stopping, rungs=rungs,
     )
+
+
+def _best_not_yet_evaluated(exp: ExperimentDir, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The trial the search's end will evaluate, as best.json would name it, for a study
+    whose last session ended before writing best.json (a second Ctrl+C, a kill, a search
+    still running): "no result yet" would contradict trials.csv and ``status``."""
+    space = list(config.get("space") or {})
+    row = TrialsTable.load(exp.trials_csv, config["metric"], config.get("mode", "max"), space).best_row()
+    if row is None:
+        return None
+    return {"value": row["best"], "trial": int(row["trial"]), "state": row["state"], "epochs": row.get("epochs"),
+            "params": {name: row[name] for name in space if name in row}, "test_metrics": {}, "evaluated": False}
 
 
 def _wall_seconds(exp: ExperimentDir) -> float:
@@ -106,6 +118,8 @@ def print_comparison(summaries: list[StudySummary]) -> None:
     for s in summaries:
         best = s.best or {}
         tests = ", ".join(f"{k}={v:.4g}" for k, v in (best.get("test_metrics") or {}).items())
+        if best.get("evaluated") is False:
+            tests = "not evaluated yet (resume)"
         table.add_row(
             s.name, f"{s.metric} ({s.mode})", f"{best['value']:.4g}" if best.get("value") is not None else "-",
             str(best.get("trial", "-")), tests or "-", str(s.trials), str(s.counts["COMPLETE"]),
@@ -120,7 +134,9 @@ def comparison_records(summaries: list[StudySummary]) -> list[dict[str, Any]]:
     return [{
         "experiment": s.name, "experiment_dir": s.experiment_dir, "metric": s.metric, "mode": s.mode,
         "best_value": (s.best or {}).get("value"), "best_trial": (s.best or {}).get("trial"),
-        "test_metrics": (s.best or {}).get("test_metrics", {}), "trials": s.trials, **s.counts,
+        "test_metrics": (s.best or {}).get("test_metrics", {}),
+        "best_evaluated": s.best is not None and s.best.get("evaluated", True),  # False: best.json not written yet
+        "trials": s.trials, **s.counts,
         "wall_s": round(s.wall_s, 3), "compute_s": round(s.compute_s, 3),
         "saved_by_pruning_s": round(s.saved_by_pruning_s, 3),
         "saved_by_early_stopping_s": round(s.saved_by_early_stopping_s, 3),

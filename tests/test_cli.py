@@ -172,6 +172,29 @@ def _study_with(tmp_path, states):
     return exp
 
 
+def test_compare_and_report_show_the_best_trial_before_best_json_is_written(tmp_path, capsys):
+    """A second Ctrl+C (or a kill) ends a session before the best trial's evaluation
+    writes best.json: its trials still have results, as status and trials.csv show."""
+    from hpsearch.search.report import _html
+    from hpsearch.search.study_summary import summarize
+
+    from hpsearch.search.trials_table import TrialsTable
+
+    exp = _study_with(tmp_path, ["COMPLETE", "PAUSED", "FAILED"])
+    table = TrialsTable.load(exp.trials_csv, "val_acc", "max", [])
+    table.row(0).update(best=0.9, epochs=1)
+    table.row(1).update(epochs=1)  # paused after its first epoch: it reached the first rung
+    table.save(exp.trials_csv)
+    assert main(["compare", "--json", str(exp.root)]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert (record["best_value"], record["best_trial"], record["best_evaluated"]) == (0.9, 0, False)
+    summary = summarize(exp)
+    assert summary.rungs[0].epoch == 1 and summary.rungs[0].reached == 2
+    page = _html(summary, {})
+    assert "No trial has a result yet" not in page and f"hpsearch resume {exp.root}" in page
+    assert main(["compare", str(exp.root)]) == 0 and "not evaluated yet" in capsys.readouterr().out
+
+
 def test_best_says_why_a_study_has_no_best_json(tmp_path, capsys):
     failed = _study_with(tmp_path / "a", ["FAILED", "FAILED"])
     assert main(["best", str(failed.root)]) == 1
