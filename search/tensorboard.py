@@ -2,56 +2,70 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .experiment import ExperimentDir
 
-
-def logdir_spec(experiments: list[ExperimentDir]) -> list[str]:
-    """TensorBoard arguments: one experiment is its log directory; several are named run groups."""
-    if len(experiments) == 1:
-        return ["--logdir", str(experiments[0].tensorboard_dir)]
-    names: dict[str, int] = {}
-    parts = []
-    for exp in experiments:
-        name = exp.root.name
-        names[name] = names.get(name, 0) + 1
-        label = name if names[name] == 1 else f"{name}-{names[name]}"
-        parts.append(f"{label}:{_without_commas(exp.tensorboard_dir)}")
-    return ["--logdir_spec", ",".join(parts)]
+RELOAD_S = 5  # how often TensorBoard reads new events (and new trials' runs are linked)
 
 
-def _without_commas(path: Path) -> str:
-    """``path`` as TensorBoard's ``--logdir_spec`` can hold it: the list is split at commas,
-    with no escape, so a study under a folder named with a comma was silently dropped. The
-    path relative to here is used when that has none; otherwise the study is refused."""
-    if "," not in str(path):
-        return str(path)
-    relative = os.path.relpath(path)
-    if "," not in relative:
-        return relative
-    from .errors import HpsearchError
+class StudiesSideBySide:
+    """Several studies in one TensorBoard: a directory of links, one folder per study
+    holding its trials' runs, and one set of HParams columns covering every study
+    (TensorBoard shows the columns of one study only). Runs of trials that start later
+    are linked by ``link_new_runs``."""
 
-    raise HpsearchError(f"TensorBoard cannot show {path} beside other studies: its path holds a comma, which "
-                        "TensorBoard's list of studies cannot; run hpsearch tensorboard on it alone, or from a "
-                        "folder whose relative path to it has no comma")
+    def __init__(self, directory: Path, experiments: list[ExperimentDir]) -> None:
+        from .tensorboard_layout import merge_hparams_columns
+
+        self.directory, self.studies = directory, {}
+        for exp in experiments:
+            label, copy = exp.root.name, 1
+            while label in self.studies:
+                copy += 1
+                label = f"{exp.root.name}-{copy}"
+            self.studies[label] = exp.tensorboard_dir
+        merge_hparams_columns(list(self.studies.values()), directory)
+        self.link_new_runs()
+
+    def link_new_runs(self) -> None:
+        for label, tensorboard_dir in self.studies.items():
+            runs = sorted(run for run in tensorboard_dir.iterdir() if run.is_dir()) if tensorboard_dir.is_dir() else []
+            for run in runs:
+                link = self.directory / label / run.name
+                if not link.exists():
+                    link.parent.mkdir(exist_ok=True)
+                    link.symlink_to(run.resolve(), target_is_directory=True)
 
 
 def serve(experiments: list[ExperimentDir], host: str = "127.0.0.1", port: int = 6006) -> int:
-    """Run TensorBoard in the foreground until Ctrl+C; its URL is printed first."""
+    """Run TensorBoard in the foreground until Ctrl+C; its URL is printed first. One study
+    is its own log directory; several are shown side by side (``StudiesSideBySide``)."""
     _check_port_free(host, port)
-    command = [sys.executable, "-m", "tensorboard.main", *logdir_spec(experiments),
-               "--host", host, "--port", str(port), "--reload_interval", "5"]
+    if len(experiments) == 1:
+        return _tensorboard(experiments[0].tensorboard_dir, host, port, every_reload=lambda: None)
+    with tempfile.TemporaryDirectory(prefix="hpsearch-tensorboard-") as combined:
+        studies = StudiesSideBySide(Path(combined), experiments)
+        return _tensorboard(Path(combined), host, port, every_reload=studies.link_new_runs)
+
+
+def _tensorboard(logdir: Path, host: str, port: int, every_reload) -> int:
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+               "--host", host, "--port", str(port), "--reload_interval", str(RELOAD_S)]
     print(f"TensorBoard at http://{host}:{port}/  (Ctrl+C to stop)", flush=True)
     process = subprocess.Popen(command)
     # SIGTERM (a service manager, a test) stops TensorBoard too, as Ctrl+C does.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        return process.wait()
+        while True:
+            try:
+                return process.wait(timeout=RELOAD_S)
+            except subprocess.TimeoutExpired:
+                every_reload()
     except KeyboardInterrupt:
         process.terminate()
         try:

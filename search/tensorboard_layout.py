@@ -144,6 +144,62 @@ def backfill_trial_sessions(tensorboard_dir: Path, config: ExperimentConfig, fin
     return written
 
 
+def merge_hparams_columns(tensorboard_dirs: list[Path], into: Path) -> bool:
+    """One set of HParams columns for studies shown side by side, written to ``into``:
+    TensorBoard reads the columns of one study only (the first it finds), which hid the
+    others' parameters and metrics. A parameter several studies search keeps one column,
+    its range widened to cover theirs (its choices joined). False if no study has columns yet."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    merged, params, metrics = api_pb2.Experiment(), {}, set()
+    for columns in (c for directory in tensorboard_dirs for c in _stored_columns(directory)):
+        for info in columns.hparam_infos:
+            if info.name in params:
+                _widen(params[info.name], info)
+            else:
+                params[info.name] = merged.hparam_infos.add()
+                params[info.name].CopyFrom(info)
+        for metric in columns.metric_infos:
+            if (metric.name.group, metric.name.tag) not in metrics:
+                metrics.add((metric.name.group, metric.name.tag))
+                merged.metric_infos.add().CopyFrom(metric)
+    if not params:
+        return False
+    content = plugin_data_pb2.HParamsPluginData(version=metadata.PLUGIN_DATA_VERSION, experiment=merged)
+    _write_summaries(into, [Summary(value=[Summary.Value(tag=metadata.EXPERIMENT_TAG,
+                                                         metadata=metadata.create_summary_metadata(content),
+                                                         tensor=metadata.NULL_TENSOR)])])
+    return True
+
+
+def _stored_columns(tensorboard_dir: Path) -> list[Any]:
+    """The HParams columns a study's log directory holds (``write_hparams_columns``)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import metadata
+
+    found = []
+    for path in sorted(tensorboard_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            found += [metadata.parse_experiment_plugin_data(value.metadata.plugin_data.content)
+                      for value in event.summary.value if value.tag == metadata.EXPERIMENT_TAG]
+    return found
+
+
+def _widen(column: Any, other: Any) -> None:
+    """``column``'s domain made to cover ``other``'s too; none where the two differ in kind."""
+    kind, other_kind = column.WhichOneof("domain"), other.WhichOneof("domain")
+    if kind == other_kind == "domain_interval":
+        column.domain_interval.min_value = min(column.domain_interval.min_value, other.domain_interval.min_value)
+        column.domain_interval.max_value = max(column.domain_interval.max_value, other.domain_interval.max_value)
+    elif kind == other_kind == "domain_discrete" and column.type == other.type:
+        for value in other.domain_discrete.values:
+            if value not in column.domain_discrete.values:
+                column.domain_discrete.values.add().CopyFrom(value)
+    elif kind:
+        column.ClearField(kind)
+
+
 def _write_summaries(directory: Path, summaries: list[Any]) -> None:
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.event_file_writer import EventFileWriter

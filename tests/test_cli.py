@@ -261,21 +261,39 @@ def test_a_callback_that_is_not_a_tune_callback_is_refused_before_anything_start
         api.resume(tmp_path / "no-such-study", callbacks=[print])
 
 
-def test_several_studies_for_tensorboard_survive_a_comma_in_their_path(tmp_path, monkeypatch):
-    from hpsearch.search.errors import HpsearchError
-    from hpsearch.search.tensorboard import logdir_spec
+def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(tmp_path):
+    """TensorBoard reads the HParams columns of one study only: the others' parameters and
+    metrics were missing from its table. A path with a comma (which --logdir_spec split)
+    is fine too."""
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.tensorboard import StudiesSideBySide
+    from hpsearch.search.tensorboard_layout import _stored_columns, write_hparams_columns
 
-    plain = _study_with(tmp_path / "plain", ["COMPLETE"])
-    commas = _study_with(tmp_path / "a,b", ["COMPLETE"])
-    monkeypatch.chdir(tmp_path / "a,b")  # the comma is above here: the relative path has none
-    flag, spec = logdir_spec([plain, commas])
-    groups = dict(part.split(":", 1) for part in spec.split(","))
-    assert flag == "--logdir_spec" and len(groups) == 2  # TensorBoard's own split keeps both
-    assert {(tmp_path / "a,b" / path).resolve() if not path.startswith("/") else Path(path)
-            for path in groups.values()} == {plain.tensorboard_dir.resolve(), commas.tensorboard_dir.resolve()}
-    monkeypatch.chdir(tmp_path / "plain")
-    with pytest.raises(HpsearchError, match="holds a comma"):
-        logdir_spec([plain, commas])
+    first, second = _study_with(tmp_path / "one", ["COMPLETE"]), _study_with(tmp_path / "a,b", ["COMPLETE"])
+    config = shrunk_example(tmp_path)
+    write_hparams_columns(first.tensorboard_dir, load_config(config), ["val_loss"])
+    config["space"]["model.lr"] = {"type": "float", "low": 1e-5, "high": 1e-4, "log": True}
+    config["space"]["model.dropout"] = {"type": "float", "low": 0.0, "high": 0.5}
+    config.update(metric="val_loss", mode="min")
+    write_hparams_columns(second.tensorboard_dir, load_config(config), ["val_acc", "train_acc"])
+    for exp in (first, second):
+        (exp.tensorboard_dir / "trial_0000-lr=0.01").mkdir()
+    combined = tmp_path / "combined"
+    combined.mkdir()
+    studies = StudiesSideBySide(combined, [first, second, first])
+    [columns] = _stored_columns(combined)
+    infos = {info.name: info for info in columns.hparam_infos}
+    assert set(infos) == {*config["space"], "state", "epochs"}
+    assert infos["model.lr"].domain_interval.min_value == pytest.approx(1e-5)  # widened to cover both
+    assert infos["model.lr"].domain_interval.max_value == pytest.approx(shrunk_example(tmp_path)["space"]["model.lr"]["high"])
+    tags = [metric.name.tag for metric in columns.metric_infos]
+    assert {"hp/val_acc", "hp/val_loss", "train_acc"} <= set(tags) and len(tags) == len(set(tags))
+    runs = {str(path.relative_to(combined)) for path in combined.glob("*/*")}
+    assert runs == {"study/trial_0000-lr=0.01", "study-2/trial_0000-lr=0.01", "study-3/trial_0000-lr=0.01"}
+    assert (combined / "study-2" / "trial_0000-lr=0.01").resolve() == (second.tensorboard_dir / "trial_0000-lr=0.01")
+    (second.tensorboard_dir / "trial_0001-lr=0.02").mkdir()  # a trial that starts later
+    studies.link_new_runs()
+    assert (combined / "study-2" / "trial_0001-lr=0.02").is_dir()
 
 
 @pytest.mark.parametrize("damage", ["empty experiment.yaml", "truncated best.json", "garbage journal line"])

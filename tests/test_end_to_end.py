@@ -265,3 +265,45 @@ def test_tensorboard_shows_every_trial_with_its_curve_params_state_and_metric(fi
     assert {g["hparams"]["state"] for g in groups} == {r["state"] for r in table.values()} >= {"PRUNED"}
     with pytest.raises(OSError):  # stopping the command stopped TensorBoard too
         _get_json(f"{base}/runs")
+
+
+def test_tensorboard_over_two_studies_shows_both_studies_runs_and_columns(finished_search, tmp_path):
+    """TensorBoard itself reads one study's HParams columns only; hpsearch gives it one set
+    covering both (here a copy of the study that also searched dropout, by val_loss)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.tensorboard_layout import write_hparams_columns
+
+    exp_dir, config, _ = finished_search
+    other = tmp_path / "other"
+    shutil.copytree(exp_dir, other)
+    for columns in (other / "tensorboard").glob("events.out.tfevents.*"):
+        columns.unlink()
+    changed = {**config, "metric": "val_loss", "mode": "min",
+               "space": {**config["space"], "model.dropout": {"type": "float", "low": 0.0, "high": 0.5}}}
+    write_hparams_columns(other / "tensorboard", load_config(changed), ["val_acc"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = f"http://127.0.0.1:{port}/data"
+    process = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "tensorboard", str(exp_dir), str(other),
+                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        runs, experiment, deadline = [], {}, time.monotonic() + 120
+        while time.monotonic() < deadline and len(runs) < 12:
+            try:
+                runs = [run for run in _get_json(f"{base}/runs") if "/trial_" in run]
+                experiment = _get_json(f"{base}/plugin/hparams/experiment", {"experimentName": ""})
+            except OSError:
+                pass
+            time.sleep(1)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert sorted({run.split("/")[0] for run in runs}) == sorted([exp_dir.name, "other"]) and len(runs) == 12, runs
+    assert {info["name"] for info in experiment["hparamInfos"]} == {*changed["space"], "state", "epochs"}
+    assert {"hp/val_acc", "hp/val_loss"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
