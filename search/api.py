@@ -206,8 +206,9 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
                                           "start a new experiment instead") for k in changed])
     started = len(read_rows(exp.trials_csv)) if exp.trials_csv.is_file() else 0
     if config.search.num_trials < started:
-        raise ConfigError([config.problem("search.num_trials", f"the study already has {started} trials; "
-                                                               f"num_trials cannot be lower on resume")])
+        raise ConfigError([config.problem("search.num_trials", f"{config.search.num_trials} is fewer than the "
+                                                               f"{started} trials the study already has; give at "
+                                                               f"least {started}")])
     say_what_resume_changes(stored, config, exp.root)
     searched = _search_complete(exp, config)
     if searched and (exp.stored_best() or {}).get("test_error") is None and exp.best_json.is_file():

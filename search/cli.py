@@ -285,7 +285,7 @@ def _report(result) -> int:
         # The end the user asked for: not an error, so the exit status is 0.
         states = [trial.get("state") for trial in result.trials]
         finished = sum(1 for state in states if state in FINISHED_STATES)
-        print(f"time budget reached with {finished} trials finished and {states.count(PAUSED)} paused; "
+        print(f"time budget reached with {_trials(finished)} finished and {states.count(PAUSED)} paused; "
               f"continue the study (with a fresh budget) with:\n  {result.resume_command}")
         return 0
     if not result.complete:
@@ -331,6 +331,10 @@ def cmd_best(args) -> int:
     return 0
 
 
+def _trials(count: int) -> str:
+    return f"{count} trial" if count == 1 else f"{count} trials"
+
+
 def _why_no_best(exp) -> str:
     """Why a study has no best.json, from its trials: none has scored yet, or its last
     session ended before writing it (the best trial is evaluated once the search ends)."""
@@ -346,7 +350,7 @@ def _why_no_best(exp) -> str:
     if not scored:
         return (f"no trial has finished with a result yet ({len(reported)} reported epochs, {failed} of them "
                 f"failed later, and a failed trial does not count); hpsearch status {exp.root} shows them")
-    return (f"{len(scored)} trials have results, but the search has not finished or ended before its "
+    return (f"{_trials(len(scored))} {'has a result' if len(scored) == 1 else 'have results'}, but the search has not finished or ended before its "
             f"evaluation of the best trial; if no search is running, hpsearch resume {exp.root} writes it")
 
 

@@ -334,14 +334,15 @@ class ExperimentConfig(StrictModel):
         for key in space:
             section, dot, arg = key.partition(".")
             if not dot or section not in SEARCHABLE_SECTIONS or not arg:
-                raise ValueError(
-                    f"key {key!r} must be 'model.<arg>', 'data.<arg>' or 'trainer.<setting>'"
-                )
+                raise FieldValueError(key, "a space key is 'model.<arg>', 'data.<arg>' or 'trainer.<setting>'")
+            if section == "trainer" and arg == "max_epochs":
+                raise FieldValueError(key, "the epochs are scheduler.max_epochs, which is not searched: ASHA sets "
+                                           "its rungs by it, and stops weak trials early on its own")
             if section == "trainer" and arg not in TrainerConfig.model_fields:
-                known = ", ".join(TrainerConfig.model_fields)
-                raise ValueError(f"key {key!r}: trainer has no setting {arg!r} (known: {known})")
+                known = ", ".join(name for name in TrainerConfig.model_fields if name not in NOT_SEARCHABLE)
+                raise FieldValueError(key, f"trainer has no searchable setting {arg!r} (searchable: {known})")
             if section == "trainer" and arg in NOT_SEARCHABLE:
-                raise ValueError(f"key {key!r}: {NOT_SEARCHABLE[arg]}")
+                raise FieldValueError(key, NOT_SEARCHABLE[arg])
         return space
 
     @model_validator(mode="after")

@@ -190,7 +190,7 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
     message = error["msg"].removeprefix("Value error, ")
     cause = (error.get("ctx") or {}).get("error")
     if isinstance(cause, FieldValueError):
-        loc, message = [*loc, *split_field(cause.field)], str(cause)
+        loc, message = list(split_field(".".join([*loc, cause.field]))), str(cause)
     if error["type"] == "extra_forbidden":
         message = "unknown key (check the spelling; see the README for the allowed keys)"
     elif error["type"] == "missing":

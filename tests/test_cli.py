@@ -152,7 +152,7 @@ def test_resume_refuses_a_new_name_or_fewer_trials_than_the_study_has(tmp_path, 
     assert main(["resume", str(exp.root), "--set", "name=other"]) == EXIT_CONFIG_ERROR
     assert "name" in capsys.readouterr().err
     assert main(["resume", str(exp.root), "--set", "search.num_trials=2"]) == EXIT_CONFIG_ERROR
-    assert "search.num_trials" in (err := capsys.readouterr().err) and "already has 3 trials" in err
+    assert "search.num_trials" in (err := capsys.readouterr().err) and "fewer than the 3 trials the study already has" in err
     assert "name: " + config.name in exp.config_file.read_text()
 
 
@@ -198,6 +198,8 @@ def test_best_says_why_a_study_has_no_best_json(tmp_path, capsys):
     failed = _study_with(tmp_path / "a", ["FAILED", "FAILED"])
     assert main(["best", str(failed.root)]) == 1
     assert "no trial has a result yet (2 started, 2 failed" in capsys.readouterr().err
+    one = _study_with(tmp_path / "d", ["COMPLETE", "FAILED"])
+    assert main(["best", str(one.root)]) == 1 and "1 trial has a result, but" in capsys.readouterr().err
     cut_short = _study_with(tmp_path / "b", ["COMPLETE", "COMPLETE", "FAILED"])
     assert main(["best", str(cut_short.root)]) == 1
     assert "2 trials have results" in (err := capsys.readouterr().err) and f"hpsearch resume {cut_short.root}" in err
@@ -222,6 +224,16 @@ def test_a_search_whose_every_trial_failed_exits_with_1_saying_so(tmp_path, caps
                                                  "checkpoint": None, "test_metrics": {}},
                           [{"state": "COMPLETE"}], 9.0)
     assert _report(result) == 0
+
+
+def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp_path, capsys):
+    from hpsearch.search.api import SearchResult
+    from hpsearch.search.cli import _report
+    from hpsearch.search.outcome import SESSION_TIME_BUDGET
+
+    result = SearchResult(tmp_path, SESSION_TIME_BUDGET, None, [{"state": "PRUNED"}, {"state": "PAUSED"}], 9.0)
+    assert _report(result) == 0
+    assert "time budget reached with 1 trial finished and 1 paused" in capsys.readouterr().out
 
 
 def test_tensorboard_on_a_port_in_use_says_so_and_starts_nothing(tmp_path, capsys):
