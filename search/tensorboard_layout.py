@@ -91,7 +91,10 @@ def hparams_columns(config: ExperimentConfig, logged_metrics: list[str]) -> Any:
     metric = config.metric
     metrics = [hp.Metric(f"hp/{metric}", display_name=f"best {metric}"),
                hp.Metric(metric, display_name=f"last {metric}")]
-    metrics += [hp.Metric(name) for name in sorted(set(logged_metrics) - {metric})]
+    # A metric logged on_step and on_epoch reaches TensorBoard as NAME_step and NAME_epoch
+    # only; NAME itself, which Lightning's callback metrics also hold, would be an empty column.
+    metrics += [hp.Metric(name) for name in sorted(set(logged_metrics) - {metric})
+                if f"{name}_epoch" not in logged_metrics]
     metrics += [hp.Metric(name) for name in SPEED_METRICS]
     return hp.hparams_config_pb(hparams=hparams, metrics=metrics, time_created_secs=time.time())
 

@@ -286,7 +286,8 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     config["space"]["model.lr"] = {"type": "float", "low": 1e-5, "high": 1e-4, "log": True}
     config["space"]["model.dropout"] = {"type": "float", "low": 0.0, "high": 0.5}
     config.update(metric="val_loss", mode="min")
-    write_hparams_columns(second.tensorboard_dir, load_config(config), ["val_acc", "train_acc"])
+    write_hparams_columns(second.tensorboard_dir, load_config(config),
+                          ["val_acc", "train_acc", "train/loss", "train/loss_epoch", "train/loss_step"])
     for exp in (first, second):
         (exp.tensorboard_dir / "trial_0000-lr=0.01").mkdir()
     combined = tmp_path / "combined"
@@ -299,6 +300,8 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     assert infos["model.lr"].domain_interval.max_value == pytest.approx(shrunk_example(tmp_path)["space"]["model.lr"]["high"])
     tags = [metric.name.tag for metric in columns.metric_infos]
     assert {"hp/val_acc", "hp/val_loss", "train_acc"} <= set(tags) and len(tags) == len(set(tags))
+    # Logged on_step and on_epoch, train/loss is a TensorBoard series only as _step and _epoch.
+    assert {"train/loss_step", "train/loss_epoch"} <= set(tags) and "train/loss" not in tags
     runs = {str(path.relative_to(combined)) for path in combined.glob("*/*")}
     assert runs == {"study/trial_0000-lr=0.01", "study-2/trial_0000-lr=0.01", "study-3/trial_0000-lr=0.01"}
     assert (combined / "study-2" / "trial_0000-lr=0.01").resolve() == (second.tensorboard_dir / "trial_0000-lr=0.01")
