@@ -19,7 +19,8 @@ import re
 import tempfile
 import time
 import warnings
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from .components import build_datamodule, build_model, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
@@ -232,7 +233,6 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
     constructors need real tensors). A DataModule that loads its data in its constructor
     costs a load per value, so no build starts after ``OTHER_VALUES_BUDGET_S``, and a
     warning names the parameters left unchecked."""
-    import torch
 
     problems, unchecked = [], []
     deadline = time.perf_counter() + OTHER_VALUES_BUDGET_S
@@ -248,17 +248,12 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
                 break
             variant = {**params, key: value}
             try:
-                if section == "data":
-                    pair = (model, build_datamodule(config, data_class, variant, loader))
-                else:
-                    try:
-                        with torch.device("meta"):
-                            pair = (build_model(config, model_class, variant, datamodule), datamodule)
-                    except Exception:
-                        if time.perf_counter() > deadline:
-                            unchecked.append(f"space.{key}")
-                            break
-                        pair = (build_model(config, model_class, variant, datamodule), datamodule)
+                with _warnings_naming(key, value):
+                    pair = _built_with(config, section, variant, model, datamodule, model_class, data_class,
+                                       loader, deadline)
+                if pair is None:
+                    unchecked.append(f"space.{key}")
+                    break
             except Exception as exc:
                 name = (data_class if section == "data" else model_class).__name__
                 problems.append(config.problem(
@@ -274,6 +269,38 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
         warn_user(f"the preflight's {OTHER_VALUES_BUDGET_S:g} s for building the classes with other values ran out; "
                   f"not checked: some values of {', '.join(unchecked)} (their trials still will be)")
     return problems
+
+
+def _built_with(config: ExperimentConfig, section: str, variant: dict[str, Any], model, datamodule,
+                model_class: type, data_class: type, loader: dict[str, Any], deadline: float):
+    """The (model, DataModule) pair with one class built again for ``variant``: a model
+    on torch's meta device, or on the CPU when that fails and time is left (None if not)."""
+    import torch
+
+    if section == "data":
+        return model, build_datamodule(config, data_class, variant, loader)
+    try:
+        with torch.device("meta"):
+            return build_model(config, model_class, variant, datamodule), datamodule
+    except Exception:
+        if time.perf_counter() > deadline:
+            return None
+        return build_model(config, model_class, variant, datamodule), datamodule
+
+
+@contextmanager
+def _warnings_naming(key: str, value: Any) -> Iterator[None]:
+    """Warnings a class gives when built with another value, said with that value: a bare
+    "Initializing zero-element tensors is a no-op" did not say which value of the space
+    (here ``hidden`` = 0) would give it to trials."""
+    heard: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as heard:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        for message in dict.fromkeys(str(warning.message) for warning in heard):
+            warn_user(f"space.{key} = {value!r} (a value the search can sample): {message}")
 
 
 def _hparams_clash(model, datamodule) -> list[str]:

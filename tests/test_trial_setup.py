@@ -606,3 +606,23 @@ def test_the_searched_values_beside_a_constructors_error_show_a_float_as_a_float
 
     assert _searched({"model.hidden": 16.0, "model.lr": 0.001732051, "data.batch_size": 32, "model.act": "relu"},
                      "model") == ", searched: hidden=16.0, lr=0.00173205, act='relu'"
+
+
+def test_a_warning_from_building_another_value_names_that_value(example_config):
+    import warnings
+
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule
+
+    class WarnsWhenWide(CNNClassifier):
+        def __init__(self, channels: int = 16, **kwargs):
+            if channels == 32:
+                warnings.warn("wide layers are slow here")
+            super().__init__(channels=channels, **kwargs)
+
+    config = load_config(example_config)
+    assert 32 in config.space["model.channels"].choices
+    with pytest.warns(UserWarning) as heard:
+        run_preflight(config, WarnsWhenWide, DigitsDataModule)
+    said = [str(warning.message) for warning in heard]
+    assert "space.model.channels = 32 (a value the search can sample): wide layers are slow here" in said, said
