@@ -19,14 +19,14 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .config import ExperimentConfig
 from .config_loading import load_config
 from .errors import CallbackError, ConfigError, HpsearchError, Interrupted, Problem, resume_command, warn_user
-from .experiment import ExperimentDir, close_killed_sessions, record_session, write_config
+from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED
 from .storage import Mirror, StudyHome
@@ -218,7 +218,10 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
                             already_complete=True)
     # The preflight again: this machine, directory or environment may not be the first
     # session's, and a trial that fails for it is FAILED for good (resume reruns no failed trial).
-    prepare(config)
+    try:
+        prepare(config)
+    except ConfigError as exc:
+        raise _naming_the_first_directory(exc, exp) from None
     interrupted.raise_if_heard()
     if searched:
         return _evaluate_again(config, exp, address, verbose, mirror)
@@ -229,6 +232,17 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         write_config(exp, config.model_dump(mode="json"))
         interrupted.raise_if_heard()
         return _search(config, exp, verbose, concurrency, callbacks, mirror, address)
+
+
+def _naming_the_first_directory(error: ConfigError, exp: ExperimentDir) -> ConfigError:
+    """A user package that does not import here, with the directory the study's last
+    session ran from: its packages imported from there (the current directory)."""
+    directory = next((s["directory"] for s in reversed(read_sessions(exp)) if s.get("directory")), None)
+    if directory is None or directory == os.getcwd():
+        return error
+    return ConfigError([replace(problem, message=f"{problem.message}; this study's last session ran from "
+                                                 f"{directory}: resume it from there")
+                        if "No module named" in problem.message else problem for problem in error.problems])
 
 
 # Settings of a session rather than of its trials, which a resume changes as a matter of course.

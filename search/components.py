@@ -59,7 +59,11 @@ def resolve_class(section: str, class_path: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError.single(field, f"cannot import module {module_name!r}: {exc}") from None
+        top = module_name.partition(".")[0]
+        hint = (f" (looked for in the current directory {os.getcwd()} and the installed packages: run hpsearch "
+                f"from the folder that holds {top!r}, or add that folder to PYTHONPATH)"
+                if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")
+        raise ConfigError.single(field, f"cannot import module {module_name!r}: {exc}{hint}") from None
     except Exception as exc:  # the user's module raised while importing
         raise ConfigError.single(field, f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
     try:

@@ -180,7 +180,8 @@ def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None
     """Add or update (same ``started_at``) one session's entry in ``sessions.json``."""
     sessions = [s for s in read_sessions(exp) if s.get("started_at") != started_at]
     sessions.append({"started_at": started_at, "ended_at": ended_at, "outcome": outcome,
-                     "seconds": None if ended_at is None else round(ended_at - started_at, 3)})
+                     "seconds": None if ended_at is None else round(ended_at - started_at, 3),
+                     "directory": os.getcwd()})  # where the user's packages imported from
     write_json(exp.sessions_json, sessions)
 
 

@@ -194,6 +194,31 @@ def test_compare_and_report_show_the_best_trial_before_best_json_is_written(tmp_
     assert main(["compare", str(exp.root)]) == 0 and "not evaluated yet" in capsys.readouterr().out
 
 
+def test_a_user_package_that_does_not_import_says_where_to_run_from(tmp_path, monkeypatch, capsys):
+    """User packages import from the current directory: a resume from elsewhere said only
+    "No module named 'mylab'"."""
+    import yaml
+
+    from hpsearch.search.experiment import record_session
+
+    project = tmp_path / "project"
+    (project / "mylab_x7").mkdir(parents=True)
+    (project / "mylab_x7" / "__init__.py").write_text("")
+    monkeypatch.chdir(project)
+    exp = _study_with(tmp_path / "runs", ["PAUSED"])
+    record_session(exp, 1.0, 2.0, "interrupted")
+    config = yaml.safe_load(exp.config_file.read_text())
+    config["model"]["class_path"] = "mylab_x7.models:Net"
+    exp.config_file.write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # as the command line has it: no project folder
+    assert main(["resume", str(exp.root)]) == 2
+    err = capsys.readouterr().err
+    assert f"No module named 'mylab_x7' (looked for in the current directory {tmp_path}" in err, err
+    assert "run hpsearch from the folder that holds 'mylab_x7'" in err
+    assert f"this study's last session ran from {project}: resume it from there" in err
+
+
 def test_best_says_why_a_study_has_no_best_json(tmp_path, capsys):
     failed = _study_with(tmp_path / "a", ["FAILED", "FAILED"])
     assert main(["best", str(failed.root)]) == 1
