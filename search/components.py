@@ -220,6 +220,8 @@ def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | No
     try:
         adapter.validate_python(value)
     except ValidationError as exc:
+        if _judged_by_isinstance(exc):
+            return None
         return f"{value!r} does not suit {klass.__name__}'s {name}: {expected} ({exc.errors()[0]['msg']})"
     except Exception:
         return None
@@ -252,11 +254,18 @@ def _fits_as_it_is(annotation: Any, value: Any) -> bool:
 
     try:
         TypeAdapter(annotation, config=ConfigDict(arbitrary_types_allowed=True)).validate_python(value, strict=True)
-    except ValidationError:
-        return False
+    except ValidationError as exc:
+        return _judged_by_isinstance(exc)
     except Exception:  # an annotation pydantic cannot check
         return True
     return True
+
+
+def _judged_by_isinstance(error) -> bool:
+    """Whether pydantic refused a value only by ``isinstance`` against a class it does not
+    know (``np.float32``, a user's class): the constructor may well convert a plain number,
+    so such an annotation is not held against the value."""
+    return any(detail["type"] == "is_instance_of" for detail in error.errors())
 
 
 def _type_name(annotation: Any) -> str:

@@ -626,3 +626,23 @@ def test_a_warning_from_building_another_value_names_that_value(example_config):
         run_preflight(config, WarnsWhenWide, DigitsDataModule)
     said = [str(warning.message) for warning in heard]
     assert "space.model.channels = 32 (a value the search can sample): wide layers are slow here" in said, said
+
+
+def test_an_annotation_pydantic_judges_only_by_isinstance_is_not_held_against_a_value():
+    """``np.float32`` (or a user's own class): a constructor so annotated may well convert
+    a plain float, so the check must not refuse one."""
+    from typing import Optional
+
+    import numpy as np
+
+    from hpsearch.search.components import _sampled_wrong_type, _wrong_type
+    from hpsearch.search.config import FloatParam
+
+    class Net:
+        pass
+
+    floats = FloatParam(type="float", low=0.1, high=2.0)
+    assert _wrong_type(Net, "lr", np.float32, 0.1) is None
+    assert _sampled_wrong_type(Net, "lr", np.float32, floats) is None
+    assert _sampled_wrong_type(Net, "lr", Optional[np.float32], floats) is None
+    assert "takes int" in _sampled_wrong_type(Net, "hidden", int, floats)  # a plain int is still checked
