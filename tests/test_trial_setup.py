@@ -645,4 +645,4 @@ def test_an_annotation_pydantic_judges_only_by_isinstance_is_not_held_against_a_
     assert _wrong_type(Net, "lr", np.float32, 0.1) is None
     assert _sampled_wrong_type(Net, "lr", np.float32, floats) is None
     assert _sampled_wrong_type(Net, "lr", Optional[np.float32], floats) is None
-    assert "takes int" in _sampled_wrong_type(Net, "hidden", int, floats)  # a plain int is still checked
+    assert "does not suit Net's hidden: int" in _sampled_wrong_type(Net, "hidden", int, floats)  # int still checked
