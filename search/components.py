@@ -207,9 +207,9 @@ def _type_hints(klass: type) -> dict[str, Any]:
 def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | None:
     """Why ``value`` (set in init_args, or one the space can sample) does not suit the
     argument's annotated type, or None. A value pydantic would convert counts as fitting,
-    except a string where the type takes none (``weight_decay: "1e-4"``, quoted): the constructor would get the string, and fail
-    later, in the preflight, blamed on the class. An annotation pydantic cannot check is
-    not checked."""
+    except a string where the type takes none (``weight_decay: "1e-4"``, quoted): the
+    constructor would get the string, and fail later, in the preflight, blamed on the
+    class. An annotation pydantic cannot check is not checked."""
     from pydantic import ConfigDict, TypeAdapter, ValidationError
 
     try:
