@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -333,6 +334,10 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     (second.tensorboard_dir / "trial_0001-lr=0.02").mkdir()  # a trial that starts later
     studies.link_new_runs()
     assert (combined / "study-2" / "trial_0001-lr=0.02").is_dir()
+    # serve() removes its directory of links at the end: the studies' own files stay.
+    (second.tensorboard_dir / "trial_0001-lr=0.02" / "events.out.tfevents.1").write_text("x")
+    shutil.rmtree(combined)
+    assert (second.tensorboard_dir / "trial_0001-lr=0.02" / "events.out.tfevents.1").is_file()
 
 
 @pytest.mark.parametrize("damage", ["empty experiment.yaml", "truncated best.json", "garbage journal line"])
