@@ -206,70 +206,84 @@ def _type_hints(klass: type) -> dict[str, Any]:
 
 def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | None:
     """Why ``value`` (set in init_args, or one the space can sample) does not suit the
-    argument's annotated type, or None. A value pydantic would convert counts as fitting,
-    except a string where the type takes none (``weight_decay: "1e-4"``, quoted): the
-    constructor would get the string, and fail later, in the preflight, blamed on the
-    class. An annotation pydantic cannot check is not checked."""
-    from pydantic import ConfigDict, TypeAdapter, ValidationError
+    argument's annotated type, or None. Judged for annotations of plain values only
+    (``_plain_annotation``). A value pydantic would convert counts as fitting, except a
+    string where the type takes none (``weight_decay: "1e-4"``, quoted) and a float where
+    it takes an int (``16.0``): the constructor would get it as it is, and fail later, in
+    the preflight, blamed on the class."""
+    from pydantic import TypeAdapter, ValidationError
 
-    try:
-        adapter = TypeAdapter(annotation, config=ConfigDict(arbitrary_types_allowed=True))
-    except Exception:
+    if not _plain_annotation(annotation) or isinstance(value, bool):
         return None
     expected = _type_name(annotation)
     try:
-        adapter.validate_python(value)
+        TypeAdapter(annotation).validate_python(value)
     except ValidationError as exc:
-        if _judged_by_isinstance(exc):
-            return None
         return f"{value!r} does not suit {klass.__name__}'s {name}: {expected} ({exc.errors()[0]['msg']})"
-    except Exception:
+    if _fits_as_it_is(annotation, value):
         return None
-    if isinstance(value, str) and not _fits_as_it_is(annotation, value):
+    if isinstance(value, str):
         return f"{value!r} is a string, and {klass.__name__}'s {name} takes {expected}: write it without quotes"
+    if isinstance(value, float):
+        return f"{value!r} is a float, and {klass.__name__}'s {name} takes {expected}: write {int(value)}"
     return None
 
 
 def _sampled_wrong_type(klass: type, name: str, annotation: Any, param) -> str | None:
     """Why values a space parameter can sample do not suit the argument's annotated type,
-    or None: a choice or a range's end as an ``init_args`` value is judged, and a float
-    range for an argument that takes no float (``type: float`` gives ``16.0`` to
-    ``hidden: int``, which e.g. ``torch.empty`` refuses, blamed on the class)."""
+    or None: each choice, or each end of a range, as an ``init_args`` value is judged; a
+    float range for an argument that takes ints is said as such (``type: float`` gives
+    ``16.0`` to ``hidden: int``, which e.g. ``torch.empty`` refuses, blamed on the class)."""
     from .config import FloatParam
 
     for value in param.edge_values():
+        if isinstance(param, FloatParam) and _fits_as_it_is(annotation, int(value)) \
+                and not _fits_as_it_is(annotation, value):
+            return (f"type: float samples floats such as {value!r}, and {klass.__name__}'s {name} takes "
+                    f"{_type_name(annotation)}: use type: int")
         if wrong := _wrong_type(klass, name, annotation, value):
             return wrong
-        if isinstance(param, FloatParam) and not _fits_as_it_is(annotation, value):
-            hint = ": use type: int" if _fits_as_it_is(annotation, int(value)) else ""
-            return (f"type: float samples floats such as {value!r}, and {klass.__name__}'s {name} takes "
-                    f"{_type_name(annotation)}{hint}")
     return None
 
 
 def _fits_as_it_is(annotation: Any, value: Any) -> bool:
-    """Whether ``value`` suits the annotation with no conversion (pydantic's strict mode:
-    an int passes for a float, a float never for an int)."""
-    from pydantic import ConfigDict, TypeAdapter, ValidationError
+    """Whether ``value`` suits a plain annotation with no conversion (pydantic's strict
+    mode: an int passes for a float, a float never for an int); True for other annotations."""
+    from pydantic import TypeAdapter, ValidationError
 
-    try:
-        TypeAdapter(annotation, config=ConfigDict(arbitrary_types_allowed=True)).validate_python(value, strict=True)
-    except ValidationError as exc:
-        return _judged_by_isinstance(exc)
-    except Exception:  # an annotation pydantic cannot check
+    if not _plain_annotation(annotation):
         return True
+    try:
+        TypeAdapter(annotation).validate_python(value, strict=True)
+    except ValidationError:
+        return False
     return True
 
 
-def _judged_by_isinstance(error) -> bool:
-    """Whether pydantic refused a value only by ``isinstance`` against a class it does not
-    know (``np.float32``, a user's class): the constructor may well convert a plain number,
-    so such an annotation is not held against the value."""
-    return any(detail["type"] == "is_instance_of" for detail in error.errors())
+_PLAIN_TYPES = (int, float, bool, str, type(None))
+
+
+def _plain_annotation(annotation: Any) -> bool:
+    """Whether an annotation is made of int, float, bool, str, None and Literals only
+    (``Optional[int]``, ``int | float``, ``Literal["relu", "gelu"]``): what a value from
+    the file or the space is. Others (``Path``, an ``Enum``, ``Sequence[int]``,
+    ``torch.dtype``, ``np.float32``) are left to the constructor, which may convert what
+    it gets or map a name to a value, as the README advises for lists."""
+    import types
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return True
+    if origin is typing.Annotated:
+        return _plain_annotation(typing.get_args(annotation)[0])
+    if origin is typing.Union or origin is types.UnionType:
+        return all(_plain_annotation(member) for member in typing.get_args(annotation))
+    return annotation in _PLAIN_TYPES
 
 
 def _type_name(annotation: Any) -> str:
-    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
 
 
 def build_datamodule(config: ExperimentConfig, data_class: type, params: dict[str, Any], loader_options: dict[str, Any]):

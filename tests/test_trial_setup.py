@@ -628,21 +628,41 @@ def test_a_warning_from_building_another_value_names_that_value(example_config):
     assert "space.model.channels = 32 (a value the search can sample): wide layers are slow here" in said, said
 
 
-def test_an_annotation_pydantic_judges_only_by_isinstance_is_not_held_against_a_value():
-    """``np.float32`` (or a user's own class): a constructor so annotated may well convert
-    a plain float, so the check must not refuse one."""
+def test_annotations_other_than_plain_values_are_left_to_the_constructor():
+    """A constructor annotated with ``Path``, an ``Enum``, ``Sequence[int]`` or a class may
+    convert what the file gives (a string, a number) or map a name to a value, as the
+    README advises for lists: refusing such values refused configs that work."""
+    import enum
+    from collections.abc import Sequence
+    from pathlib import Path
     from typing import Optional
 
     import numpy as np
 
     from hpsearch.search.components import _sampled_wrong_type, _wrong_type
-    from hpsearch.search.config import FloatParam
+    from hpsearch.search.config import CategoricalParam, FloatParam
 
     class Net:
         pass
 
-    floats = FloatParam(type="float", low=0.1, high=2.0)
-    assert _wrong_type(Net, "lr", np.float32, 0.1) is None
+    class Act(str, enum.Enum):
+        relu = "relu"
+
+    floats, names = FloatParam(type="float", low=0.5, high=2.0), CategoricalParam(type="categorical",
+                                                                                  choices=["wide", "deep"])
+    assert _wrong_type(Net, "data_dir", Path, "/data/cache") is None
+    assert _wrong_type(Net, "act", Act, "relu") is None
+    assert _sampled_wrong_type(Net, "layers", Sequence[int], names) is None
+    assert _sampled_wrong_type(Net, "layers", tuple[int, ...], names) is None
+    assert _sampled_wrong_type(Net, "dtype", torch.dtype, names) is None
     assert _sampled_wrong_type(Net, "lr", np.float32, floats) is None
     assert _sampled_wrong_type(Net, "lr", Optional[np.float32], floats) is None
-    assert "does not suit Net's hidden: int" in _sampled_wrong_type(Net, "hidden", int, floats)  # int still checked
+    # Plain values are still judged, and named by their full type.
+    assert "takes int: use type: int" in _sampled_wrong_type(Net, "hidden", int, floats)
+    assert _wrong_type(Net, "hidden", Optional[int], 16.0) == \
+        "16.0 is a float, and Net's hidden takes Optional[int]: write 16"
+    floats_as_choices = CategoricalParam(type="categorical", choices=[16.0, 32.0])
+    assert _sampled_wrong_type(Net, "hidden", int, floats_as_choices) == \
+        "16.0 is a float, and Net's hidden takes int: write 16"
+    assert _sampled_wrong_type(Net, "hidden", float, CategoricalParam(type="categorical", choices=[16, 32])) is None
+    assert _wrong_type(Net, "act", str, "relu") is None and "does not suit" in _wrong_type(Net, "act", str, 3)
