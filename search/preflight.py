@@ -54,13 +54,15 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     loader = loader_options(config.loader.model_copy(update={"num_workers": 0, "pin_memory": False}),
                             config.resources, on_gpu=False)
     try:
-        datamodule = build_datamodule(config, data_class, params, loader)
+        with _warnings_naming(f"{data_class.__name__}(...{_searched(params, 'data')})"):
+            datamodule = build_datamodule(config, data_class, params, loader)
     except Exception as exc:
         raise ConfigError([config.problem(_argument_named(config, "data", exc, params),
                                           f"{data_class.__name__}(...{_searched(params, 'data')}) "
                                           f"raised {type(exc).__name__}: {exc}")]) from None
     try:
-        model = build_model(config, model_class, params, datamodule)
+        with _warnings_naming(f"{model_class.__name__}(...{_searched(params, 'model')})"):
+            model = build_model(config, model_class, params, datamodule)
     except Exception as exc:
         raise ConfigError([config.problem(_argument_named(config, "model", exc, params),
                                           f"{model_class.__name__}(...{_searched(params, 'model')}) "
@@ -248,7 +250,7 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
                 break
             variant = {**params, key: value}
             try:
-                with _warnings_naming(key, value):
+                with _warnings_naming(f"space.{key} = {value!r} (a value the search can sample)"):
                     pair = _built_with(config, section, variant, model, datamodule, model_class, data_class,
                                        loader, deadline)
                 if pair is None:
@@ -289,10 +291,10 @@ def _built_with(config: ExperimentConfig, section: str, variant: dict[str, Any],
 
 
 @contextmanager
-def _warnings_naming(key: str, value: Any) -> Iterator[None]:
-    """Warnings a class gives when built with another value, said with that value: a bare
-    "Initializing zero-element tensors is a no-op" did not say which value of the space
-    (here ``hidden`` = 0) would give it to trials."""
+def _warnings_naming(built_with: str) -> Iterator[None]:
+    """Warnings a class gives when the preflight builds it, said with the values it was
+    built with: a bare "Initializing zero-element tensors is a no-op" did not say which
+    value of the space (here ``hidden`` = 0) would give it to trials."""
     heard: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as heard:
@@ -300,7 +302,7 @@ def _warnings_naming(key: str, value: Any) -> Iterator[None]:
             yield
     finally:
         for message in dict.fromkeys(str(warning.message) for warning in heard):
-            warn_user(f"space.{key} = {value!r} (a value the search can sample): {message}")
+            warn_user(f"{built_with}: {message}")
 
 
 def _hparams_clash(model, datamodule) -> list[str]:

@@ -614,18 +614,20 @@ def test_a_warning_from_building_another_value_names_that_value(example_config):
     from hpsearch.models.cnn import CNNClassifier
     from hpsearch.models.digits import DigitsDataModule
 
-    class WarnsWhenWide(CNNClassifier):
+    class WarnsWhenWideOrNarrow(CNNClassifier):
         def __init__(self, channels: int = 16, **kwargs):
-            if channels == 32:
-                warnings.warn("wide layers are slow here")
+            if channels in (8, 32):
+                warnings.warn(f"{channels} channels are slow here")
             super().__init__(channels=channels, **kwargs)
 
     config = load_config(example_config)
-    assert 32 in config.space["model.channels"].choices
+    assert config.space["model.channels"].choices == [8, 16, 32]  # 8 is built first
     with pytest.warns(UserWarning) as heard:
-        run_preflight(config, WarnsWhenWide, DigitsDataModule)
+        run_preflight(config, WarnsWhenWideOrNarrow, DigitsDataModule)
     said = [str(warning.message) for warning in heard]
-    assert "space.model.channels = 32 (a value the search can sample): wide layers are slow here" in said, said
+    assert "space.model.channels = 32 (a value the search can sample): 32 channels are slow here" in said, said
+    assert any(message.startswith("WarnsWhenWideOrNarrow(..., searched: ") and "channels=8" in message
+               and message.endswith("): 8 channels are slow here") for message in said), said
 
 
 def test_annotations_other_than_plain_values_are_left_to_the_constructor():
