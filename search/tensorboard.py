@@ -14,10 +14,11 @@ RELOAD_S = 5  # how often TensorBoard reads new events (and new trials' runs are
 
 
 class StudiesSideBySide:
-    """Several studies in one TensorBoard: a directory of links, one folder per study
-    holding its trials' runs, and one set of HParams columns covering every study
-    (TensorBoard shows the columns of one study only). Runs of trials that start later
-    are linked by ``link_new_runs``."""
+    """Several studies in one TensorBoard: a directory with one folder per study, holding
+    its trials' runs as links to their event files, and one set of HParams columns
+    covering every study (TensorBoard shows the columns of one study only). Each trial's
+    HParams record is a copy that makes it a row of its own. Runs and files that appear
+    later are added by ``link_new_runs``."""
 
     def __init__(self, directory: Path, experiments: list[ExperimentDir]) -> None:
         from .tensorboard_layout import merge_hparams_columns
@@ -33,13 +34,21 @@ class StudiesSideBySide:
         self.link_new_runs()
 
     def link_new_runs(self) -> None:
+        from .tensorboard_layout import copy_as_own_group
+
         for label, tensorboard_dir in self.studies.items():
             runs = sorted(run for run in tensorboard_dir.iterdir() if run.is_dir()) if tensorboard_dir.is_dir() else []
             for run in runs:
-                link = self.directory / label / run.name
-                if not link.exists():
-                    link.parent.mkdir(exist_ok=True)
-                    link.symlink_to(run.resolve(), target_is_directory=True)
+                folder = self.directory / label / run.name
+                folder.mkdir(parents=True, exist_ok=True)
+                for path in sorted(run.iterdir()):
+                    shown = folder / path.name
+                    if shown.exists() or shown.is_symlink():
+                        continue
+                    if path.name.endswith(".hparams"):
+                        copy_as_own_group(path, shown)
+                    else:
+                        shown.symlink_to(path.resolve(), target_is_directory=path.is_dir())
 
 
 def serve(experiments: list[ExperimentDir], host: str = "127.0.0.1", port: int = 6006) -> int:

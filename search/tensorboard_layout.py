@@ -176,6 +176,35 @@ def merge_hparams_columns(tensorboard_dirs: list[Path], into: Path) -> bool:
     return True
 
 
+def copy_as_own_group(record: Path, target: Path) -> bool:
+    """A trial's HParams record (``write_trial_session``) copied to ``target`` as a session
+    group of its own, for studies shown side by side: TensorBoard groups sessions by the
+    group name the record holds, the trial's run name, so the same trial number with the
+    same values in two studies (one study run again with one change) became one row, with
+    their metrics averaged. False, writing nothing, while the record is incomplete (being
+    written)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    events = [event for event in EventFileLoader(str(record)).Load() if not event.HasField("file_version")]
+    values = [value for event in events for value in event.summary.value]
+    if not any(value.tag == metadata.SESSION_END_INFO_TAG for value in values):
+        return False
+    for value in values:
+        if value.tag == metadata.SESSION_START_INFO_TAG:
+            content = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+            content.session_start_info.group_name = ""  # TensorBoard then names the group by its run
+            value.metadata.plugin_data.content = content.SerializeToString()
+    partial = target.with_name(target.name + ".part")
+    with partial.open("wb") as handle:
+        writer = RecordWriter(handle)
+        for event in events:
+            writer.write(event.SerializeToString())
+    partial.rename(target)
+    return True
+
+
 def _stored_columns(tensorboard_dir: Path) -> list[Any]:
     """The HParams columns a study's log directory holds (``write_hparams_columns``)."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader

@@ -304,7 +304,7 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     is fine too."""
     from hpsearch.search.config_loading import load_config
     from hpsearch.search.tensorboard import StudiesSideBySide
-    from hpsearch.search.tensorboard_layout import _stored_columns, write_hparams_columns
+    from hpsearch.search.tensorboard_layout import _stored_columns, write_hparams_columns, write_trial_session
 
     first, second = _study_with(tmp_path / "one", ["COMPLETE"]), _study_with(tmp_path / "a,b", ["COMPLETE"])
     config = shrunk_example(tmp_path)
@@ -314,8 +314,11 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     config.update(metric="val_loss", mode="min")
     write_hparams_columns(second.tensorboard_dir, load_config(config),
                           ["val_acc", "train_acc", "train/loss", "train/loss_epoch", "train/loss_step"])
-    for exp in (first, second):
-        (exp.tensorboard_dir / "trial_0000-lr=0.01").mkdir()
+    # The same trial number with the same values in both studies (one run again with a change).
+    runs = [write_trial_session(exp.tensorboard_dir, load_config(config), 0, {"model.lr": 0.01}, "COMPLETE", 3)
+            for exp in (first, second)]
+    for run in runs:
+        (run / "events.out.tfevents.1.host").write_text("scalars")
     combined = tmp_path / "combined"
     combined.mkdir()
     studies = StudiesSideBySide(combined, [first, second, first])
@@ -328,16 +331,30 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     assert {"hp/val_acc", "hp/val_loss", "train_acc"} <= set(tags) and len(tags) == len(set(tags))
     # Logged on_step and on_epoch, train/loss is a TensorBoard series only as _step and _epoch.
     assert {"train/loss_step", "train/loss_epoch"} <= set(tags) and "train/loss" not in tags
-    runs = {str(path.relative_to(combined)) for path in combined.glob("*/*")}
-    assert runs == {"study/trial_0000-lr=0.01", "study-2/trial_0000-lr=0.01", "study-3/trial_0000-lr=0.01"}
-    assert (combined / "study-2" / "trial_0000-lr=0.01").resolve() == (second.tensorboard_dir / "trial_0000-lr=0.01")
-    (second.tensorboard_dir / "trial_0001-lr=0.02").mkdir()  # a trial that starts later
-    studies.link_new_runs()
-    assert (combined / "study-2" / "trial_0001-lr=0.02").is_dir()
-    # serve() removes its directory of links at the end: the studies' own files stay.
-    (second.tensorboard_dir / "trial_0001-lr=0.02" / "events.out.tfevents.1").write_text("x")
+    shown = {str(path.relative_to(combined)) for path in combined.glob("*/*")}
+    assert shown == {f"{label}/{runs[0].name}" for label in ("study", "study-2", "study-3")}
+    folder = combined / "study-2" / runs[1].name
+    assert (folder / "events.out.tfevents.1.host").resolve() == runs[1] / "events.out.tfevents.1.host"
+    # Each trial's record is its own row: TensorBoard groups rows by this name, and the
+    # two studies' records both named trial_0000-..., so they became one row.
+    [original] = runs[1].glob("*.hparams")
+    assert _session_group(original) == runs[1].name and _session_group(folder / original.name) == ""
+    later = write_trial_session(second.tensorboard_dir, load_config(config), 1, {"model.lr": 0.02}, "PRUNED", 1)
+    studies.link_new_runs()  # a trial that ended since
+    assert _session_group(next((combined / "study-2" / later.name).glob("*.hparams"))) == ""
+    # serve() removes its directory at the end: the studies' own files stay.
     shutil.rmtree(combined)
-    assert (second.tensorboard_dir / "trial_0001-lr=0.02" / "events.out.tfevents.1").is_file()
+    assert (runs[1] / "events.out.tfevents.1.host").is_file() and original.is_file()
+
+
+def _session_group(record):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import metadata
+
+    [group] = [metadata.parse_session_start_info_plugin_data(value.metadata.plugin_data.content).group_name
+               for event in EventFileLoader(str(record)).Load() for value in event.summary.value
+               if value.tag == metadata.SESSION_START_INFO_TAG]
+    return group
 
 
 @pytest.mark.parametrize("damage", ["empty experiment.yaml", "truncated best.json", "garbage journal line"])

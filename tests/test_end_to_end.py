@@ -292,12 +292,15 @@ def test_tensorboard_over_two_studies_shows_both_studies_runs_and_columns(finish
     base = f"http://127.0.0.1:{port}/data"
     process = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "tensorboard", str(exp_dir), str(other),
                                 "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    groups_request = {"experimentName": "", "colParams": [], "startIndex": 0, "sliceSize": 100,
+                      "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]}
     try:
-        runs, experiment, deadline = [], {}, time.monotonic() + 120
-        while time.monotonic() < deadline and len(runs) < 12:
+        runs, experiment, groups, deadline = [], {}, [], time.monotonic() + 120
+        while time.monotonic() < deadline and (len(runs) < 12 or len(groups) < 12):
             try:
                 runs = [run for run in _get_json(f"{base}/runs") if "/trial_" in run]
                 experiment = _get_json(f"{base}/plugin/hparams/experiment", {"experimentName": ""})
+                groups = _get_json(f"{base}/plugin/hparams/session_groups", groups_request).get("sessionGroups", [])
             except OSError:
                 pass
             time.sleep(1)
@@ -307,3 +310,5 @@ def test_tensorboard_over_two_studies_shows_both_studies_runs_and_columns(finish
     assert sorted({run.split("/")[0] for run in runs}) == sorted([exp_dir.name, "other"]) and len(runs) == 12, runs
     assert {info["name"] for info in experiment["hparamInfos"]} == {*changed["space"], "state", "epochs"}
     assert {"hp/val_acc", "hp/val_loss"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
+    # The copy's trials have the same numbers and values: still one row each, not merged.
+    assert len(groups) == 12 and all(len(group["sessions"]) == 1 for group in groups), groups
