@@ -269,6 +269,7 @@ def cmd_resume(args) -> int:
 
 
 def _report(result) -> int:
+    from .errors import counted
     from .outcome import FINISHED_STATES, PAUSED, SESSION_TIME_BUDGET
     from .status_view import print_best
 
@@ -285,7 +286,7 @@ def _report(result) -> int:
         # The end the user asked for: not an error, so the exit status is 0.
         states = [trial.get("state") for trial in result.trials]
         finished = sum(1 for state in states if state in FINISHED_STATES)
-        print(f"time budget reached with {_trials(finished)} finished and {states.count(PAUSED)} paused; "
+        print(f"time budget reached with {counted(finished, 'trial')} finished and {states.count(PAUSED)} paused; "
               f"continue the study (with a fresh budget) with:\n  {result.resume_command}")
         return 0
     if not result.complete:
@@ -331,13 +332,10 @@ def cmd_best(args) -> int:
     return 0
 
 
-def _trials(count: int) -> str:
-    return f"{count} trial" if count == 1 else f"{count} trials"
-
-
 def _why_no_best(exp) -> str:
     """Why a study has no best.json, from its trials: none has scored yet, or its last
     session ended before writing it (the best trial is evaluated once the search ends)."""
+    from .errors import counted
     from .trials_table import read_rows
 
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
@@ -350,7 +348,8 @@ def _why_no_best(exp) -> str:
     if not scored:
         return (f"no trial has finished with a result yet ({len(reported)} reported epochs, {failed} of them "
                 f"failed later, and a failed trial does not count); hpsearch status {exp.root} shows them")
-    return (f"{_trials(len(scored))} {'has a result' if len(scored) == 1 else 'have results'}, but the search has not finished or ended before its "
+    have = "has a result" if len(scored) == 1 else "have results"
+    return (f"{counted(len(scored), 'trial')} {have}, but the search has not finished or ended before its "
             f"evaluation of the best trial; if no search is running, hpsearch resume {exp.root} writes it")
 
 

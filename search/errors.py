@@ -89,6 +89,11 @@ class Interrupted(HpsearchError):
                          f"  {resume_command(experiment_dir, address)}")
 
 
+def counted(count: int | None, noun: str) -> str:
+    """``1 epoch``, ``3 epochs``: a count with its noun, for messages."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def resume_command(experiment_dir, address: str | None = None) -> str:
     """The command that continues a study, on the cluster its session joined by
     ``--address`` (without it, a resume starts a Ray of its own on this machine)."""

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from .errors import counted
 from .experiment import ExperimentDir
 from .study_lock import dead_holder
 from .trials_table import read_rows
@@ -75,7 +76,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:
     console = console or _console()
     console.print(f"best trial {best['trial']}: {best['metric']} = {_fmt(best['value'])} "
-                  f"({best['state'].lower()}, {best.get('epochs')} epochs)")
+                  f"({best['state'].lower()}, {counted(best.get('epochs'), 'epoch')})")
     for key, value in best["params"].items():
         console.print(f"  {key} = {_fmt(value)}")
     for key, value in (best.get("test_metrics") or {}).items():

@@ -15,6 +15,7 @@ from ray.tune import Callback
 from ray.tune.stopper import TimeoutStopper
 
 from .config import ExperimentConfig
+from .errors import counted
 from .outcome import EPOCH, FAILED, FINISHED_STATES, GIVE_UP, PLACEMENT_GROUP, RUNNING, TRIAL_NUMBER, PruneLog, classify
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
@@ -483,7 +484,7 @@ class ProgressDisplay(Callback):
     def _announce(self, trial, note: str = "") -> None:
         row = self.table.rows.get(int(trial.config[TRIAL_NUMBER]), {})
         self._say(f"trial {row.get('trial')}: {row.get('state')} ({row.get('reason')}) "
-                  f"{self.table.metric}={_short(row.get('best'))} after {row.get('epochs', 0)} epochs{note}")
+                  f"{self.table.metric}={_short(row.get('best'))} after {counted(row.get('epochs', 0), 'epoch')}{note}")
 
     def _say(self, line: str) -> None:
         if self._live is not None:

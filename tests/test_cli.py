@@ -260,6 +260,10 @@ def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp
     result = SearchResult(tmp_path, SESSION_TIME_BUDGET, None, [{"state": "PRUNED"}, {"state": "PAUSED"}], 9.0)
     assert _report(result) == 0
     assert "time budget reached with 1 trial finished and 1 paused" in capsys.readouterr().out
+    from hpsearch.search.status_view import print_best
+
+    print_best({"trial": 3, "metric": "val_acc", "value": 0.9, "state": "PRUNED", "epochs": 1, "params": {}})
+    assert "best trial 3: val_acc = 0.9 (pruned, 1 epoch)" in capsys.readouterr().out
 
 
 def test_tensorboard_on_a_port_in_use_says_so_and_starts_nothing(tmp_path, capsys):

@@ -381,7 +381,7 @@ def test_a_failing_test_evaluation_keeps_the_result_and_resume_evaluates_again(t
     assert f"hpsearch resume {exp_dir}" in best_command.stderr, best_command.stderr
     # In a log (no terminal): where the results go is said at the start, metrics in short
     assert f"searching: 2 trials in all; results in {exp_dir}" in output, output
-    assert re.search(r"trial \d: COMPLETE \(max_epochs\) val_acc=\d\.\d{1,4} after 1 epochs", output), output
+    assert re.search(r"trial \d: COMPLETE \(max_epochs\) val_acc=\d\.\d{1,4} after 1 epoch\b", output), output
 
     (tmp_path / "markers" / "test-fixed").write_text("fixed")  # the user fixes test_step
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
