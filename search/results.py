@@ -31,6 +31,8 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     checkpoint = checkpoint_dir(exp.trial_dir(trial_name(number))) / BEST_CHECKPOINT
     test_metrics, test_error = {}, None
     if checkpoint.is_file():
+        if _has_test_split(config):  # it can take a while: say what runs
+            print(f"evaluating the best trial ({number}) on the test split", flush=True)
         try:
             test_metrics = evaluate_on_cluster(config, params, str(checkpoint), mirror)
             (exp.root / EVALUATION_ERROR).unlink(missing_ok=True)  # an earlier session's, now out of date
@@ -57,6 +59,14 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     }
     write_json(exp.best_json, best)
     return best
+
+
+def _has_test_split(config: ExperimentConfig) -> bool:
+    from .components import resolve_class
+    from .evaluation import has_test_split
+
+    return has_test_split(resolve_class("model", config.model.class_path),
+                          resolve_class("data", config.data.class_path))
 
 
 def trained_with(config: ExperimentConfig, exp: ExperimentDir, number: int) -> ExperimentConfig:

@@ -71,9 +71,11 @@ def test_the_optuna_study_holds_every_trial_with_the_right_state(finished_search
 def test_best_json_is_valid_and_its_checkpoint_loads(finished_search):
     from hpsearch.models.cnn import CNNClassifier
 
-    exp_dir, config, _ = finished_search
+    exp_dir, config, result = finished_search
     best = json.loads((exp_dir / "best.json").read_text())
     study = study_of(exp_dir, config["name"])
+    # The evaluation can take a while: the command says it runs.
+    assert f"evaluating the best trial ({best['trial']}) on the test split" in result.stdout
     assert best["value"] == pytest.approx(study.best_value, rel=1e-5)
     assert best["trial"] == study.best_trial.number
     assert best["params"] == pytest.approx(study.best_trial.params)
