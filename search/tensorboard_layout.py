@@ -219,17 +219,32 @@ def _stored_columns(tensorboard_dir: Path) -> list[Any]:
 
 
 def _widen(column: Any, other: Any) -> None:
-    """``column``'s domain made to cover ``other``'s too; none where the two differ in kind."""
+    """``column``'s domain made to cover ``other``'s too: an interval over both when each
+    is a range or numeric choices, the choices of both when both are choices of one type;
+    else none."""
     kind, other_kind = column.WhichOneof("domain"), other.WhichOneof("domain")
-    if kind == other_kind == "domain_interval":
-        column.domain_interval.min_value = min(column.domain_interval.min_value, other.domain_interval.min_value)
-        column.domain_interval.max_value = max(column.domain_interval.max_value, other.domain_interval.max_value)
+    low_high = [_numeric_span(column), _numeric_span(other)]
+    if "domain_interval" in (kind, other_kind) and None not in low_high:
+        column.domain_interval.min_value = min(low for low, _ in low_high)
+        column.domain_interval.max_value = max(high for _, high in low_high)
     elif kind == other_kind == "domain_discrete" and column.type == other.type:
         for value in other.domain_discrete.values:
             if value not in column.domain_discrete.values:
                 column.domain_discrete.values.add().CopyFrom(value)
     elif kind:
         column.ClearField(kind)
+
+
+def _numeric_span(column: Any) -> tuple[float, float] | None:
+    """The lowest and highest value a column's domain holds, if they are all numbers."""
+    kind = column.WhichOneof("domain")
+    if kind == "domain_interval":
+        return column.domain_interval.min_value, column.domain_interval.max_value
+    if kind == "domain_discrete" and column.domain_discrete.values \
+            and all(value.WhichOneof("kind") == "number_value" for value in column.domain_discrete.values):
+        numbers = [value.number_value for value in column.domain_discrete.values]
+        return min(numbers), max(numbers)
+    return None
 
 
 def _write_summaries(directory: Path, summaries: list[Any]) -> None:

@@ -315,6 +315,7 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     write_hparams_columns(first.tensorboard_dir, load_config(config), ["val_loss"])
     config["space"]["model.lr"] = {"type": "float", "low": 1e-5, "high": 1e-4, "log": True}
     config["space"]["model.dropout"] = {"type": "float", "low": 0.0, "high": 0.5}
+    config["space"]["data.batch_size"] = {"type": "categorical", "choices": [16, 128]}  # was an int range 32..256
     config.update(metric="val_loss", mode="min")
     write_hparams_columns(second.tensorboard_dir, load_config(config),
                           ["val_acc", "train_acc", "train/loss", "train/loss_epoch", "train/loss_step"])
@@ -331,6 +332,8 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     assert set(infos) == {*config["space"], "state", "epochs"}
     assert infos["model.lr"].domain_interval.min_value == pytest.approx(1e-5)  # widened to cover both
     assert infos["model.lr"].domain_interval.max_value == pytest.approx(shrunk_example(tmp_path)["space"]["model.lr"]["high"])
+    batch = infos["data.batch_size"].domain_interval  # a range and numeric choices: one range over both
+    assert (batch.min_value, batch.max_value) == (16, 256)
     tags = [metric.name.tag for metric in columns.metric_infos]
     assert {"hp/val_acc", "hp/val_loss", "train_acc"} <= set(tags) and len(tags) == len(set(tags))
     # Logged on_step and on_epoch, train/loss is a TensorBoard series only as _step and _epoch.
