@@ -67,8 +67,10 @@ def _tensorboard(logdir: Path, host: str, port: int, every_reload) -> int:
                "--host", host, "--port", str(port), "--reload_interval", str(RELOAD_S)]
     print(f"TensorBoard at http://{host}:{port}/  (Ctrl+C to stop)", flush=True)
     process = subprocess.Popen(command)
-    # SIGTERM (a service manager, a test) stops TensorBoard too, as Ctrl+C does.
+    # SIGTERM (a service manager, a test) stops TensorBoard too, as Ctrl+C does; so does a
+    # Ctrl+C (kill -INT) to a script's background job, which starts with SIGINT ignored.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             try:
@@ -84,6 +86,8 @@ def _tensorboard(logdir: Path, host: str, port: int, every_reload) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:  # None: set outside Python, cannot be put back
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _check_port_free(host: str, port: int) -> None:

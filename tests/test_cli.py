@@ -266,6 +266,32 @@ def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp
     assert "best trial 3: val_acc = 0.9 (pruned, 1 epoch)" in capsys.readouterr().out
 
 
+def test_tensorboard_started_as_a_background_job_stops_at_ctrl_c_and_leaves_no_directory(tmp_path):
+    """A script's ``hpsearch tensorboard ... &`` starts with SIGINT ignored: it ran on."""
+    import signal
+    import socket
+
+    studies = [_study_with(tmp_path / folder, ["COMPLETE"]) for folder in ("a", "b")]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "tensorboard", *(str(s.root) for s in studies),
+                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "TMPDIR": str(scratch)},
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert process.stdout.readline().startswith("TensorBoard at")
+        assert len(list(scratch.glob("hpsearch-tensorboard-*"))) == 1
+        time.sleep(1)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+    assert not list(scratch.glob("hpsearch-tensorboard-*"))
+
+
 def test_tensorboard_on_a_port_in_use_says_so_and_starts_nothing(tmp_path, capsys):
     import socket
 
