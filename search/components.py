@@ -195,13 +195,24 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
 
 
 def _type_hints(klass: type) -> dict[str, Any]:
-    """The constructor's annotated argument types; none where they cannot be resolved."""
+    """The constructor's annotated argument types, each resolved on its own: one that does
+    not evaluate here (a name imported under ``TYPE_CHECKING``) leaves out only itself."""
     import typing
 
+    init = klass.__init__
     try:
-        return typing.get_type_hints(klass.__init__)
-    except Exception:  # a forward reference or annotation that does not evaluate here
-        return {}
+        return typing.get_type_hints(init)
+    except Exception:
+        pass
+    hints = {}
+    for name, annotation in getattr(init, "__annotations__", {}).items():
+        if isinstance(annotation, str):  # as get_type_hints evaluates it, in the constructor's module
+            try:
+                annotation = eval(annotation, getattr(init, "__globals__", {}))  # noqa: S307
+            except Exception:  # a name that does not evaluate here
+                continue
+        hints[name] = annotation
+    return hints
 
 
 def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | None:

@@ -668,3 +668,25 @@ def test_annotations_other_than_plain_values_are_left_to_the_constructor():
         "16.0 is a float, and Net's hidden takes int: write 16"
     assert _sampled_wrong_type(Net, "hidden", float, CategoricalParam(type="categorical", choices=[16, 32])) is None
     assert _wrong_type(Net, "act", str, "relu") is None and "does not suit" in _wrong_type(Net, "act", str, 3)
+
+
+def test_one_annotation_that_does_not_evaluate_leaves_the_others_checked():
+    """A name imported only under TYPE_CHECKING turned the check off for every argument."""
+    from hpsearch.search.components import _sampled_wrong_type, _type_hints
+    from hpsearch.search.config import FloatParam
+
+    source = (
+        "from __future__ import annotations\n"
+        "from typing import TYPE_CHECKING, Optional\n"
+        "if TYPE_CHECKING:\n"
+        "    from somewhere_else import Thing\n"
+        "class Net:\n"
+        "    def __init__(self, hidden: Optional[int] = 3, thing: Thing = None, lr: float = 0.1):\n"
+        "        pass\n")
+    namespace = {"__name__": "user_module"}
+    exec(compile(source, "user_module.py", "exec"), namespace)
+    net = namespace["Net"]
+    hints = _type_hints(net)
+    assert set(hints) == {"hidden", "lr"}
+    assert "use type: int" in _sampled_wrong_type(net, "hidden", hints["hidden"],
+                                                 FloatParam(type="float", low=16, high=64))
