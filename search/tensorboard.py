@@ -78,13 +78,14 @@ def _tensorboard(logdir: Path, host: str, port: int, every_reload) -> int:
             except subprocess.TimeoutExpired:
                 every_reload()
     except KeyboardInterrupt:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
         return 0
-    finally:
+    finally:  # also when every_reload raised: TensorBoard never outlives the command
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
         signal.signal(signal.SIGTERM, previous)
         if previous_int is not None:  # None: set outside Python, cannot be put back
             signal.signal(signal.SIGINT, previous_int)

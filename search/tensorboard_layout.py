@@ -196,7 +196,7 @@ def copy_as_own_group(record: Path, target: Path) -> bool:
             content = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
             content.session_start_info.group_name = ""  # TensorBoard then names the group by its run
             value.metadata.plugin_data.content = content.SerializeToString()
-    partial = target.with_name(target.name + ".part")
+    partial = target.with_name("copy.part")  # no 'tfevents' in its name: TensorBoard leaves it alone
     with partial.open("wb") as handle:
         writer = RecordWriter(handle)
         for event in events:

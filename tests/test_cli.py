@@ -292,6 +292,27 @@ def test_tensorboard_started_as_a_background_job_stops_at_ctrl_c_and_leaves_no_d
     assert not list(scratch.glob("hpsearch-tensorboard-*"))
 
 
+def test_tensorboard_never_outlives_the_command_even_when_linking_new_runs_fails(tmp_path, monkeypatch):
+    import socket
+
+    from hpsearch.search import tensorboard
+
+    started, popen = [], subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *args, **kwargs: started.append(popen(*args, **kwargs)) or started[-1])
+    monkeypatch.setattr(tensorboard, "RELOAD_S", 0.2)
+
+    def storage_gone():
+        raise OSError("storage gone")
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(OSError, match="storage gone"):
+        tensorboard._tensorboard(tmp_path, "127.0.0.1", port, every_reload=storage_gone)
+    [process] = started
+    assert process.poll() is not None
+
+
 def test_tensorboard_on_a_port_in_use_says_so_and_starts_nothing(tmp_path, capsys):
     import socket
 
