@@ -221,7 +221,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     try:
         prepare(config)
     except ConfigError as exc:
-        raise _naming_the_first_directory(exc, exp) from None
+        raise _naming_the_last_sessions_directory(exc, exp) from None
     interrupted.raise_if_heard()
     if searched:
         return _evaluate_again(config, exp, address, verbose, mirror)
@@ -234,7 +234,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         return _search(config, exp, verbose, concurrency, callbacks, mirror, address)
 
 
-def _naming_the_first_directory(error: ConfigError, exp: ExperimentDir) -> ConfigError:
+def _naming_the_last_sessions_directory(error: ConfigError, exp: ExperimentDir) -> ConfigError:
     """A user package that does not import here, with the directory the study's last
     session ran from: its packages imported from there (the current directory)."""
     directory = next((s["directory"] for s in reversed(read_sessions(exp)) if s.get("directory")), None)
