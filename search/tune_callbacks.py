@@ -421,7 +421,7 @@ class ProgressDisplay(Callback):
 
         self.console = Console(stderr=True)
         # Said at once: in a log, the next line may come only when the first trial ends.
-        self.console.print(f"searching: {self.num_trials} trial{'s' if self.num_trials != 1 else ''} in all; "
+        self.console.print(f"searching: {counted(self.num_trials, 'trial')} in all; "
                            f"results in {self.exp.root}", markup=False,
                            highlight=False, soft_wrap=True)  # a path stays whole in a log
         if self.console.is_terminal:
