@@ -195,11 +195,24 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
 
 
 def _type_hints(klass: type) -> dict[str, Any]:
-    """The constructor's annotated argument types, each resolved on its own: one that does
-    not evaluate here (a name imported under ``TYPE_CHECKING``) leaves out only itself."""
+    """The constructor's annotated argument types; an argument whose default is None also
+    takes None (``x: int = None``, which Python no longer reads as Optional)."""
     import typing
 
-    init = klass.__init__
+    try:
+        defaults = {name: parameter.default for name, parameter in inspect.signature(klass.__init__).parameters.items()}
+    except (TypeError, ValueError):  # a constructor with no signature to read (built in C)
+        defaults = {}
+    return {name: typing.Optional[hint] if defaults.get(name, inspect.Parameter.empty) is None else hint
+            for name, hint in _annotations(klass.__init__).items()}
+
+
+def _annotations(init) -> dict[str, Any]:
+    """A constructor's annotations, each resolved on its own when they cannot all be: one
+    that does not evaluate here (a name imported under ``TYPE_CHECKING``) leaves out only
+    itself."""
+    import typing
+
     try:
         return typing.get_type_hints(init)
     except Exception:
@@ -230,6 +243,8 @@ def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | No
     try:
         TypeAdapter(annotation).validate_python(value)
     except ValidationError as exc:
+        if isinstance(value, (int, float)) and _fits_as_it_is(annotation, str(value)):
+            return f"{value!r} is a number, and {klass.__name__}'s {name} takes {expected}: put it in quotes ('{value}')"
         return f"{value!r} does not suit {klass.__name__}'s {name}: {expected} ({exc.errors()[0]['msg']})"
     if _fits_as_it_is(annotation, value):
         return None

@@ -667,7 +667,23 @@ def test_annotations_other_than_plain_values_are_left_to_the_constructor():
     assert _sampled_wrong_type(Net, "hidden", int, floats_as_choices) == \
         "16.0 is a float, and Net's hidden takes int: write 16"
     assert _sampled_wrong_type(Net, "hidden", float, CategoricalParam(type="categorical", choices=[16, 32])) is None
-    assert _wrong_type(Net, "act", str, "relu") is None and "does not suit" in _wrong_type(Net, "act", str, 3)
+    assert _wrong_type(Net, "act", str, "relu") is None
+    assert _wrong_type(Net, "tag", str, 3) == "3 is a number, and Net's tag takes str: put it in quotes ('3')"
+
+
+def test_an_argument_whose_default_is_none_takes_none():
+    """``x: int = None`` is common, and Python no longer reads it as Optional[int]."""
+    from hpsearch.search.components import _sampled_wrong_type, _type_hints
+    from hpsearch.search.config import CategoricalParam
+
+    class Net:
+        def __init__(self, width: int = None, depth: int = 2):
+            pass
+
+    hints = _type_hints(Net)
+    choices = CategoricalParam(type="categorical", choices=[None, 2])
+    assert _sampled_wrong_type(Net, "width", hints["width"], choices) is None
+    assert "None does not suit Net's depth: int" in _sampled_wrong_type(Net, "depth", hints["depth"], choices)
 
 
 def test_one_annotation_that_does_not_evaluate_leaves_the_others_checked():
