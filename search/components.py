@@ -164,7 +164,8 @@ def _kind_problem(section: str, klass: type) -> str | None:
 def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> list[Problem]:
     signature = Signature.of(klass)
     component: ComponentConfig = getattr(config, section)
-    searched = set(config.params_for(section, config.space))
+    searched_params = config.params_for(section, config.space)
+    searched = set(searched_params)
     filled = set(DATA_TO_MODEL_ARGS if section == "model" else LOADER_ARGS)
     known = ", ".join(sorted(signature.names)) or "none"
     problems = [
@@ -188,7 +189,7 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
     ]
     problems += [
         config.problem(f"space.{section}.{name}", wrong)
-        for name, param in sorted(config.params_for(section, config.space).items())
+        for name, param in sorted(searched_params.items())
         if name in hints and (wrong := _sampled_wrong_type(klass, name, hints[name], param))
     ]
     return problems

@@ -53,20 +53,20 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     # The trials' own options, with no loader processes to start for one batch.
     loader = loader_options(config.loader.model_copy(update={"num_workers": 0, "pin_memory": False}),
                             config.resources, on_gpu=False)
+    data_built = f"{data_class.__name__}(...{_searched(config, params, 'data')})"
     try:
-        with _warnings_naming(f"{data_class.__name__}(...{_searched(params, 'data')})"):
+        with _warnings_naming(data_built):
             datamodule = build_datamodule(config, data_class, params, loader)
     except Exception as exc:
         raise ConfigError([config.problem(_argument_named(config, "data", exc, params),
-                                          f"{data_class.__name__}(...{_searched(params, 'data')}) "
-                                          f"raised {type(exc).__name__}: {exc}")]) from None
+                                          f"{data_built} raised {type(exc).__name__}: {exc}")]) from None
+    model_built = f"{model_class.__name__}(...{_searched(config, params, 'model')})"
     try:
-        with _warnings_naming(f"{model_class.__name__}(...{_searched(params, 'model')})"):
+        with _warnings_naming(model_built):
             model = build_model(config, model_class, params, datamodule)
     except Exception as exc:
         raise ConfigError([config.problem(_argument_named(config, "model", exc, params),
-                                          f"{model_class.__name__}(...{_searched(params, 'model')}) "
-                                          f"raised {type(exc).__name__}: {exc}")]) from None
+                                          f"{model_built} raised {type(exc).__name__}: {exc}")]) from None
     quiet_lightning()
     logged = _a_few_batches(config, params, model, datamodule, model_class, data_class)
     if config.metric not in logged:
@@ -210,10 +210,10 @@ def _relative_path_note(exc: Exception) -> str:
     return ""
 
 
-def _searched(params: dict[str, Any], section: str) -> str:
+def _searched(config: ExperimentConfig, params: dict[str, Any], section: str) -> str:
     """The searched values a constructor was given, to show beside its error: the fault may
     lie in the space (a range's low end) rather than in init_args."""
-    given = [f"{key.partition('.')[2]}={_shown(value)}" for key, value in params.items() if key.startswith(section + ".")]
+    given = [f"{name}={_shown(value)}" for name, value in config.params_for(section, params).items()]
     return f", searched: {', '.join(given)}" if given else ""
 
 

@@ -601,10 +601,10 @@ def test_a_searched_value_the_set_up_refuses_by_name_and_value_is_blamed_on_its_
     assert problem.field == "space.data.batch_size" and "batch_size=16.0" in problem.message, problem
 
 
-def test_the_searched_values_beside_a_constructors_error_show_a_float_as_a_float():
+def test_the_searched_values_beside_a_constructors_error_show_a_float_as_a_float(example_config):
     from hpsearch.search.preflight import _searched
 
-    assert _searched({"model.hidden": 16.0, "model.lr": 0.001732051, "data.batch_size": 32, "model.act": "relu"},
+    assert _searched(load_config(example_config), {"model.hidden": 16.0, "model.lr": 0.001732051, "data.batch_size": 32, "model.act": "relu"},
                      "model") == ", searched: hidden=16.0, lr=0.00173205, act='relu'"
 
 
