@@ -99,6 +99,12 @@ def finished(exp_dir: Path) -> list[dict]:
     return [r for r in rows(exp_dir) if r["state"] in ("COMPLETE", "PRUNED", "FAILED")]
 
 
+def stop_slowing_epochs(root: Path) -> None:
+    """The epochs of ``experiment``'s model stop sleeping: for the part of a test after its
+    interruption, which needs no time to act in."""
+    (root / "markers" / "no-epoch-sleep").write_text("")
+
+
 def study(exp_dir: Path, name: str):
     from hpsearch.search.searcher import open_study
 
@@ -155,6 +161,7 @@ def test_sigkill_then_resume_loses_nothing_and_falls_back_from_a_damaged_checkpo
     checkpoints = sorted((exp_dir / "trials" / f"trial_{running:04d}" / "checkpoints").glob("epoch-*.ckpt"))
     checkpoints[-1].write_bytes(b"")  # the newest checkpoint is damaged
 
+    stop_slowing_epochs(tmp_path)
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
     assert code == 0, output
     assert_complete_study(exp_dir, "killed")
@@ -202,6 +209,7 @@ def test_sigterm_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
              what="the first resume to hold the study")
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path), timeout=120)
     assert code == 1 and f"pid {first.pid}" in output and "already being searched" in output, output
+    stop_slowing_epochs(tmp_path)
     code, output = finish(first)
     assert code == 0, output
     assert_complete_study(exp_dir, "interrupted")
@@ -337,6 +345,7 @@ def test_ctrl_c_twice_stops_at_once_and_the_study_still_resumes(tmp_path):
     exp_dir = interrupt_after_a_trial(tmp_path, "twice", hang_first_test=True, sigint=signal.SIG_IGN,
                                       press_again_once=lambda root: (root / "markers" / "testing").exists())
     assert not (exp_dir / "best.json").exists()  # the evaluation was cut short
+    stop_slowing_epochs(tmp_path)
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
     assert code == 0, output
     assert_complete_study(exp_dir, "twice")

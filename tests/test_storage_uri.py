@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from conftest import run_cli
-from test_fault_tolerance import experiment, wait_for, wait_until_quiet
+from test_fault_tolerance import experiment, stop_slowing_epochs, wait_for, wait_until_quiet
 
 BUCKET = "hpsearch-test"
 
@@ -146,6 +146,7 @@ def test_a_study_in_s3_survives_its_machine_and_resumes_from_a_fresh_process(s3_
     driver.communicate(timeout=60)
     wait_until_quiet(local_a)
     shutil.rmtree(cache_a)  # the machine and its disk are gone; only the bucket remains
+    stop_slowing_epochs(tmp_path)
 
     result = run_cli("resume", uri, cwd=tmp_path, timeout=400, env={**s3_server, "HPSEARCH_CACHE": str(cache_b)})
     assert result.returncode == 0, result.stdout + result.stderr
