@@ -210,6 +210,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
                                                                f"{started} trials the study already has; give at "
                                                                f"least {started}")])
     say_what_resume_changes(stored, config, exp.root)
+    close_killed_sessions(exp)  # before reading the last one's outcome
     searched = _search_complete(exp, config)
     if searched and (exp.stored_best() or {}).get("test_error") is None and exp.best_json.is_file():
         # Nothing is left to run: neither Ray nor a session starts (both used to, only for
@@ -277,12 +278,13 @@ def _leaves(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _search_complete(exp: ExperimentDir, config: ExperimentConfig) -> bool:
-    """Whether the study's last session completed its search, with every trial finished."""
-    from .experiment import read_sessions
+    """Whether the study's last session completed its search, with every trial finished:
+    the session completed, or its Tune run did before the session was stopped during the
+    test evaluation. (Only then do trials.csv and the Optuna journal surely agree.)"""
     from .outcome import FINISHED_STATES
 
     sessions = sorted(read_sessions(exp), key=lambda s: float(s["started_at"]))
-    if not sessions or sessions[-1].get("outcome") != SESSION_COMPLETE:
+    if not sessions or not (sessions[-1].get("outcome") == SESSION_COMPLETE or sessions[-1].get("search_complete")):
         return False
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     return len(trials) >= config.search.num_trials and all(t.get("state") in FINISHED_STATES for t in trials)
@@ -352,11 +354,14 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     record_session(exp, started_at, None, "running")
     if mirror is not None:
         mirror.push_study_files()
-    outcome = "crashed"
+    outcome, search_complete = "crashed", False
     try:
         with _stop_signals_interrupt() as tune_ended:
             ended = run_session(config, exp, verbose, concurrency, list(callbacks), mirror)
             tune_ended()
+            if ended == SESSION_COMPLETE:
+                search_complete = True  # recorded now, in case the evaluation below is killed
+                record_session(exp, started_at, None, "running", search_complete)
             # After a graceful stop too: best.json then holds the best trial so far.
             best = finalize(config, exp, mirror) if exp.trials_csv.is_file() else None
         outcome = ended
@@ -369,7 +374,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         raise _user_error_in(exc) or _callback_error_in(exc, callbacks, exp) or exc
     finally:
         try:
-            record_session(exp, started_at, time.time(), outcome)
+            record_session(exp, started_at, time.time(), outcome, search_complete)
             if mirror is not None:
                 mirror.push_study_files()
         except HpsearchError:

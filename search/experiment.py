@@ -176,12 +176,17 @@ def read_sessions(exp: ExperimentDir) -> list[dict[str, Any]]:
         return []
 
 
-def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None, outcome: str) -> None:
-    """Add or update (same ``started_at``) one session's entry in ``sessions.json``."""
+def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None, outcome: str,
+                   search_complete: bool = False) -> None:
+    """Add or update (same ``started_at``) one session's entry in ``sessions.json``.
+    ``search_complete``: its Tune run ended with every trial finished, so whatever stopped
+    the session later (a Ctrl+C or a kill during the test evaluation) left only the
+    evaluation to do."""
     sessions = [s for s in read_sessions(exp) if s.get("started_at") != started_at]
     sessions.append({"started_at": started_at, "ended_at": ended_at, "outcome": outcome,
                      "seconds": None if ended_at is None else round(ended_at - started_at, 3),
-                     "directory": os.getcwd()})  # where the user's packages imported from
+                     "directory": os.getcwd(),  # where the user's packages imported from
+                     "search_complete": search_complete})
     write_json(exp.sessions_json, sessions)
 
 
