@@ -331,8 +331,8 @@ class TuneReporter(pl.Callback):
             "hps_report_s": self._report_s,  # the previous report's cost
             "hps_startup_s": self._startup_s or 0.0,
             "hps_data_starved": busy > 0 and data_wait / busy > STARVED_SHARE,
-            "hps_samples_per_s": self._train_samples * trainer.world_size / self._train_seconds
-            if self._train_seconds > 0 else 0.0,
+            # over the training's time, waiting for data included: what the trial trained at
+            "hps_samples_per_s": self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
         })
         if trainer.global_rank == 0:
             self._log_search_metric(trainer)

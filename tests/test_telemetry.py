@@ -101,6 +101,9 @@ def test_a_loader_slower_than_training_is_flagged_as_data_starved(tmp_path):
         assert report["hps_data_starved"] is True, report
         # every batch's loading counts as waiting
         assert BATCHES * 8 * 0.03 <= report["hps_data_wait_s"] < report["hps_epoch_time_s"]
+        # ... and in the samples/s the trial trained at (it counted only the steps: 40x too high)
+        busy = report["hps_train_time_s"] + report["hps_data_wait_s"]
+        assert report["hps_samples_per_s"] == pytest.approx(BATCHES * 8 / busy), report
         # asleep in the loader, the trial process used little CPU
         assert report["hps_epoch_cpu_s"] < 0.5 * report["hps_epoch_time_s"], report
 
