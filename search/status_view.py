@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import counted
@@ -48,17 +49,19 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
             reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
         if row.get("notes"):
             reason = f"{reason} ({row['notes']})"
+        # Cells hold the user's values and messages, read as they are: "[data-starved: ...]"
+        # or a "[rank0]" in an error is text, not rich markup (which dropped it).
         table.add_row(
-            str(row["trial"]),
-            f"[{STATE_STYLES.get(state, 'white')}]{state}[/]",
-            *(_fmt(row.get(p)) for p in params),
-            _fmt(row.get("best")),
-            _fmt(row.get("epochs")),
-            _fmt(row.get("attempts")) + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else ""),
-            *((f"{row.get('node_ip', '')} {str(row.get('node_id', ''))[:8]}",) if node_column else ()),
-            _fmt(row.get("epoch_time_s")),
-            _fmt(row.get("startup_s")),
-            str(reason),
+            escape(str(row["trial"])),
+            f"[{STATE_STYLES.get(state, 'white')}]{escape(state)}[/]",
+            *(escape(_fmt(row.get(p))) for p in params),
+            escape(_fmt(row.get("best"))),
+            escape(_fmt(row.get("epochs"))),
+            escape(_fmt(row.get("attempts")) + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")),
+            *((escape(f"{row.get('node_ip', '')} {str(row.get('node_id', ''))[:8]}"),) if node_column else ()),
+            escape(_fmt(row.get("epoch_time_s"))),
+            escape(_fmt(row.get("startup_s"))),
+            escape(str(reason)),
         )
     console.print(table)
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]

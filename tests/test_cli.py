@@ -492,6 +492,25 @@ def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
     assert "".join(f"(traceback:{traceback})".split()) in shown.replace("│", ""), console.export_text()
 
 
+def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_path):
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import print_status
+
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk_example(tmp_path))
+    (exp.root / "trials.csv").write_text(
+        "trial,state,reason,best,epochs,data_starved,data_wait_s,error\n"
+        "0,COMPLETE,max_epochs,0.5,2,True,0.787,\n"
+        "1,FAILED,RuntimeError: [rank1] [bold]lost,,1,False,0.01,\n")
+    console = Console(width=200, record=True)
+    print_status(exp, console)
+    shown = console.export_text()
+    assert "max_epochs [data-starved: 0.787s waiting on data]" in shown, shown
+    assert "RuntimeError: [rank1] [bold]lost" in shown, shown
+
+
 def test_a_ctrl_c_during_a_resumes_start_up_repeats_the_resume_command(tmp_path, monkeypatch, capsys):
     from hpsearch.search import api
 
