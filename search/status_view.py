@@ -27,7 +27,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
     config = exp.stored_config()
     metric, params = config["metric"], list(config["space"])
     if not exp.trials_csv.is_file():
-        console.print(f"{exp.root}: no trial has started yet")
+        console.print(f"{exp.root}: no trial has started yet", markup=False)
         return
     rows = read_rows(exp.trials_csv)
     # Where each trial ran, once the study spans more than one node.
@@ -79,17 +79,17 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:
     console = console or _console()
     console.print(f"best trial {best['trial']}: {best['metric']} = {_fmt(best['value'])} "
-                  f"({best['state'].lower()}, {counted(best.get('epochs'), 'epoch')})")
+                  f"({best['state'].lower()}, {counted(best.get('epochs'), 'epoch')})", markup=False)
     for key, value in best["params"].items():
-        console.print(f"  {key} = {_fmt(value)}")
+        console.print(f"  {key} = {_fmt(value)}", markup=False)
     for key, value in (best.get("test_metrics") or {}).items():
-        console.print(f"  test: {key} = {_fmt(value)}")
+        console.print(f"  test: {key} = {_fmt(value)}", markup=False)
     if best.get("test_error"):
         console.print(f"  test evaluation failed: {best['test_error']}", markup=False, soft_wrap=True)
         console.print(f"  once it is fixed, evaluate again with: hpsearch resume {best['experiment_dir']}",
                       markup=False, soft_wrap=True)
     if best.get("checkpoint"):
-        console.print(f"  checkpoint: {best['checkpoint']}")
+        console.print(f"  checkpoint: {best['checkpoint']}", markup=False)
 
 
 def _fmt(value: Any) -> str:

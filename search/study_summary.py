@@ -109,6 +109,7 @@ def _number(value: Any) -> float:
 def print_comparison(summaries: list[StudySummary]) -> None:
     """One row per study: best result, trials by state, wall time and compute."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="hpsearch compare")
@@ -121,8 +122,8 @@ def print_comparison(summaries: list[StudySummary]) -> None:
         if best.get("evaluated") is False:
             tests = "not evaluated yet (resume)"
         table.add_row(
-            s.name, f"{s.metric} ({s.mode})", f"{best['value']:.4g}" if best.get("value") is not None else "-",
-            str(best.get("trial", "-")), tests or "-", str(s.trials), str(s.counts["COMPLETE"]),
+            escape(s.name), escape(f"{s.metric} ({s.mode})"), f"{best['value']:.4g}" if best.get("value") is not None else "-",
+            str(best.get("trial", "-")), escape(tests or "-"), str(s.trials), str(s.counts["COMPLETE"]),
             str(s.counts["PRUNED"]), str(s.counts["FAILED"]), f"{s.wall_s:.1f}", f"{s.compute_s:.1f}",
             f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
         )

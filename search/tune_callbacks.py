@@ -488,7 +488,7 @@ class ProgressDisplay(Callback):
 
     def _say(self, line: str) -> None:
         if self._live is not None:
-            self._live.console.print(line)
+            self._live.console.print(line, markup=False)  # an error's "[rank1]" is text, not markup
             self._refresh()
         else:
             print(f"{line}\n  {self.summary()}", file=sys.stderr, flush=True)

@@ -509,6 +509,13 @@ def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_pa
     shown = console.export_text()
     assert "max_epochs [data-starved: 0.787s waiting on data]" in shown, shown
     assert "RuntimeError: [rank1] [bold]lost" in shown, shown
+    from hpsearch.search.status_view import print_best
+
+    console = Console(width=200, record=True)
+    print_best({"trial": 0, "metric": "val_acc", "value": 0.5, "state": "COMPLETE", "epochs": 2,
+                "params": {"model.arch": "[red]wide"}, "checkpoint": "/runs/[b]/best.ckpt"}, console)
+    shown = console.export_text()
+    assert "model.arch = [red]wide" in shown and "checkpoint: /runs/[b]/best.ckpt" in shown, shown
 
 
 def test_a_ctrl_c_during_a_resumes_start_up_repeats_the_resume_command(tmp_path, monkeypatch, capsys):
