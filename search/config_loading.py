@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import replace
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -178,9 +179,35 @@ def validate(raw: dict[str, Any], lines: LineMap, origin: str) -> ExperimentConf
     try:
         config = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError([_to_problem(error, lines, origin) for error in exc.errors()]) from None
+        raise ConfigError(_union_members_merged([_to_problem(error, lines, origin) for error in exc.errors()],
+                                                exc.errors())) from None
     config._lines, config._origin = dict(lines), origin
     return config
+
+
+# How pydantic names the member of a union (``'auto' | int``) a value failed, in the
+# error's location: not a key of the file.
+UNION_MEMBER = re.compile(r"(literal|list|dict|tuple|function-\w+)\[.*\]|constrained-\w+|bool|int|float|str|none")
+
+
+def _union_members_merged(problems: list[Problem], errors: list[Mapping[str, Any]]) -> list[Problem]:
+    """One problem per field: a value that fits no member of a union (``num_workers: -1``
+    for ``'auto' | int >= 0``) gets one error per member from pydantic, each located under
+    the member's name (``loader.num_workers.literal['auto']``). They become one line that
+    says what the field takes and what it got."""
+    merged: dict[tuple[str, int | str | None], tuple[Problem, list[str], Any]] = {}
+    for problem, error in zip(problems, errors):
+        last = str(error["loc"][-1]) if error["loc"] else ""
+        member = bool(UNION_MEMBER.fullmatch(last)) and problem.field.endswith(f".{last}")
+        field = problem.field.removesuffix(f".{last}") if member else problem.field
+        key = (field, problem.line or problem.source)
+        if key in merged:
+            merged[key][1].append(problem.message.removeprefix("Input should be "))
+        else:
+            merged[key] = (replace(problem, field=field), [problem.message], error.get("input"))
+    return [problem if len(messages) == 1 else
+            replace(problem, message=f"{' or '.join(messages)} (got {given!r})")
+            for problem, messages, given in merged.values()]
 
 
 def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Problem:

@@ -162,6 +162,18 @@ def test_errors_from_a_file_carry_the_yaml_line(tmp_path):
     assert problem.field == "space.model.lr.lw" and problem.line == line and str(text) in str(problem)
 
 
+def test_a_value_no_member_of_a_union_takes_is_one_problem_saying_what_the_field_takes(tmp_path):
+    # pydantic gives one error per member ('auto', int >= 0), each under the member's name
+    config = example_dict()
+    config["loader"] = {"num_workers": -1, "pin_memory": "maybe"}
+    with pytest.raises(ConfigError) as caught:
+        load_config(write_yaml(tmp_path / "x.yaml", config))
+    assert [(p.field, p.message) for p in caught.value.problems] == [
+        ("loader.num_workers", "Input should be 'auto' or greater than or equal to 0 (got -1)"),
+        ("loader.pin_memory", "Input should be 'auto' or a valid boolean, unable to interpret input (got 'maybe')")]
+    assert all(p.line for p in caught.value.problems)
+
+
 def test_exponent_notation_is_a_number_in_the_file_and_in_set(tmp_path):
     """YAML 1.1 (PyYAML) reads ``1e-4`` as a string; the model then got '1e-4' as its
     weight decay and failed in the preflight, blamed on its class."""
