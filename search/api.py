@@ -323,10 +323,11 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
 
     with collector_paused(freeze_survivors=True):
         model_class, data_class = check_components(config)
-        from .devices import precision_fallback_warning
+        from .devices import loader_setting_warnings, precision_fallback_warning
     check_strategy_available(config)
     check_sampler(config)
     precision_fallback_warning(config.trainer, config.resources)
+    loader_setting_warnings(config.loader, config.resources)
     if config.search.preflight if preflight is None else preflight:
         from .preflight import run_preflight
 

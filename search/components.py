@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ComponentConfig, ExperimentConfig
-from .errors import ConfigError, Problem
+from .errors import ConfigError, Problem, warn_user
 
 DATA_TO_MODEL_ARGS = ("input_shape", "num_classes")
 LOADER_ARGS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
@@ -124,7 +124,25 @@ def check_components(config: ExperimentConfig) -> tuple[type, type]:
         problems += _loader_problems(config, classes["model"], classes["data"])
     if problems:
         raise ConfigError(problems)
+    _warn_of_loader_settings_not_taken(config, classes["data"])
     return classes["model"], classes["data"]
+
+
+def _warn_of_loader_settings_not_taken(config: ExperimentConfig, data_class: type) -> None:
+    """hpsearch hands its ``loader`` options to the DataModule as constructor arguments of
+    the same names; one the file changes from its default that the DataModule has no
+    argument for (or that its ``init_args`` set) changes nothing, and is said so."""
+    from .config import LoaderConfig
+
+    signature, defaults = Signature.of(data_class), LoaderConfig()
+    for name in LOADER_ARGS:
+        if getattr(config.loader, name) == getattr(defaults, name):
+            continue
+        if name not in signature.names:
+            warn_user(f"loader.{name} is not passed on: {data_class.__name__} takes no argument {name!r}, so its own "
+                      "DataLoaders decide (trials.csv's num_workers and pin_memory show what they used)")
+        elif name in config.data.init_args:
+            warn_user(f"loader.{name} is not passed on: data.init_args sets {name}, which wins")
 
 
 def _loader_problems(config: ExperimentConfig, model_class: type, data_class: type) -> list[Problem]:

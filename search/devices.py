@@ -6,7 +6,9 @@ visible. Each choice is reported with the trial's results.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -40,6 +42,49 @@ def precision_fallback_warning(trainer: TrainerConfig, resources: ResourcesConfi
     """One warning, in the driver, when CPU trials cannot use the requested precision."""
     if trainer.precision == "16-mixed" and resources.worker_gpus == 0:
         warn_user("trainer.precision '16-mixed' needs a GPU and these trials run on CPU: they use 'bf16-mixed' instead")
+
+
+def loader_setting_warnings(loader: LoaderConfig, resources: ResourcesConfig) -> None:
+    """Warn, in the driver, of ``loader`` settings that cannot do what they ask for these
+    trials: pinned memory for trials without a GPU (torch pins only for an accelerator),
+    and more loader workers than the CPUs a trial worker holds (they share those CPUs)."""
+    if loader.pin_memory is True and resources.worker_gpus == 0:
+        warn_user("loader.pin_memory: true does nothing for these trials: they run on CPU, and memory is "
+                  "pinned only for a GPU")
+    cpus = int(resources.worker_cpus)
+    if loader.num_workers != "auto" and loader.num_workers > cpus:
+        warn_user(f"loader.num_workers: {loader.num_workers} loader processes share the {cpus} CPU(s) each trial "
+                  f"worker holds (resources.cpus_per_{'worker' if resources.workers_per_trial > 1 else 'trial'})")
+
+
+def loader_in_use(loaders: Any) -> dict[str, Any]:
+    """What the trial's training DataLoaders (as Lightning holds them: one, or a list or
+    mapping of them) actually use, for trials.csv: their worker processes together, and
+    whether batches are pinned (torch pins only where an accelerator exists). hpsearch's
+    own options may not be what ran: a DataModule may fix its own ``num_workers``, or not
+    pass hpsearch's on."""
+    from torch.utils.data import DataLoader
+
+    found = [leaf for leaf in _leaves(loaders) if isinstance(leaf, DataLoader)]
+    if not found:
+        return {}
+    return {"hps_num_workers": sum(int(dl.num_workers) for dl in found),
+            "hps_pin_memory": any(dl.pin_memory for dl in found) and _pinning_possible()}
+
+
+def _leaves(tree: Any) -> list[Any]:
+    if isinstance(tree, Mapping):
+        return [leaf for value in tree.values() for leaf in _leaves(value)]
+    if isinstance(tree, (list, tuple)):
+        return [leaf for value in tree for leaf in _leaves(value)]
+    flattened = getattr(tree, "flattened", None)  # Lightning's CombinedLoader
+    return _leaves(flattened) if isinstance(flattened, list) else [tree]
+
+
+def _pinning_possible() -> bool:
+    """Torch's own rule for whether a DataLoader with ``pin_memory=True`` pins."""
+    accelerator = getattr(torch, "accelerator", None)
+    return bool(accelerator.is_available()) if accelerator is not None else torch.cuda.is_available()
 
 
 def loader_options(loader: LoaderConfig, resources: ResourcesConfig, on_gpu: bool) -> dict:

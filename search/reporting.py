@@ -88,12 +88,12 @@ class TuneReporter(pl.Callback):
     def __init__(self, metric: str, mode: str, max_epochs: int, report: Callable[[dict], None],
                  static_fields: dict[str, Any], before_report: Callable[[], Any] | None = None,
                  report_on_every_rank: bool = False, started: float | None = None,
-                 fields_at_train_start: Callable[[], dict[str, Any]] | None = None,
+                 fields_at_train_start: Callable[[pl.Trainer], dict[str, Any]] | None = None,
                  stopped_by_scheduler: Callable[[pl.Trainer, dict[str, Any]], bool] | None = None) -> None:
         """``before_report``: called on rank 0 once the epoch's files are written and before
         the report (with URI storage it uploads them: the study must never know of an epoch
         whose checkpoint is not in storage). ``fields_at_train_start``: reported fields
-        known only once the DataModule's ``setup`` has run. ``stopped_by_scheduler``: asked
+        known only once the DataModule's ``setup`` has run and the trainer holds its loaders. ``stopped_by_scheduler``: asked
         on every rank after each report when the report does not itself wait for Tune's
         decision (Ray Train's ranks): whether the scheduler stopped the trial there, in
         which case training ends before another epoch starts."""
@@ -135,7 +135,7 @@ class TuneReporter(pl.Callback):
         if self._startup_s is None:
             self._startup_s = time.perf_counter() - self.started
         if self.fields_at_train_start is not None:
-            self.static_fields.update(self.fields_at_train_start())
+            self.static_fields.update(self.fields_at_train_start(trainer))
         self._unchecked_from_step = trainer.global_step  # a resumed trial's steps go on from its checkpoint
         if self._checkpointed_epoch is not None:
             self._report_checkpointed_epoch(trainer, self._checkpointed_epoch)

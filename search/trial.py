@@ -91,7 +91,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     import pytorch_lightning as pl
     import torch
 
-    from .devices import trial_device, use_sharing_strategy
+    from .devices import loader_in_use, trial_device, use_sharing_strategy
     from .lightning_trainer import build_trainer, quiet_lightning, remember_callback_factories
     from .reporting import TuneReporter
 
@@ -130,7 +130,8 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         "hps_world_size": parallel.world_size,
         "hps_workers_start_s": workers_start_s,
         "hps_strategy": parallel.strategy_name,
-        "hps_num_workers": getattr(datamodule, "effective_num_workers", device.loader_options["num_workers"]),
+        # hpsearch's loader options until the training starts; then what its DataLoaders use
+        "hps_num_workers": device.loader_options["num_workers"],
         "hps_pin_memory": device.loader_options["pin_memory"],
         "hps_loader_sharing": sharing,
         "hps_batch_slots": getattr(datamodule, "uses_batch_slots", False),
@@ -144,7 +145,9 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
                             report_on_every_rank=parallel.report_on_every_rank, started=started,
                             stopped_by_scheduler=stopped_by_scheduler,
                             # by the training's start, the DataModule's setup has asked for its data
-                            fields_at_train_start=lambda: {"hps_data_reused": WORKER_DATA.reuses > reuses_before})
+                            fields_at_train_start=lambda trainer: {
+                                "hps_data_reused": WORKER_DATA.reuses > reuses_before,
+                                **loader_in_use(trainer.train_dataloader)})
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
                             tensorboard_run=tensorboard_run, callbacks=[reporter],

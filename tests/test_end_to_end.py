@@ -166,15 +166,19 @@ def test_a_users_own_module_by_import_path(tmp_path):
         "metric": "val_mse", "mode": "min",
         "search": {"num_trials": 3, "max_concurrent": 2, "sampler": "random", "seed": 1},
         "scheduler": {"type": "none", "max_epochs": 2},
+        # NoisyLinearData takes no num_workers: its own DataLoaders run without workers
+        "loader": {"num_workers": 1},
         "storage": "runs",
     }
     write_yaml(tmp_path / "exp.yaml", config)
     result = run_cli("run", "exp.yaml", cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "loader.num_workers is not passed on: NoisyLinearData takes no argument 'num_workers'" in result.stderr
     best = json.loads((tmp_path / "runs" / "user-regression" / "best.json").read_text())
     assert best["metric"] == "val_mse" and best["value"] >= 0 and best["test_metrics"] == {}
     rows = rows_of(tmp_path / "runs" / "user-regression")
     assert [r["state"] for r in rows] == ["COMPLETE"] * 3
+    assert [(r["num_workers"], r["pin_memory"]) for r in rows] == [("0", "False")] * 3  # what ran, not the option
     # Each trial set its data up once; each worker process built it for its first trial only.
     lines = [line.split() for line in setups.read_text().splitlines()]
     assert [how for _, how, trial in lines if trial == "driver"] == ["built"]  # the preflight

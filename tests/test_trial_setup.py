@@ -90,6 +90,46 @@ def test_loader_options_with_no_worker_processes_are_valid_for_a_plain_dataloade
     assert (kept["num_workers"], kept["persistent_workers"], kept["prefetch_factor"]) == (2, True, 4)
 
 
+def test_trials_csv_gets_what_the_training_dataloaders_use_not_hpsearchs_options():
+    # A DataModule may fix its own num_workers or ignore hpsearch's; torch pins memory only
+    # where an accelerator exists (a CPU trial's pin_memory=True pinned nothing).
+    import torch
+    from pytorch_lightning.utilities import CombinedLoader
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hpsearch.search.devices import loader_in_use
+
+    data = TensorDataset(torch.arange(8.0))
+    own = DataLoader(data, batch_size=4, num_workers=1, pin_memory=True)
+    pinned = torch.cuda.is_available()
+    assert loader_in_use(own) == {"hps_num_workers": 1, "hps_pin_memory": pinned}
+    several = {"a": own, "b": [DataLoader(data, num_workers=2)]}
+    assert loader_in_use(several) == {"hps_num_workers": 3, "hps_pin_memory": pinned}
+    assert loader_in_use(CombinedLoader(several, "max_size_cycle"))["hps_num_workers"] == 3
+    assert loader_in_use(iter([1, 2])) == {}  # not a DataLoader: nothing to say
+
+
+def test_loader_settings_that_cannot_act_are_warned_of(example_config, monkeypatch):
+    from hpsearch.search.components import check_components
+    from hpsearch.search.devices import loader_setting_warnings
+
+    config = load_config(example_config, ["loader.pin_memory=true", "loader.num_workers=8",
+                                          "resources.cpus_per_trial=2"])
+    with pytest.warns(UserWarning) as caught:
+        loader_setting_warnings(config.loader, config.resources)
+    said = [str(w.message) for w in caught]
+    assert any("loader.pin_memory: true does nothing for these trials: they run on CPU" in m for m in said), said
+    assert any("loader.num_workers: 8 loader processes share the 2 CPU(s)" in m for m in said), said
+    # The built-in digits takes the loader options; a DataModule without them does not.
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["data"] = {"class_path": "userpkg.regression:NoisyLinearData"}
+    example_config["space"] = {"model.lr": {"type": "float", "low": 0.01, "high": 0.1}}
+    config = load_config(example_config, ["loader.num_workers=1"])
+    with pytest.warns(UserWarning, match="loader.num_workers is not passed on: NoisyLinearData takes no argument "
+                                         "'num_workers', so its own DataLoaders decide"):
+        check_components(config)
+
+
 def test_fp16_on_cpu_falls_back_to_bf16_silently_in_the_trial():
     # The one warning is the driver's (tests/test_resources.py); trials only record it.
     with warnings.catch_warnings(record=True) as caught:
