@@ -348,8 +348,11 @@ class ExperimentConfig(StrictModel):
     @model_validator(mode="after")
     def _strategy_needs_workers(self):
         strategy = self.trainer.strategy
-        if strategy == "ddp" and not self.resources.distributed:
-            raise FieldValueError("trainer.strategy", "'ddp' needs resources.workers_per_trial > 1")
+        if strategy in ("ddp", "fsdp", "deepspeed") and not self.resources.distributed:
+            # A trial of one process runs Lightning's single-device training: the strategy
+            # would be dropped without a word.
+            what = "runs one rank per worker" if strategy == "ddp" else "shards the model over a trial's ranks"
+            raise FieldValueError("trainer.strategy", f"'{strategy}' {what}: it needs resources.workers_per_trial > 1")
         if strategy == "fsdp" and self.resources.worker_gpus == 0:
             raise FieldValueError("trainer.strategy", "'fsdp' shards over GPUs: give each rank one (resources.gpus_per_trial "
                                                      "or gpus_per_worker >= 1)")

@@ -61,6 +61,11 @@ def test_distributed_trials_hold_no_cpu_for_their_driver():
 @pytest.mark.parametrize("settings, field, message", [
     ({"trainer": {"strategy": "ddp"}}, "trainer.strategy", "needs resources.workers_per_trial > 1"),
     ({"trainer": {"strategy": "fsdp"}, "resources": {"workers_per_trial": 2}}, "trainer.strategy", "shards over GPUs"),
+    # one process: Lightning's single-device training, which would drop the strategy unsaid
+    ({"trainer": {"strategy": "fsdp"}, "resources": {"gpus_per_trial": 1}}, "trainer.strategy",
+     "'fsdp' shards the model over a trial's ranks: it needs resources.workers_per_trial > 1"),
+    ({"trainer": {"strategy": "deepspeed"}, "resources": {"gpus_per_trial": 1}}, "trainer.strategy",
+     "'deepspeed' shards the model over a trial's ranks: it needs resources.workers_per_trial > 1"),
     ({"resources": {"gpus_per_worker": 1.5, "workers_per_trial": 2}}, "resources.gpus_per_worker", "must be whole"),
     ({"resources": {"gpus_per_worker": 0.5, "workers_per_trial": 2}}, "resources.gpus_per_worker", "cannot share a GPU"),
     ({"resources": {"gpus_per_trial": 0.25, "workers_per_trial": 4}}, "resources.gpus_per_trial", "cannot share a GPU"),
