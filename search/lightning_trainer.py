@@ -138,7 +138,9 @@ def build_trainer(
         limit_val_batches=settings.limit_val_batches,
         deterministic=settings.deterministic,
         num_sanity_val_steps=0,  # the driver's preflight already ran validation once
-        inference_mode=True,  # validation without autograd bookkeeping
+        # for trainer.validate (a resumed trial's restored weights); fit's own validation
+        # runs under no_grad, Lightning's choice (see README, the six speed techniques)
+        inference_mode=True,
         enable_progress_bar=False,
         enable_model_summary=False,
         log_every_n_steps=10,

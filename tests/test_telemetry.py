@@ -311,3 +311,32 @@ def test_ddp_ranks_that_disagree_on_the_search_metric_get_a_note(rank_values, no
     assert gathered == [rank_values[0]]  # compared once a trial, not every epoch
     notes = reporter.static_fields["hps_notes"]
     assert ("val_acc differs between the 2 ranks (0.5 to 0.75): log it with sync_dist=True" in notes) is noted, notes
+
+
+def test_evaluation_keeps_no_autograd_graph_and_the_final_test_runs_in_inference_mode(tmp_path, monkeypatch):
+    # What the README's table says of the sixth technique: validation inside a trial's fit
+    # runs under no_grad (Lightning's choice there), the best trial's test under inference_mode.
+    import json
+
+    from conftest import FIXTURES
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.evaluation import evaluate_checkpoint
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    from userpkg.grad_probe import GradModeProbe
+
+    log = tmp_path / "modes.jsonl"
+    data = SlowLoadingData(item_seconds=0.0)
+    reports_of(tmp_path, GradModeProbe(log_to=str(log), channels=4, input_shape=data.input_shape,
+                                       num_classes=data.num_classes), data)
+    checkpoint = tmp_path / "trial" / "checkpoints" / "best.ckpt"
+    assert checkpoint.is_file()
+    config = load_config({
+        "name": "modes", "metric": "val_acc", "mode": "max",
+        "model": {"class_path": "userpkg.grad_probe:GradModeProbe", "init_args": {"log_to": str(log), "channels": 4}},
+        "data": {"class_path": "synthetic-images", "init_args": {"num_samples": 80, "image_size": 4, "channels": 1,
+                                                                 "batch_size": 8, "test_fraction": 0.2}},
+        "space": {"model.lr": {"type": "float", "low": 0.01, "high": 0.1}}})
+    assert "test_acc" in evaluate_checkpoint(config.model_dump(mode="json"), {"model.lr": 0.05}, str(checkpoint))
+    seen = {(r["step"], r["grad"], r["inference"]) for r in map(json.loads, log.read_text().splitlines())}
+    assert seen == {("validation", False, False), ("test", False, True)}, seen
