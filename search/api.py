@@ -79,6 +79,8 @@ def run(
     # prepare() freezes the driver's imports for this search only
     with thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
         prepare(config)
+        if starts_a_local_ray(address):
+            room_on_this_machine(config)  # a trial too large for it is refused before Ray starts
         interrupted.raise_if_heard()
         home = _new_study_home(config)  # a URI is checked for writing here
         from .tuner import ray_for_search
@@ -109,8 +111,8 @@ def check(
     config = _run_config(source, overrides, name, storage)
     with thawed_at_exit():
         prepare(config)
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        room_on_this_machine(config)  # raises ResourceError where run's local Ray would
+    if starts_a_local_ray(address):
+        room_on_this_machine(config)  # refuses a trial too large for it, as run does
     home = _new_study_home(config)
     return config, home.mirror.uri if home.mirror is not None else str(home.root)
 
@@ -126,12 +128,21 @@ def _new_study_home(config: ExperimentConfig) -> StudyHome:
         raise ConfigError([config.problem("storage", str(exc))]) from None
 
 
+def starts_a_local_ray(address: str | None) -> bool:
+    """Whether a search started here runs on a Ray of its own on this machine: no
+    ``address``, no ``RAY_ADDRESS``, and no Ray this process already runs (the user's own
+    ``ray.init``, which may declare other resources)."""
+    ray = sys.modules.get("ray")
+    return address is None and not os.environ.get("RAY_ADDRESS") and not (ray is not None and ray.is_initialized())
+
+
 def room_on_this_machine(config: ExperimentConfig) -> tuple[int, dict[str, float]]:
     """How many trials at once the local Ray that ``run`` starts here (no ``address``)
-    would hold, and this machine's CPUs and GPUs as Ray counts them; a ``ResourceError``
-    naming the numbers if not one trial fits. CPUs are counted by Ray's own rule (which
-    follows a container's CPU limit); GPUs, only when trials ask for some, as torch sees
-    them (``CUDA_VISIBLE_DEVICES`` included)."""
+    would hold, and this machine's CPUs and GPUs as Ray counts them. A trial that does not
+    fit is a mistake in the file: a ``ConfigError`` naming the resources setting and the
+    numbers. CPUs are counted by Ray's own rule (which follows a container's CPU limit);
+    GPUs, only when trials ask for some, as torch sees them (``CUDA_VISIBLE_DEVICES``
+    included)."""
     from ray._private.utils import get_num_cpus
 
     from .errors import ResourceError
@@ -145,7 +156,17 @@ def room_on_this_machine(config: ExperimentConfig) -> tuple[int, dict[str, float
     try:
         return concurrent_trials_capacity(config.resources, [{"Resources": node}]), node
     except ResourceError as exc:
-        raise ResourceError(f"on this machine, where run starts its own Ray unless given --address: {exc}") from None
+        message = f"{exc} (on this machine, where the search starts its own Ray unless given --address)"
+        raise ConfigError([config.problem(_resource_at_fault(config.resources, node), message)]) from None
+
+
+def _resource_at_fault(resources, node: Mapping[str, float]) -> str:
+    """The ``resources`` setting that makes a trial too large for ``node``."""
+    if resources.worker_cpus > node["CPU"]:
+        return "resources.cpus_per_worker" if resources.cpus_per_worker is not None else "resources.cpus_per_trial"
+    if resources.worker_gpus > node["GPU"]:
+        return "resources.gpus_per_worker" if resources.gpus_per_worker is not None else "resources.gpus_per_trial"
+    return "resources.workers_per_trial"
 
 
 def _tune_callbacks(callbacks: Iterable[Any]) -> list[Any]:
@@ -226,6 +247,8 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     interrupted.raise_if_heard()
     if searched:
         return _evaluate_again(config, exp, address, verbose, mirror)
+    if starts_a_local_ray(address):
+        room_on_this_machine(config)  # a trial too large for it is refused before Ray starts
     from .tuner import ray_for_search
 
     with ray_for_search(config, address, verbose):

@@ -247,7 +247,7 @@ def cmd_check(args) -> int:
     resources = config.resources
     trial = (f"{resources.workers_per_trial} x ({resources.worker_cpus:g} CPU, {resources.worker_gpus:g} GPU)"
              if resources.distributed else f"{resources.cpus_per_trial:g} CPU, {resources.gpus_per_trial:g} GPU")
-    if args.address is None and not os.environ.get("RAY_ADDRESS"):
+    if api.starts_a_local_ray(args.address):
         capacity, node = api.room_on_this_machine(config)
         room = (f"this machine ({node['CPU']:g} CPUs, {node['GPU']:g} GPUs) holds {capacity} at a time"
                 + (f", so {capacity} will run at once" if capacity < config.search.max_concurrent else ""))

@@ -47,6 +47,7 @@ def concurrent_trials_capacity(resources: ResourcesConfig, nodes: Iterable[Mappi
             f"a trial needs {workers} workers of {per_worker} = {workers * cpus:g} CPUs"
             + (f" and {workers * gpus:g} GPUs" if gpus else "")
             + f", but the cluster can hold only {slots} such workers ({total_cpu:g} CPUs, {total_gpu:g} GPUs "
-            f"in {len(nodes)} node(s)); lower resources.workers_per_trial or add nodes"
+            f"in {len(nodes)} node(s)); lower resources.workers_per_trial or what each worker needs "
+            "(resources.cpus_per_worker, gpus_per_worker), or add nodes"
         )
     return slots // workers

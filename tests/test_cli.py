@@ -82,9 +82,10 @@ def test_check_refuses_a_distributed_trial_larger_than_this_machine(tmp_path, ca
     config = shrunk_example(tmp_path / "runs", **{"resources/workers_per_trial": too_many,
                                                             "resources/cpus_per_worker": 1})
     path = write_yaml(tmp_path / "exp.yaml", config)
-    assert main(["check", str(path)]) == 1
+    assert main(["check", str(path)]) == EXIT_CONFIG_ERROR  # as run refuses it: before Ray starts
     err = capsys.readouterr().err
     assert f"a trial needs {too_many} workers of 1 CPU(s)" in err and "on this machine" in err, err
+    assert "- resources.workers_per_trial (" in err, err
     assert "--address" in err
     # Bound for a cluster: its room is checked when the search starts there, as run does.
     assert main(["check", str(path), "--address", "10.0.0.1:6379"]) == 0

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 import warnings
 
 import pytest
 
-from conftest import run_cli, shrunk_example, write_yaml
+from conftest import shrunk_example, write_yaml
 from hpsearch.search.config_loading import load_config
 from hpsearch.search.devices import precision_fallback_warning
 from hpsearch.search.distributed import check_strategy_available, driver_resources, strategy_name
@@ -119,13 +121,30 @@ def test_fp16_on_cpu_trials_warns_once_in_the_driver(example_config):
     assert caught == []
 
 
+NO_RAY_START = ("import sys, ray\n"
+                "def refused(*args, **kwargs):\n"
+                "    raise SystemExit('ray.init was called')\n"
+                "ray.init = refused\n"
+                "from hpsearch.search.cli import main\n"
+                "sys.exit(main(sys.argv[1:]))\n")
+
+
 @pytest.mark.e2e
-def test_the_cli_refuses_an_oversized_trial_before_any_trial_starts(tmp_path):
-    config = shrunk_example(tmp_path / "runs", **{"resources/cpus_per_trial": 64})
-    path = write_yaml(tmp_path / "exp.yaml", config)
-    result = run_cli("run", str(path), cwd=tmp_path, timeout=180)
-    assert result.returncode == 1, result.stderr
-    assert "needs 64 CPU(s) on one node, but the largest node has" in result.stderr
+@pytest.mark.parametrize("setting, field", [
+    ({"resources/cpus_per_trial": 64}, "resources.cpus_per_trial"),
+    ({"resources/workers_per_trial": 3, "resources/cpus_per_worker": 1}, "resources.workers_per_trial"),
+])
+def test_the_cli_refuses_a_trial_too_large_for_this_machine_before_ray_starts(tmp_path, setting, field):
+    # A mistake in the file like any other (exit 2, the field and its line), found before
+    # Ray's start: ray.init is made to fail here, and is never reached.
+    path = write_yaml(tmp_path / "exp.yaml", shrunk_example(tmp_path / "runs", **setting))
+    (tmp_path / "no_ray.py").write_text(NO_RAY_START)
+    result = subprocess.run([sys.executable, "no_ray.py", "run", str(path)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=180)
+    assert result.returncode == 2, result.stderr
+    assert re.search(rf"- {re.escape(field)} \(\S*exp.yaml, line \d+\): ", result.stderr), result.stderr
+    assert "(on this machine, where the search starts its own Ray unless given --address)" in result.stderr
+    assert "ray.init was called" not in result.stderr
     assert not (tmp_path / "runs").exists()
 
 
