@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .config import ExperimentConfig
+from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import load_config
 from .errors import CallbackError, ConfigError, HpsearchError, Interrupted, Problem, resume_command, warn_user
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
@@ -160,7 +160,7 @@ def room_on_this_machine(config: ExperimentConfig) -> tuple[int, dict[str, float
         raise ConfigError([config.problem(_resource_at_fault(config.resources, node), message)]) from None
 
 
-def _resource_at_fault(resources, node: Mapping[str, float]) -> str:
+def _resource_at_fault(resources: ResourcesConfig, node: Mapping[str, float]) -> str:
     """The ``resources`` setting that makes a trial too large for ``node``."""
     if resources.worker_cpus > node["CPU"]:
         return "resources.cpus_per_worker" if resources.cpus_per_worker is not None else "resources.cpus_per_trial"

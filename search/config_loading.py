@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import replace
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

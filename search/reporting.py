@@ -93,10 +93,11 @@ class TuneReporter(pl.Callback):
         """``before_report``: called on rank 0 once the epoch's files are written and before
         the report (with URI storage it uploads them: the study must never know of an epoch
         whose checkpoint is not in storage). ``fields_at_train_start``: reported fields
-        known only once the DataModule's ``setup`` has run and the trainer holds its loaders. ``stopped_by_scheduler``: asked
-        on every rank after each report when the report does not itself wait for Tune's
-        decision (Ray Train's ranks): whether the scheduler stopped the trial there, in
-        which case training ends before another epoch starts."""
+        known only once the DataModule's ``setup`` has run and the trainer holds its
+        loaders. ``stopped_by_scheduler``: asked on every rank after each report when the
+        report does not itself wait for Tune's decision (Ray Train's ranks): whether the
+        scheduler stopped the trial there, in which case training ends before another
+        epoch starts."""
         self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
         self.before_report = before_report
         self.stopped_by_scheduler = stopped_by_scheduler
