@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import pytorch_lightning as pl
@@ -117,6 +118,7 @@ class TuneReporter(pl.Callback):
         self._val_started = self._val_seconds = self._checkpoint_started = 0.0
         self._cpu_at_epoch_start = self._epoch_cpu_s = 0.0
         self._train_samples, self._train_seconds = 0, 0.0
+        self._several_loaders = False
         self._losses_finite: torch.Tensor | None = None  # on the loss's device; see FINITE_CHECK_EVERY
         self._unchecked_from_step = 0
         # This epoch's validated metrics, saved in its checkpoint (``state_dict``); and those
@@ -137,6 +139,9 @@ class TuneReporter(pl.Callback):
             self._startup_s = time.perf_counter() - self.started
         if self.fields_at_train_start is not None:
             self.static_fields.update(self.fields_at_train_start(trainer))
+        loaders = trainer.train_dataloader
+        # Several training loaders (a list or mapping of them): each batch holds one batch of each.
+        self._several_loaders = isinstance(loaders, (list, tuple, Mapping)) and len(loaders) > 1
         self._unchecked_from_step = trainer.global_step  # a resumed trial's steps go on from its checkpoint
         if self._checkpointed_epoch is not None:
             self._report_checkpointed_epoch(trainer, self._checkpointed_epoch)
@@ -184,7 +189,7 @@ class TuneReporter(pl.Callback):
             if (batch_idx + 1) % FINITE_CHECK_EVERY == 0:
                 self._check_losses_finite(trainer)  # waits for the queued steps: training time
         self._train_seconds += time.perf_counter() - self._batch_started
-        self._train_samples += _batch_size(batch)
+        self._train_samples += _samples_in(batch, self._several_loaders)
 
     def _check_losses_finite(self, trainer: pl.Trainer) -> None:
         """Raise if a training loss since the last check was NaN or infinite: the one
@@ -390,6 +395,16 @@ def _wait_for_device(pl_module) -> None:
     device = getattr(pl_module, "device", None)
     if isinstance(device, torch.device) and device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _samples_in(batch: Any, several_loaders: bool) -> int:
+    """The samples of one training step: with several training loaders, Lightning hands a
+    list or mapping holding one batch of each (None for one that ran out), summed here."""
+    if several_loaders and isinstance(batch, Mapping):
+        return sum(_batch_size(part) for part in batch.values())
+    if several_loaders and isinstance(batch, (list, tuple)):
+        return sum(_batch_size(part) for part in batch)
+    return _batch_size(batch)
 
 
 def _batch_size(batch: Any) -> int:

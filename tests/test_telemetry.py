@@ -108,6 +108,27 @@ def test_a_loader_slower_than_training_is_flagged_as_data_starved(tmp_path):
         assert report["hps_epoch_cpu_s"] < 0.5 * report["hps_epoch_time_s"], report
 
 
+class TwoTrainingLoaders(SlowLoadingData):
+    def train_dataloader(self):
+        return {"a": super().train_dataloader(), "b": super().train_dataloader()}
+
+
+class TrainsOnEachLoader(MLPClassifier):
+    def training_step(self, batch, batch_idx):
+        return sum(super(TrainsOnEachLoader, self).training_step(part, batch_idx) for part in batch.values())
+
+
+@pytest.mark.parametrize("loaders", [TwoTrainingLoaders, SlowLoadingData])
+def test_samples_per_s_counts_every_training_loaders_batch(tmp_path, loaders):
+    # With a mapping of loaders, each step holds one batch of each: it counted the first only.
+    data = loaders(item_seconds=0.0)
+    model = mlp_for(data, TrainsOnEachLoader if loaders is TwoTrainingLoaders else MLPClassifier)
+    for report in reports_of(tmp_path, model, data):
+        busy = report["hps_train_time_s"] + report["hps_data_wait_s"]
+        samples = BATCHES * 8 * (2 if loaders is TwoTrainingLoaders else 1)
+        assert report["hps_samples_per_s"] == pytest.approx(samples / busy), report
+
+
 def test_work_between_steps_is_not_counted_as_waiting_on_data(tmp_path):
     data = SlowLoadingData(item_seconds=0.0)
     for report in reports_of(tmp_path, mlp_for(data, SlowBetweenSteps), data):
