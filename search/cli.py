@@ -241,6 +241,7 @@ def cmd_run(args) -> int:
 
 def cmd_check(args) -> int:
     from . import api
+    from .errors import counted
 
     config, home = api.check(args.config, args.overrides, name=args.name, storage=args.storage,
                              address=args.address)
@@ -256,7 +257,7 @@ def cmd_check(args) -> int:
     print(f"ok: {config.name}: {config.model.class_path} on {config.data.class_path}, "
           f"{len(config.space)} searched parameters ({', '.join(config.space) or 'none'}), "
           f"{config.metric} ({config.mode}) logged at validation\n"
-          f"  {config.search.num_trials} trials, {config.search.max_concurrent} at a time, each {trial}; {room}\n"
+          f"  {counted(config.search.num_trials, 'trial')}, {config.search.max_concurrent} at a time, each {trial}; {room}\n"
           f"  the study would go to {home}")
     return 0
 
@@ -275,10 +276,10 @@ def _report(result) -> int:
 
     print(f"experiment: {result.experiment_dir}  ({result.elapsed_s:.1f}s)")
     if result.already_complete:
-        print(f"the study was already complete ({len(result.trials)} trials); nothing was run. "
+        print(f"the study was already complete ({counted(len(result.trials), 'trial')}); nothing was run. "
               f"Add trials with: {result.resume_command} --set search.num_trials=N")
     if result.evaluated_again:
-        print(f"the search was already complete ({len(result.trials)} trials); only the best trial's "
+        print(f"the search was already complete ({counted(len(result.trials), 'trial')}); only the best trial's "
               f"test evaluation ran again")
     if result.best:
         print_best(result.best)

@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .errors import counted
 from .experiment import ExperimentDir
 from .study_summary import StudySummary, summarize
 
@@ -249,7 +250,7 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
     speed = [[row.get(key) for key, _ in SPEED_COLUMNS] for row in summary.rows]
     sections = [
         f"<h1>hpsearch report: {html.escape(summary.name)}</h1>",
-        f'<p>{html.escape(summary.experiment_dir)} · {summary.trials} trials · metric '
+        f'<p>{html.escape(summary.experiment_dir)} · {counted(summary.trials, "trial")} · metric '
         f'<b>{html.escape(summary.metric)}</b> ({summary.mode}) · written {time.strftime("%Y-%m-%d %H:%M:%S")}</p>',
         "<h2>Best configuration</h2>",
         _table("best", ["", "value"], best_rows) if best else "<p>No trial has a result yet.</p>",

@@ -33,7 +33,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
     # Where each trial ran, once the study spans more than one node.
     nodes = {row.get("node_id") for row in rows if row.get("node_id")}
     node_column = ("node",) if len(nodes) > 1 else ()
-    table = Table(title=f"{config['name']} — {len(rows)} trials, {metric} ({config['mode']})")
+    table = Table(title=f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']})")
     for column in ("trial", "state", *params, metric, "epochs", "tries", *node_column, "s/epoch", "start-up s",
                    "why it stopped"):
         table.add_column(column, justify="right" if column not in ("state", "why it stopped") else "left",

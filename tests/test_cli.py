@@ -491,6 +491,7 @@ def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
     print_status(exp, console)
     shown = "".join(console.export_text().split())  # the table's cells, without its wrapping
     assert "".join(f"(traceback:{traceback})".split()) in shown.replace("│", ""), console.export_text()
+    assert "— 1 trial, val_acc (max)" in console.export_text()  # not "1 trials"
 
 
 def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_path):
