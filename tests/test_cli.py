@@ -489,9 +489,10 @@ def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
         f"not retried (traceback: {traceback}),,1\n")
     console = Console(width=110, record=True)
     print_status(exp, console)
-    shown = "".join(console.export_text().split())  # the table's cells, without its wrapping
-    assert "".join(f"(traceback:{traceback})".split()) in shown.replace("│", ""), console.export_text()
-    assert "— 1 trial, val_acc (max)" in console.export_text()  # not "1 trials"
+    text = console.export_text()
+    shown = "".join(text.split())  # the table's cells, without its wrapping
+    assert "".join(f"(traceback:{traceback})".split()) in shown.replace("│", ""), text
+    assert "— 1 trial, val_acc (max)" in text, text  # not "1 trials"
 
 
 def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_path):
