@@ -317,19 +317,33 @@ def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str |
                     mirror: Mirror | None) -> SearchResult:
     """The search is complete, but its test evaluation of the best trial failed (or its
     best.json is missing): run only the evaluation, not another Tune session. Ray starts
-    only when the evaluation needs a trial's GPUs (see ``results.evaluate_on_cluster``)."""
+    only when the evaluation needs a trial's GPUs (see ``results.evaluate_on_cluster``).
+    It is a session of the study all the same (sessions.json: its time counts in the
+    study's wall time)."""
     from .results import finalize
 
-    started = time.monotonic()
-    if config.resources.gpus_per_trial > 0:
-        from .tuner import ray_for_search
+    started, started_at = time.monotonic(), time.time()
+    record_session(exp, started_at, None, "running", search_complete=True)
+    outcome = "crashed"
+    try:
+        if config.resources.gpus_per_trial > 0:
+            from .tuner import ray_for_search
 
-        with ray_for_search(config, address, verbose):
+            with ray_for_search(config, address, verbose):
+                best = finalize(config, exp, mirror)
+        else:
             best = finalize(config, exp, mirror)
-    else:
-        best = finalize(config, exp, mirror)
-    if mirror is not None:
-        mirror.push_study_files()
+        outcome = SESSION_COMPLETE
+    except KeyboardInterrupt:
+        outcome = SESSION_INTERRUPTED
+        raise Interrupted(exp.root, address) from None
+    finally:
+        try:
+            record_session(exp, started_at, time.time(), outcome, search_complete=True)
+            if mirror is not None:
+                mirror.push_study_files()
+        except HpsearchError:
+            pass  # a full disk: the error that caused it is the one to report
     return SearchResult(exp.root, SESSION_COMPLETE, best, read_rows(exp.trials_csv), time.monotonic() - started,
                         evaluated_again=True, address=address)
 

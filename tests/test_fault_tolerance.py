@@ -416,20 +416,29 @@ def test_an_interrupted_or_failing_test_evaluation_keeps_the_result_and_resume_o
     assert len(rows(exp_dir)) == 2  # no trial ran again
 
 
-def test_a_kill_during_the_test_evaluation_leaves_only_the_evaluation_to_resume(tmp_path):
+def test_a_kill_or_ctrl_c_during_the_test_evaluation_leaves_only_the_evaluation_to_resume(tmp_path):
     path = experiment(tmp_path, "killed-testing", hang_first_test=True)
     exp_dir = tmp_path / "runs" / "killed-testing"
     driver = start("run", path.name, "--set", "search.num_trials=2", "--set", "scheduler.max_epochs=1", cwd=tmp_path)
     wait_for(lambda: (tmp_path / "markers" / "testing").exists(), what="the test evaluation")
     driver.send_signal(signal.SIGKILL)
     driver.communicate(timeout=60)
+    # The resume's evaluation hangs too, and a Ctrl+C stops it as it stops a search.
+    (tmp_path / "markers" / "testing").unlink()
+    resuming = start("resume", str(exp_dir), cwd=tmp_path)
+    wait_for(lambda: (tmp_path / "markers" / "testing").exists(), what="the resume's test evaluation")
+    resuming.send_signal(signal.SIGINT)
+    code, output = finish(resuming, timeout=120)
+    assert code == 130 and "search interrupted" in output and f"hpsearch resume {exp_dir}" in output, output
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
     assert code == 0 and "only the best trial's test evaluation ran again" in output, output
     assert "searching:" not in output and len(list((exp_dir / "tune").glob("session-*"))) == 1, output
     assert "test_acc" in json.loads((exp_dir / "best.json").read_text())["test_metrics"]
     sessions = json.loads((exp_dir / "sessions.json").read_text())
-    assert [(s["outcome"], s["search_complete"]) for s in sessions] == [("killed", True)], sessions
-    assert sessions[0]["seconds"] > 0, sessions
+    # each evaluation's own session counts in the study's time
+    assert [(s["outcome"], s["search_complete"]) for s in sessions] == [
+        ("killed", True), ("interrupted", True), ("complete", True)], sessions
+    assert all(s["seconds"] > 0 for s in sessions), sessions
 
 
 def test_resume_runs_the_preflight_in_its_own_directory(tmp_path):
