@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import run_cli, shrunk_example, write_yaml
-from test_fault_tolerance import experiment, finish, start, stop_slowing_epochs, wait_for
+from test_fault_tolerance import experiment, finish, start, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -98,8 +98,9 @@ def test_a_worker_node_dies_mid_search_and_its_trials_finish_elsewhere(tmp_path)
         lost = {n: int(r["epochs"]) for n, r in rows(exp_dir).items()
                 if r["node_id"] == doomed.node_id and r["state"] == "RUNNING"}
         killed_at = time.monotonic()
+        # (Its epochs stay slow: fast ones let the doomed node's trial finish while the
+        # node was still going down.)
         cluster.remove_node(doomed, allow_graceful=False)
-        stop_slowing_epochs(tmp_path)
         code, output = finish(driver, timeout=400)
         assert code == 0, output
         recovered_s = time.monotonic() - killed_at
