@@ -201,13 +201,22 @@ def _union_members_merged(problems: list[Problem], errors: list[Mapping[str, Any
         member = bool(UNION_MEMBER.fullmatch(last)) and problem.field.endswith(f".{last}")
         field = problem.field.removesuffix(f".{last}") if member else problem.field
         key = (field, problem.line or problem.source)
+        message = problem.message.removesuffix(_got(error.get("input")))
         if key in merged:
-            merged[key][1].append(problem.message.removeprefix("Input should be "))
+            merged[key][1].append(message.removeprefix("Input should be "))
         else:
-            merged[key] = (replace(problem, field=field), [problem.message], error.get("input"))
-    return [problem if len(messages) == 1 else
-            replace(problem, message=f"{' or '.join(messages)} (got {given!r})")
+            merged[key] = (replace(problem, field=field), [message], error.get("input"))
+    return [replace(problem, message=f"{' or '.join(messages)}{_got(given)}")
             for problem, messages, given in merged.values()]
+
+
+def _is_plain_value(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _got(value: Any) -> str:
+    """What a field was given, said after its error (``(got 'fp16')``)."""
+    return f" (got {value!r})" if _is_plain_value(value) else ""
 
 
 def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Problem:
@@ -228,6 +237,8 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
         message = "needs a 'type': 'float', 'int' or 'categorical' (space keys are 'model.<arg>', 'data.<arg>' or 'trainer.<setting>')"
     elif error["type"] == "string_type" and isinstance(error.get("input"), (int, float, bool)):
         message = f"{message}; YAML read {error['input']!r} as a {type(error['input']).__name__}: put it in quotes"
+    elif not isinstance(cause, FieldValueError) and _is_plain_value(error.get("input")):
+        message = f"{message}{_got(error['input'])}"
     line = _line_of(tuple(loc), lines)
     if isinstance(line, str):
         return Problem(".".join(loc), message, None, line)

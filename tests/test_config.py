@@ -162,7 +162,7 @@ def test_errors_from_a_file_carry_the_yaml_line(tmp_path):
     assert problem.field == "space.model.lr.lw" and problem.line == line and str(text) in str(problem)
 
 
-def test_a_value_no_member_of_a_union_takes_is_one_problem_saying_what_the_field_takes(tmp_path):
+def test_a_refused_value_is_said_with_it_and_a_union_gives_one_problem_saying_what_the_field_takes(tmp_path):
     # pydantic gives one error per member ('auto', int >= 0), each under the member's name
     config = example_dict()
     config["loader"] = {"num_workers": -1, "pin_memory": "maybe"}
@@ -172,6 +172,10 @@ def test_a_value_no_member_of_a_union_takes_is_one_problem_saying_what_the_field
         ("loader.num_workers", "Input should be 'auto' or greater than or equal to 0 (got -1)"),
         ("loader.pin_memory", "Input should be 'auto' or a valid boolean, unable to interpret input (got 'maybe')")]
     assert all(p.line for p in caught.value.problems)
+    config = example_dict()
+    config["trainer"] = {"precision": "fp16"}  # any value refused says what it got
+    with pytest.raises(ConfigError, match=r"trainer.precision .*Input should be '32-true', .* \(got 'fp16'\)"):
+        load_config(write_yaml(tmp_path / "x.yaml", config))
 
 
 def test_exponent_notation_is_a_number_in_the_file_and_in_set(tmp_path):
