@@ -25,17 +25,30 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.strategies import DeepSpeedStrategy, FSDPStrategy
 
 
-class _PlainStateKey(ModelCheckpoint):
-    """Saves and restores its state under plain ModelCheckpoint's key. The checkpoints stay
-    what they were, so studies started before these callbacks existed resume with their
-    best score known."""
+class _OwnStateKey(ModelCheckpoint):
+    """Saves and restores its state under a key of its own (``hpsearch.BestCheckpoint{...}``):
+    a ModelCheckpoint of the user's model (``configure_callbacks``) on the same metric has
+    plain ModelCheckpoint's key, and sharing it, one callback's state overwrote the other's
+    in every checkpoint, so after a retry or resume the best score and ``best.ckpt`` came
+    from the user's callback. A checkpoint written before has the state under that plain
+    key, where it is read from when its own is missing: such studies resume with their best
+    score known."""
 
     @property
     def state_key(self) -> str:
+        return f"hpsearch.{super().state_key}"
+
+    def _plain_state_key(self) -> str:
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        # Lightning restores each callback's state from checkpoint["callbacks"] just after this hook.
+        states = checkpoint.get("callbacks") or {}
+        if self.state_key not in states and self._plain_state_key() in states:
+            states[self.state_key] = states[self._plain_state_key()]
 
-class BestCheckpoint(_PlainStateKey):
+
+class BestCheckpoint(_OwnStateKey):
     """The epoch with the best monitored value. When ``EpochCheckpoints`` writes the same
     step, this file is a copy of that write (see the module docstring)."""
 
@@ -70,7 +83,7 @@ class BestCheckpoint(_PlainStateKey):
             super()._save_checkpoint(trainer, target)
 
 
-class EpochCheckpoints(_PlainStateKey):
+class EpochCheckpoints(_OwnStateKey):
     """The newest epochs, for resume; hands each file it writes to ``best``."""
 
     def __init__(self, best: BestCheckpoint, **kwargs) -> None:

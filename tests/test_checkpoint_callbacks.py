@@ -10,8 +10,10 @@ import torch
 from hpsearch.models.mlp import MLPClassifier
 from hpsearch.models.synthetic import SyntheticImagesDataModule
 
-STATE_KEY = "ModelCheckpoint{'monitor': 'score', 'mode': 'max', 'every_n_train_steps': 0, " \
-            "'every_n_epochs': 1, 'train_time_interval': None}"
+SETTINGS = "{'monitor': 'score', 'mode': 'max', 'every_n_train_steps': 0, 'every_n_epochs': 1, " \
+           "'train_time_interval': None}"
+STATE_KEY = f"hpsearch.BestCheckpoint{SETTINGS}"
+PLAIN_STATE_KEY = f"ModelCheckpoint{SETTINGS}"  # before: shared with a user's ModelCheckpoint on the metric
 
 
 class ScriptedScore(MLPClassifier):
@@ -25,12 +27,23 @@ class ScriptedScore(MLPClassifier):
         self.log("score", float(self.scores[self.current_epoch]))
 
 
+class ScriptedScoreWithItsOwnCheckpoint(ScriptedScore):
+    """A user's model whose configure_callbacks adds a ModelCheckpoint on the search metric."""
+
+    def __init__(self, scores: list[float], own_dir: str = "", **kwargs) -> None:
+        super().__init__(scores, **kwargs)
+        self.own_dir = own_dir
+
+    def configure_callbacks(self):
+        return [pl.callbacks.ModelCheckpoint(dirpath=self.own_dir, monitor="score", mode="max")]
+
+
 def data() -> SyntheticImagesDataModule:
     return SyntheticImagesDataModule(num_samples=40, image_size=4, channels=1, batch_size=8, val_fraction=0.2,
                                      test_fraction=0.2)
 
 
-def fit(tmp_path, scores: list[float], monkeypatch, resume_from=None) -> int:
+def fit(tmp_path, scores: list[float], monkeypatch, resume_from=None, own_checkpoint: bool = False) -> int:
     """Fit for ``len(scores)`` epochs; returns how many checkpoints were serialized."""
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
@@ -46,7 +59,9 @@ def fit(tmp_path, scores: list[float], monkeypatch, resume_from=None) -> int:
     monkeypatch.setattr(pl.Trainer, "save_checkpoint", counted_save)
     settings = TrainerConfig(early_stopping_patience=None)
     dm = data()
-    model = ScriptedScore(scores, input_shape=dm.input_shape, num_classes=dm.num_classes)
+    model = ScriptedScore(scores, input_shape=dm.input_shape, num_classes=dm.num_classes) if not own_checkpoint \
+        else ScriptedScoreWithItsOwnCheckpoint(scores, own_dir=str(tmp_path / "own"), input_shape=dm.input_shape,
+                                               num_classes=dm.num_classes)
     trainer = build_trainer(settings, device=trial_device(settings, LoaderConfig(), ResourcesConfig()),
                             metric="score", mode="max", max_epochs=len(scores), trial_dir=tmp_path,
                             tensorboard_run=tmp_path / "tb" / "run", callbacks=[])
@@ -69,7 +84,7 @@ def test_each_epoch_is_serialized_once_and_best_is_a_separate_copy(tmp_path, mon
     assert all(torch.equal(best["state_dict"][k], v) for k, v in newest["state_dict"].items())
     # a copy, not a link: damage to the resume file leaves the best weights whole
     assert (folder / "best.ckpt").stat().st_ino != (folder / "epoch-0003.ckpt").stat().st_ino
-    # every epoch file holds the best score as of its own epoch, under ModelCheckpoint's key
+    # every epoch file holds the best score as of its own epoch, under the callback's own key
     assert load(folder / "epoch-0002.ckpt")["callbacks"][STATE_KEY]["best_model_score"] == 3.0
     assert newest["callbacks"][STATE_KEY]["best_model_score"] == 4.0
 
@@ -83,6 +98,30 @@ def test_a_resumed_trial_keeps_its_best_when_later_epochs_are_worse(tmp_path, mo
     # epoch-0001.ckpt, the file it was copied from, has been rotated away
     assert load(folder / "best.ckpt")["epoch"] == 1
     assert sorted(p.name for p in folder.glob("epoch-*")) == ["epoch-0002.ckpt", "epoch-0003.ckpt"]
+
+
+def test_a_models_own_checkpoint_on_the_search_metric_leaves_the_trials_best_alone(tmp_path, monkeypatch):
+    # Both callbacks saved their state under one key: after a resume, hpsearch's callback
+    # restored the user's (another dirpath, so no best score) and took epoch 3's 2.0 as best.
+    fit(tmp_path, [1.0, 3.0, 0.5], monkeypatch, own_checkpoint=True)
+    folder = tmp_path / "checkpoints"
+    assert load(folder / "epoch-0002.ckpt")["callbacks"][STATE_KEY]["best_model_score"] == 3.0
+    fit(tmp_path, [1.0, 3.0, 0.5, 2.0], monkeypatch, resume_from=folder / "epoch-0002.ckpt", own_checkpoint=True)
+    assert load(folder / "best.ckpt")["epoch"] == 1
+    assert load(folder / "epoch-0003.ckpt")["callbacks"][STATE_KEY]["best_model_score"] == 3.0
+
+
+def test_a_checkpoint_written_under_the_plain_key_resumes_with_its_best_known(tmp_path, monkeypatch):
+    # Studies checkpointed before the callbacks had keys of their own.
+    fit(tmp_path, [1.0, 3.0, 2.0], monkeypatch)
+    folder = tmp_path / "checkpoints"
+    old = load(folder / "epoch-0002.ckpt")
+    old["callbacks"] = {key.replace("hpsearch.BestCheckpoint", "ModelCheckpoint").replace(
+        "hpsearch.EpochCheckpoints", "ModelCheckpoint"): state for key, state in old["callbacks"].items()}
+    assert PLAIN_STATE_KEY in old["callbacks"]
+    torch.save(old, folder / "epoch-0002.ckpt")
+    fit(tmp_path, [1.0, 3.0, 2.0, 2.5], monkeypatch, resume_from=folder / "epoch-0002.ckpt")
+    assert load(folder / "best.ckpt")["epoch"] == 1  # 2.5 is below the restored 3.0
 
 
 def test_a_best_epoch_no_epoch_file_was_written_for_is_written_at_the_epochs_end(tmp_path):
