@@ -76,6 +76,22 @@ def _remembered_per_sys_path(lookup: Callable[..., Any]) -> Callable[..., Any]:
     return entry_points
 
 
+class SearchEarlyStopping(EarlyStopping):
+    """``trainer.early_stopping_patience``. A class of its own because Lightning drops a
+    Trainer callback when the model's ``configure_callbacks`` returns one of the same
+    class: a model's own EarlyStopping silently replaced the file's patience. Both now
+    run, and either may stop the trial. Its state has its own key too; a checkpoint
+    written before has it under plain EarlyStopping's, where it is read from then."""
+
+    def _plain_state_key(self) -> str:
+        return self.state_key.replace(type(self).__qualname__, EarlyStopping.__qualname__, 1)
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        states = checkpoint.get("callbacks") or {}
+        if self.state_key not in states and self._plain_state_key() in states:
+            states[self.state_key] = states[self._plain_state_key()]
+
+
 def build_trainer(
     settings: TrainerConfig,
     *,
@@ -113,7 +129,7 @@ def build_trainer(
         monitor="step", mode="max", save_top_k=2, enable_version_counter=False, save_on_train_epoch_end=False,
     ))
     if settings.early_stopping_patience is not None:
-        all_callbacks.append(EarlyStopping(
+        all_callbacks.append(SearchEarlyStopping(
             monitor=metric, mode=mode, patience=settings.early_stopping_patience,
             min_delta=settings.early_stopping_min_delta, check_finite=True,
             check_on_train_epoch_end=False,

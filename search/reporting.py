@@ -268,6 +268,11 @@ class TuneReporter(pl.Callback):
         epoch's time is taken here too, so it includes the model's epoch-end work."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
+            if trainer.should_stop and not pending[FINISHED]:
+                # Stopped after this report was composed: by a callback of the model's own
+                # (an EarlyStopping deciding at the epoch's end, Lightning's default) or by
+                # the model itself. The trial ends here, finished, not cut short.
+                pending[FINISHED], pending[STOP_REASON] = True, "early_stopping"
             # The epoch ends here, after the model's own on_train_epoch_end (EMA updates,
             # epoch-level metrics): its time belongs to the epoch and to the compute spent.
             pending["hps_epoch_time_s"] = time.perf_counter() - self._epoch_started

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from conftest import manually_optimized
@@ -361,3 +362,33 @@ def test_evaluation_keeps_no_autograd_graph_and_the_final_test_runs_in_inference
     assert "test_acc" in evaluate_checkpoint(config.model_dump(mode="json"), {"model.lr": 0.05}, str(checkpoint))
     seen = {(r["step"], r["grad"], r["inference"]) for r in map(json.loads, log.read_text().splitlines())}
     assert seen == {("validation", False, False), ("test", False, True)}, seen
+
+
+class ScriptedScoreWithItsOwnEarlyStopping(MLPClassifier):
+    """Logs ``scores[epoch]`` as ``score``; its configure_callbacks adds an EarlyStopping
+    of the user's own, as Lightning writes it by default (deciding at the epoch's end)."""
+
+    def __init__(self, scores, patience: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.scores, self.patience = scores, patience
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("score", float(self.scores[self.current_epoch]))
+
+    def configure_callbacks(self):
+        return [pl.callbacks.EarlyStopping(monitor="score", mode="max", patience=self.patience)]
+
+
+@pytest.mark.parametrize("own_patience, file_patience", [(1, None), (10, 1)])
+def test_a_models_own_early_stopping_and_the_files_patience_both_end_a_trial_as_finished(tmp_path, own_patience,
+                                                                                          file_patience):
+    # (1, None): the model's EarlyStopping stopped training after the epoch's report was
+    # composed, and the trial ended PRUNED ("stopped after epoch 3"). (10, 1): Lightning
+    # dropped hpsearch's EarlyStopping for the model's, so the file's patience of 1 did nothing.
+    from hpsearch.search.outcome import FINISHED, STOP_REASON
+
+    data = SlowLoadingData(item_seconds=0.0)
+    model = ScriptedScoreWithItsOwnEarlyStopping([1.0, 3.0, 2.0, 1.0, 0.5, 0.2], own_patience,
+                                                 input_shape=data.input_shape, num_classes=data.num_classes)
+    reports = reports_of(tmp_path, model, data, epochs=6, metric="score", reports_expected=3, patience=file_patience)
+    assert [(r[FINISHED], r[STOP_REASON]) for r in reports] == [(False, ""), (False, ""), (True, "early_stopping")]
