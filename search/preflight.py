@@ -75,7 +75,8 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
             f"{config.metric!r} is never logged at validation; {model_class.__name__} logs: "
             f"{', '.join(logged) or 'nothing'}",
         )])
-    problems = _values_the_classes_refuse(config, model_class, data_class, params, model, datamodule, loader)
+    problems = _manual_optimization_problems(config, model_class, model)
+    problems += _values_the_classes_refuse(config, model_class, data_class, params, model, datamodule, loader)
     if problems and config.resources.worker_gpus > 0 and not _driver_has_gpu():
         # The builds ran here, on a driver without a GPU (a laptop, a CPU head node), for
         # trials that will have one: a value may need the GPU, so this is not proof.
@@ -179,6 +180,30 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
                                               f"{watch.phase} failed: {type(exc).__name__}: {exc}"
                                               f"{_relative_path_note(exc)}")]) from None
     return watch.logged
+
+
+# Trainer settings Lightning refuses for a model that optimizes manually, and their "off" values.
+NOT_FOR_MANUAL_OPTIMIZATION = {"gradient_clip_val": (None, 0, 0.0), "accumulate_grad_batches": (1,)}
+
+
+def _manual_optimization_problems(config: ExperimentConfig, model_class: type, model) -> list:
+    """A searched clipping or accumulation a model that optimizes manually cannot have:
+    Lightning refuses it when the trial starts, so every trial that samples it would fail.
+    The preflight's batches trained with one value of the range only."""
+    if getattr(model, "automatic_optimization", True):
+        return []
+    problems = []
+    for name, off in NOT_FOR_MANUAL_OPTIMIZATION.items():
+        param = config.space.get(f"trainer.{name}")
+        values = (param.choices if isinstance(param, CategoricalParam) else param.edge_values()) if param else []
+        refused = [value for value in values if value not in off]
+        if refused:
+            problems.append(config.problem(
+                f"space.trainer.{name}", f"{refused[0]!r} can be sampled, and {model_class.__name__} optimizes "
+                f"manually (automatic_optimization = False), for which Lightning refuses {name}; "
+                f"{'clip in training_step (self.clip_gradients)' if name == 'gradient_clip_val' else 'accumulate in training_step'} "
+                "instead, or search only its off value"))
+    return problems
 
 
 def _field_at_fault(config: ExperimentConfig, exc: Exception, params: dict[str, Any], model_class: type,

@@ -327,6 +327,28 @@ def test_preflight_names_the_trainer_setting_a_manually_optimized_model_cannot_u
     assert "gradient accumulation is not supported for manual optimization" in problem.message, problem
 
 
+@pytest.mark.parametrize("name, space", [
+    ("gradient_clip_val", {"type": "float", "low": 0.0, "high": 1.0}),
+    ("gradient_clip_val", {"type": "categorical", "choices": [0.0, 0.5]}),
+    ("accumulate_grad_batches", {"type": "int", "low": 1, "high": 4}),
+])
+def test_a_searched_setting_a_manually_optimized_model_refuses_at_a_later_value_is_named(example_config, tmp_path,
+                                                                                        name, space):
+    # The preflight's batches train with the range's low end or first choice, which is off
+    # here: the other end failed every trial that sampled it.
+    from conftest import manually_optimized, write_yaml
+
+    from hpsearch.models.cnn import CNNClassifier
+
+    example_config["space"][f"trainer.{name}"] = space
+    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, manually_optimized(CNNClassifier), check_components(config)[1])
+    [problem] = caught.value.problems
+    assert problem.field == f"space.trainer.{name}" and problem.line is not None, problem
+    assert "can be sampled, and ManuallyOptimized optimizes manually" in problem.message, problem
+
+
 def test_ctrl_c_during_the_preflight_batch_is_an_interrupt_not_an_exit(example_config):
     # Lightning turns Ctrl+C inside validate() into sys.exit(1); the driver must see Ctrl+C.
     import signal
