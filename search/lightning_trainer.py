@@ -92,6 +92,46 @@ class SearchEarlyStopping(EarlyStopping):
             states[self.state_key] = states[self._plain_state_key()]
 
 
+class PlateauStepOnResume(pl.Callback):
+    """The ReduceLROnPlateau step a resumed trial would lose. Lightning steps such a
+    scheduler at the epoch's end, after validation, when the epoch's checkpoint is already
+    written; resuming from it, Lightning skips that step, since it does not keep the
+    monitored value (its own comment says so). So each retry or resume lost one cut of the
+    learning rate. This callback keeps the monitored values in the checkpoint, and takes
+    the missing step when training starts from one (only if the scheduler has not taken
+    it: the count of its steps says)."""
+
+    def __init__(self) -> None:
+        self._monitored: dict[str, float] = {}
+        self._epoch = 0
+        self._restored: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"monitored": dict(self._monitored), "epoch": self._epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = state_dict
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        metrics = trainer.callback_metrics
+        self._monitored = {config.monitor: float(metrics[config.monitor]) for config in trainer.lr_scheduler_configs
+                           if config.reduce_on_plateau and config.monitor in metrics}
+        self._epoch = trainer.current_epoch + 1
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        restored, self._restored = self._restored, None
+        if not restored or not pl_module.automatic_optimization:  # manual: the model steps its schedulers
+            return
+        epoch = restored["epoch"]
+        for config in trainer.lr_scheduler_configs:
+            value = restored["monitored"].get(config.monitor)
+            if (config.reduce_on_plateau and config.interval == "epoch" and value is not None
+                    and epoch % config.frequency == 0 and config.scheduler.last_epoch < epoch // config.frequency):
+                pl_module.lr_scheduler_step(config.scheduler, value)
+
+
 def build_trainer(
     settings: TrainerConfig,
     *,
@@ -135,6 +175,7 @@ def build_trainer(
             check_on_train_epoch_end=False,
         ))
     all_callbacks.append(LearningRateMonitor(logging_interval="epoch"))
+    all_callbacks.append(PlateauStepOnResume())
     # A resumed trial redoes what came after its checkpoint: purge_step hides the events
     # an earlier attempt wrote from that step on, so each curve keeps one point per step.
     purge = {"purge_step": resume_step} if resume_step is not None else {}

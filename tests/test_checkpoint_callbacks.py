@@ -38,12 +38,22 @@ class ScriptedScoreWithItsOwnCheckpoint(ScriptedScore):
         return [pl.callbacks.ModelCheckpoint(dirpath=self.own_dir, monitor="score", mode="max")]
 
 
+class ScriptedScoreOnPlateau(ScriptedScore):
+    """Its learning rate is cut tenfold at every epoch whose score does not fall."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="min", factor=0.1, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "score", "interval": "epoch"}}
+
+
 def data() -> SyntheticImagesDataModule:
     return SyntheticImagesDataModule(num_samples=40, image_size=4, channels=1, batch_size=8, val_fraction=0.2,
                                      test_fraction=0.2)
 
 
-def fit(tmp_path, scores: list[float], monkeypatch, resume_from=None, own_checkpoint: bool = False) -> int:
+def fit(tmp_path, scores: list[float], monkeypatch, resume_from=None, own_checkpoint: bool = False,
+        model_class: type | None = None) -> int:
     """Fit for ``len(scores)`` epochs; returns how many checkpoints were serialized."""
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
@@ -59,9 +69,10 @@ def fit(tmp_path, scores: list[float], monkeypatch, resume_from=None, own_checkp
     monkeypatch.setattr(pl.Trainer, "save_checkpoint", counted_save)
     settings = TrainerConfig(early_stopping_patience=None)
     dm = data()
-    model = ScriptedScore(scores, input_shape=dm.input_shape, num_classes=dm.num_classes) if not own_checkpoint \
-        else ScriptedScoreWithItsOwnCheckpoint(scores, own_dir=str(tmp_path / "own"), input_shape=dm.input_shape,
-                                               num_classes=dm.num_classes)
+    model = (model_class or ScriptedScore)(scores, input_shape=dm.input_shape, num_classes=dm.num_classes) \
+        if not own_checkpoint else ScriptedScoreWithItsOwnCheckpoint(scores, own_dir=str(tmp_path / "own"),
+                                                                    input_shape=dm.input_shape,
+                                                                    num_classes=dm.num_classes)
     trainer = build_trainer(settings, device=trial_device(settings, LoaderConfig(), ResourcesConfig()),
                             metric="score", mode="max", max_epochs=len(scores), trial_dir=tmp_path,
                             tensorboard_run=tmp_path / "tb" / "run", callbacks=[])
@@ -122,6 +133,22 @@ def test_a_checkpoint_written_under_the_plain_key_resumes_with_its_best_known(tm
     torch.save(old, folder / "epoch-0002.ckpt")
     fit(tmp_path, [1.0, 3.0, 2.0, 2.5], monkeypatch, resume_from=folder / "epoch-0002.ckpt")
     assert load(folder / "best.ckpt")["epoch"] == 1  # 2.5 is below the restored 3.0
+
+
+def test_a_resumed_trial_keeps_every_cut_of_its_plateau_scheduler(tmp_path, monkeypatch):
+    # Lightning steps ReduceLROnPlateau after an epoch's checkpoint is written and skips
+    # that step when resuming from it: a retried or resumed trial lost one cut each time.
+    def learning_rate(checkpoint) -> float:
+        return load(checkpoint)["optimizer_states"][0]["param_groups"][0]["lr"]
+
+    scores = [1.0, 2.0, 3.0, 4.0]  # never falling: a cut after every epoch but the first
+    fit(tmp_path / "whole", scores, monkeypatch, model_class=ScriptedScoreOnPlateau)
+    fit(tmp_path / "resumed", scores[:3], monkeypatch, model_class=ScriptedScoreOnPlateau)
+    folder = tmp_path / "resumed" / "checkpoints"
+    fit(tmp_path / "resumed", scores, monkeypatch, model_class=ScriptedScoreOnPlateau,
+        resume_from=folder / "epoch-0002.ckpt")
+    whole = learning_rate(tmp_path / "whole" / "checkpoints" / "epoch-0003.ckpt")
+    assert learning_rate(folder / "epoch-0003.ckpt") == pytest.approx(whole) == pytest.approx(0.01)
 
 
 def test_a_best_epoch_no_epoch_file_was_written_for_is_written_at_the_epochs_end(tmp_path):
