@@ -22,7 +22,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from .components import build_datamodule, build_model, raised_by
+from .components import build_datamodule, build_model, raised_at, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .devices import loader_options
 from .errors import ConfigError, warn_user
@@ -59,14 +59,14 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
             datamodule = build_datamodule(config, data_class, params, loader)
     except Exception as exc:
         raise ConfigError([config.problem(_argument_named(config, "data", exc, params),
-                                          f"{data_built} raised {type(exc).__name__}: {exc}")]) from None
+                                          f"{data_built} raised {type(exc).__name__}: {exc}{_at(exc)}")]) from None
     model_built = f"{model_class.__name__}(...{_searched(config, params, 'model')})"
     try:
         with _warnings_naming(model_built):
             model = build_model(config, model_class, params, datamodule)
     except Exception as exc:
         raise ConfigError([config.problem(_argument_named(config, "model", exc, params),
-                                          f"{model_built} raised {type(exc).__name__}: {exc}")]) from None
+                                          f"{model_built} raised {type(exc).__name__}: {exc}{_at(exc)}")]) from None
     quiet_lightning()
     logged = _a_few_batches(config, params, model, datamodule, model_class, data_class)
     if config.metric not in logged:
@@ -178,7 +178,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
         except Exception as exc:
             raise ConfigError([config.problem(_field_at_fault(config, exc, params, model_class, data_class),
                                               f"{watch.phase} failed: {type(exc).__name__}: {exc}"
-                                              f"{_relative_path_note(exc)}")]) from None
+                                              f"{_relative_path_note(exc)}{_at(exc)}")]) from None
     return watch.logged
 
 
@@ -223,6 +223,12 @@ def _field_at_fault(config: ExperimentConfig, exc: Exception, params: dict[str, 
     if len(mentioned) == 1:
         return mentioned[0]
     return "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
+
+
+def _at(exc: Exception) -> str:
+    """Where in the user's code ``exc`` was raised, as trials say it: `` (at file:line in fn)``."""
+    where = raised_at(exc)
+    return f" (at {where})" if where else ""
 
 
 def _relative_path_note(exc: Exception) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import warnings
 
 import pytest
@@ -311,6 +312,8 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
             run_preflight(config, model, data)
         [problem] = caught.value.problems
         assert problem.field == field and said in problem.message, problem
+        if model is BrokenValidation or data is BrokenSetup:  # the user's code that raised, as trials say it
+            assert re.search(rf"\(at {re.escape(__file__)}:\d+ in (validation_step|setup)\)", problem.message), problem
 
 
 def test_preflight_names_the_trainer_setting_a_manually_optimized_model_cannot_use(example_config, tmp_path):
