@@ -235,6 +235,10 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
         message = "type must be one of 'float', 'int', 'categorical'"
     elif error["type"] == "union_tag_not_found":
         message = "needs a 'type': 'float', 'int' or 'categorical' (space keys are 'model.<arg>', 'data.<arg>' or 'trainer.<setting>')"
+    elif error["type"] == "string_type" and isinstance(error.get("input"), type):
+        given = error["input"]
+        message = (f"an import path is needed, a string such as '{given.__module__}:{given.__qualname__}', "
+                   f"not the class {given.__qualname__} itself")
     elif error["type"] == "string_type" and isinstance(error.get("input"), (int, float, bool)):
         message = f"{message}; YAML read {error['input']!r} as a {type(error['input']).__name__}: put it in quotes"
     elif not isinstance(cause, FieldValueError) and _is_plain_value(error.get("input")):

@@ -178,6 +178,20 @@ def test_a_refused_value_is_said_with_it_and_a_union_gives_one_problem_saying_wh
         load_config(write_yaml(tmp_path / "x.yaml", config))
 
 
+def test_a_class_given_for_a_class_path_is_told_to_be_an_import_path():
+    # From Python, handing the class itself is an easy slip.
+    from hpsearch.models.cnn import CNNClassifier
+
+    config = example_dict()
+    config["model"]["class_path"] = CNNClassifier
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    [problem] = caught.value.problems
+    assert problem.field == "model.class_path" and problem.message == (
+        "an import path is needed, a string such as 'hpsearch.models.cnn:CNNClassifier', not the class "
+        "CNNClassifier itself"), problem
+
+
 def test_exponent_notation_is_a_number_in_the_file_and_in_set(tmp_path):
     """YAML 1.1 (PyYAML) reads ``1e-4`` as a string; the model then got '1e-4' as its
     weight decay and failed in the preflight, blamed on its class."""
