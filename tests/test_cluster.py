@@ -133,11 +133,17 @@ def test_a_search_submitted_as_a_ray_job_joins_the_cluster(tmp_path):
 
     from ray.cluster_utils import Cluster
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    def free_port() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    port = free_port()
+    # The job agent's port too: Ray's default (52365) is taken by any other Ray on this
+    # machine (another search), and the job API then has no agent ("No available agent").
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port})
+        "num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
+        "dashboard_agent_listen_port": free_port()})
     try:
         worker = cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
