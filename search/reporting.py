@@ -144,17 +144,24 @@ class TuneReporter(pl.Callback):
         self._several_loaders = isinstance(loaders, (list, tuple, Mapping)) and len(loaders) > 1
         self._unchecked_from_step = trainer.global_step  # a resumed trial's steps go on from its checkpoint
         if self._checkpointed_epoch is not None:
-            self._report_checkpointed_epoch(trainer, self._checkpointed_epoch)
-            self._checkpointed_epoch = None
+            validated, self._checkpointed_epoch = self._checkpointed_epoch, None
+            # Lightning runs the restored epoch's end again (its on_train_epoch_end hooks),
+            # with no metrics: a callback that decides there, as a model's own EarlyStopping
+            # does by default, raised that its monitor was not logged, and every retry and
+            # resume of the trial failed. It sees the epoch's validated metrics now.
+            trainer.callback_metrics.update({name: torch.tensor(value) for name, value in validated["metrics"].items()})
+            # Sent at the next epoch's start or the training's end, after that epoch end:
+            # a stop decided there ends the trial finished (see _deliver_pending).
+            self._pending = self._checkpointed_epoch_report(trainer, validated)
 
-    def _report_checkpointed_epoch(self, trainer: pl.Trainer, validated: dict[str, Any]) -> None:
-        """Report again the epoch the resumed checkpoint holds. Its checkpoint is written
-        before its report, so a trial stopped in between (a Ctrl+C or SIGTERM that pauses
-        the search, a killed worker) continued from an epoch the study never heard of: ASHA
-        never judged it at its rung, and Optuna and trials.csv lacked it. When the study has
-        it already, the same values arrive again: the searcher keeps one value per epoch and
-        ASHA records a trial once per rung. No time or telemetry is added (none was spent),
-        and TensorBoard already has the epoch."""
+    def _checkpointed_epoch_report(self, trainer: pl.Trainer, validated: dict[str, Any]) -> dict[str, Any]:
+        """The report, again, of the epoch the resumed checkpoint holds. Its checkpoint is
+        written before its report, so a trial stopped in between (a Ctrl+C or SIGTERM that
+        pauses the search, a killed worker) continued from an epoch the study never heard of:
+        ASHA never judged it at its rung, and Optuna and trials.csv lacked it. When the study
+        has it already, the same values arrive again: the searcher keeps one value per epoch
+        and ASHA records a trial once per rung. No time or telemetry is added (none was
+        spent), and TensorBoard already has the epoch."""
         metrics, epoch = dict(validated["metrics"]), validated["epoch"]
         self.best = self._best_so_far(trainer, metrics[self.metric])
         # Its end, decided as it was then: the last epoch, or early stopping's patience spent
@@ -168,7 +175,7 @@ class TuneReporter(pl.Callback):
         metrics.update(self.static_fields)
         metrics.update({EPOCH: epoch, FINISHED: finished, STOP_REASON: reason, "hps_best": self.best,
                         "hps_logged_metrics": ",".join(sorted(validated["metrics"])), RESTORED: True})
-        self._send(trainer, metrics)
+        return metrics
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._deliver_pending(trainer)
@@ -273,6 +280,9 @@ class TuneReporter(pl.Callback):
                 # (an EarlyStopping deciding at the epoch's end, Lightning's default) or by
                 # the model itself. The trial ends here, finished, not cut short.
                 pending[FINISHED], pending[STOP_REASON] = True, "early_stopping"
+            if pending.get(RESTORED):
+                self._send(trainer, pending)  # a resumed epoch: no time spent, TensorBoard has it
+                return
             # The epoch ends here, after the model's own on_train_epoch_end (EMA updates,
             # epoch-level metrics): its time belongs to the epoch and to the compute spent.
             pending["hps_epoch_time_s"] = time.perf_counter() - self._epoch_started

@@ -392,3 +392,27 @@ def test_a_models_own_early_stopping_and_the_files_patience_both_end_a_trial_as_
                                                  input_shape=data.input_shape, num_classes=data.num_classes)
     reports = reports_of(tmp_path, model, data, epochs=6, metric="score", reports_expected=3, patience=file_patience)
     assert [(r[FINISHED], r[STOP_REASON]) for r in reports] == [(False, ""), (False, ""), (True, "early_stopping")]
+
+
+@pytest.mark.parametrize("own_patience, scores, reported", [
+    (10, [1.0, 3.0, 2.0, 2.5, 2.6], [(3, False, ""), (4, False, ""), (5, True, "max_epochs")]),
+    # its patience runs out at the restored epoch itself, in the epoch end Lightning reruns
+    (1, [1.0, 3.0, 2.0, 2.5, 2.6], [(3, True, "early_stopping")]),
+])
+def test_a_trial_with_its_models_own_early_stopping_resumes(tmp_path, own_patience, scores, reported):
+    # Lightning reruns the restored epoch's end, where such a callback decides by default,
+    # with no metrics: it raised "Early stopping conditioned on metric `score` which is not
+    # available", and every retry and resume of the trial failed.
+    from hpsearch.search.outcome import EPOCH, FINISHED, STOP_REASON
+
+    data = SlowLoadingData(item_seconds=0.0)
+
+    def model():
+        return ScriptedScoreWithItsOwnEarlyStopping(scores, own_patience, input_shape=data.input_shape,
+                                                    num_classes=data.num_classes)
+
+    reports_of(tmp_path, model(), data, epochs=3, metric="score", patience=None)
+    resumed = reports_of(tmp_path, model(), data, epochs=5, metric="score", patience=None,
+                         resume_from=tmp_path / "trial" / "checkpoints" / "epoch-0002.ckpt",
+                         reports_expected=len(reported))
+    assert [(r[EPOCH], r[FINISHED], r[STOP_REASON]) for r in resumed] == reported
