@@ -42,10 +42,17 @@ class _OwnStateKey(ModelCheckpoint):
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        # Lightning restores each callback's state from checkpoint["callbacks"] just after this hook.
-        states = checkpoint.get("callbacks") or {}
-        if self.state_key not in states and self._plain_state_key() in states:
-            states[self.state_key] = states[self._plain_state_key()]
+        state_from_plain_key(checkpoint, self.state_key, self._plain_state_key())
+
+
+def state_from_plain_key(checkpoint: dict, own_key: str, plain_key: str) -> None:
+    """For a callback whose state key became its own: a checkpoint written before holds its
+    state under ``plain_key``, and it is read from there when ``own_key`` is missing (called
+    from ``on_load_checkpoint``: Lightning restores each callback's state from
+    ``checkpoint["callbacks"]`` just after that hook)."""
+    states = checkpoint.get("callbacks") or {}
+    if own_key not in states and plain_key in states:
+        states[own_key] = states[plain_key]
 
 
 class BestCheckpoint(_OwnStateKey):

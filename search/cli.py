@@ -257,7 +257,8 @@ def cmd_check(args) -> int:
     print(f"ok: {config.name}: {config.model.class_path} on {config.data.class_path}, "
           f"{len(config.space)} searched parameters ({', '.join(config.space) or 'none'}), "
           f"{config.metric} ({config.mode}) logged at validation\n"
-          f"  {counted(config.search.num_trials, 'trial')}, {config.search.max_concurrent} at a time, each {trial}; {room}\n"
+          f"  {counted(config.search.num_trials, 'trial')}, {config.search.max_concurrent} at a time, "
+          f"each {trial}; {room}\n"
           f"  the study would go to {home}")
     return 0
 

@@ -187,7 +187,8 @@ def validate(raw: dict[str, Any], lines: LineMap, origin: str) -> ExperimentConf
 
 # How pydantic names the member of a union (``'auto' | int``) a value failed, in the
 # error's location: not a key of the file.
-UNION_MEMBER = re.compile(r"(literal|list|dict|tuple|function-\w+)\[.*\]|constrained-\w+|bool|int|float|str|none")
+UNION_MEMBER = re.compile(
+    r"(literal|list|dict|tuple|function-\w+)\[.*\]|constrained-\w+|bool|int|float|str|none")
 
 
 def _union_members_merged(problems: list[Problem], errors: list[Mapping[str, Any]]) -> list[Problem]:

@@ -14,7 +14,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor
 from pytorch_lightning.loggers import TensorBoardLogger
 
-from .checkpoint_callbacks import BestCheckpoint, EpochCheckpoints
+from .checkpoint_callbacks import BestCheckpoint, EpochCheckpoints, state_from_plain_key
 from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
 from .config import TrainerConfig
 from .devices import TrialDevice
@@ -87,9 +87,7 @@ class SearchEarlyStopping(EarlyStopping):
         return self.state_key.replace(type(self).__qualname__, EarlyStopping.__qualname__, 1)
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        states = checkpoint.get("callbacks") or {}
-        if self.state_key not in states and self._plain_state_key() in states:
-            states[self.state_key] = states[self._plain_state_key()]
+        state_from_plain_key(checkpoint, self.state_key, self._plain_state_key())
 
 
 class PlateauStepOnResume(pl.Callback):

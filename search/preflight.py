@@ -198,10 +198,11 @@ def _manual_optimization_problems(config: ExperimentConfig, model_class: type, m
         values = (param.choices if isinstance(param, CategoricalParam) else param.edge_values()) if param else []
         refused = [value for value in values if value not in off]
         if refused:
+            instead = ("clip in training_step (self.clip_gradients)" if name == "gradient_clip_val"
+                       else "accumulate in training_step")
             problems.append(config.problem(
                 f"space.trainer.{name}", f"{refused[0]!r} can be sampled, and {model_class.__name__} optimizes "
-                f"manually (automatic_optimization = False), for which Lightning refuses {name}; "
-                f"{'clip in training_step (self.clip_gradients)' if name == 'gradient_clip_val' else 'accumulate in training_step'} "
+                f"manually (automatic_optimization = False), for which Lightning refuses {name}; {instead} "
                 "instead, or search only its off value"))
     return problems
 

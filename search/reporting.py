@@ -149,7 +149,8 @@ class TuneReporter(pl.Callback):
             # with no metrics: a callback that decides there, as a model's own EarlyStopping
             # does by default, raised that its monitor was not logged, and every retry and
             # resume of the trial failed. It sees the epoch's validated metrics now.
-            trainer.callback_metrics.update({name: torch.tensor(value) for name, value in validated["metrics"].items()})
+            trainer.callback_metrics.update({name: torch.tensor(value)
+                                             for name, value in validated["metrics"].items()})
             # Sent at the next epoch's start or the training's end, after that epoch end:
             # a stop decided there ends the trial finished (see _deliver_pending).
             self._pending = self._checkpointed_epoch_report(trainer, validated)

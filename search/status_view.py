@@ -57,7 +57,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
             *(escape(_fmt(row.get(p))) for p in params),
             escape(_fmt(row.get("best"))),
             escape(_fmt(row.get("epochs"))),
-            escape(_fmt(row.get("attempts")) + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")),
+            escape(_fmt(row.get("attempts"))
+                   + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")),
             *((escape(f"{row.get('node_ip', '')} {str(row.get('node_id', ''))[:8]}"),) if node_column else ()),
             escape(_fmt(row.get("epoch_time_s"))),
             escape(_fmt(row.get("startup_s"))),

@@ -122,7 +122,8 @@ def print_comparison(summaries: list[StudySummary]) -> None:
         if best.get("evaluated") is False:
             tests = "not evaluated yet (resume)"
         table.add_row(
-            escape(s.name), escape(f"{s.metric} ({s.mode})"), f"{best['value']:.4g}" if best.get("value") is not None else "-",
+            escape(s.name), escape(f"{s.metric} ({s.mode})"),
+            f"{best['value']:.4g}" if best.get("value") is not None else "-",
             str(best.get("trial", "-")), escape(tests or "-"), str(s.trials), str(s.counts["COMPLETE"]),
             str(s.counts["PRUNED"]), str(s.counts["FAILED"]), f"{s.wall_s:.1f}", f"{s.compute_s:.1f}",
             f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
