@@ -6,7 +6,6 @@ visible. Each choice is reported with the trial's results.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,22 +62,15 @@ def loader_in_use(loaders: Any) -> dict[str, Any]:
     whether batches are pinned (torch pins only where an accelerator exists). hpsearch's
     own options may not be what ran: a DataModule may fix its own ``num_workers``, or not
     pass hpsearch's on."""
+    from pytorch_lightning.utilities import CombinedLoader
     from torch.utils.data import DataLoader
 
-    found = [leaf for leaf in _leaves(loaders) if isinstance(leaf, DataLoader)]
+    combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders)  # Lightning's flattening
+    found = [leaf for leaf in combined.flattened if isinstance(leaf, DataLoader)]
     if not found:
         return {}
     return {"hps_num_workers": sum(int(dl.num_workers) for dl in found),
             "hps_pin_memory": any(dl.pin_memory for dl in found) and _pinning_possible()}
-
-
-def _leaves(tree: Any) -> list[Any]:
-    if isinstance(tree, Mapping):
-        return [leaf for value in tree.values() for leaf in _leaves(value)]
-    if isinstance(tree, (list, tuple)):
-        return [leaf for value in tree for leaf in _leaves(value)]
-    flattened = getattr(tree, "flattened", None)  # Lightning's CombinedLoader
-    return _leaves(flattened) if isinstance(flattened, list) else [tree]
 
 
 def _pinning_possible() -> bool:
