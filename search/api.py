@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .cluster_join import ensure_joined_cluster_answers
 from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import load_config
 from .errors import CallbackError, ConfigError, HpsearchError, Interrupted, Problem, resume_command, warn_user
@@ -76,6 +77,7 @@ def run(
     ``callbacks``: extra ``ray.tune.Callback`` objects (experiment trackers, timing)."""
     callbacks = _tune_callbacks(callbacks)
     config = _run_config(source, overrides, name, storage)
+    ensure_joined_cluster_answers(address)
     # prepare() freezes the driver's imports for this search only
     with thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
         prepare(config)
@@ -109,6 +111,7 @@ def check(
     Starts no Ray and creates nothing; raises what ``run`` would. Returns the validated
     config and where ``run`` would put the study (a directory or URI)."""
     config = _run_config(source, overrides, name, storage)
+    ensure_joined_cluster_answers(address)
     with thawed_at_exit():
         prepare(config)
     if starts_a_local_ray(address):
@@ -238,6 +241,8 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         # Tune to find every trial done).
         return SearchResult(exp.root, SESSION_COMPLETE, exp.stored_best(), read_rows(exp.trials_csv),
                             already_complete=True)
+    if not searched:  # else Ray starts only for a GPU evaluation
+        ensure_joined_cluster_answers(address)
     # The preflight again: this machine, directory or environment may not be the first
     # session's, and a trial that fails for it is FAILED for good (resume reruns no failed trial).
     try:

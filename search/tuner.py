@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Iterator
 
+from .cluster_join import cluster_address, ensure_cluster_answers, join_error
 from .components import user_code_roots
 from .config import ExperimentConfig
 from .errors import warn_user
@@ -94,18 +95,25 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> b
             warn_user(f"address={address!r} is ignored: this process already runs Ray (ray.init was called); "
                       "the search uses that one")
         return False
-    target = address or os.environ.get("RAY_ADDRESS") or "local"
+    target = cluster_address(address) or "local"
+    if target != "local":
+        ensure_cluster_answers(target)
     runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
     with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose), \
             _message_dropped(RAY_NO_SIGTERM_HANDLER_NOTICE, quiet=not verbose):
-        ray.init(
-            address=target,
-            runtime_env=runtime_env or None,
-            include_dashboard=False,
-            logging_level=logging.INFO if verbose else logging.WARNING,
-            log_to_driver=verbose,
-            configure_logging=True,
-        )
+        try:
+            ray.init(
+                address=target,
+                runtime_env=runtime_env or None,
+                include_dashboard=False,
+                logging_level=logging.INFO if verbose else logging.WARNING,
+                log_to_driver=verbose,
+                configure_logging=True,
+            )
+        except (ConnectionError, RuntimeError, ray.exceptions.RayError) as exc:  # RayError: AuthenticationError
+            if target == "local":
+                raise
+            raise join_error(target, exc) from exc
     _quiet_tune_logs(verbose)
     return True
 

@@ -1,0 +1,97 @@
+"""Joining a Ray cluster started elsewhere (``--address``, ``RAY_ADDRESS``): a wrong
+address or a refused token is said at once, in words.
+
+Left to Ray, an address where nothing listens makes ``ray.init`` retry for about 14
+minutes (20 tries of about 40 s each, measured here) before it fails with a traceback, and a
+cluster that requires token authentication refuses a process that sends no token with
+"Failed to connect to Ray cluster" and a traceback: Ray turns token mode on by itself
+only for ``address="auto"``, never for an address given by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from .errors import HpsearchError, first_line
+
+# How long the address may take to accept a connection: a head that is up answers at once.
+ANSWER_TIMEOUT_S = 5.0
+AUTH_MODE_VARIABLE = "RAY_AUTH_MODE"  # Ray's switch for token authentication
+REFUSED_TOKEN = "InvalidAuthToken"  # the GCS's status for a missing or wrong token
+
+
+class ClusterError(HpsearchError):
+    """The Ray cluster to join does not answer, or refuses this process; the message
+    says what to do."""
+
+
+def cluster_address(address: str | None) -> str | None:
+    """The address a search joins (``--address``, else ``RAY_ADDRESS``, which ``ray job
+    submit`` sets); None when it starts a Ray of its own."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
+def ensure_joined_cluster_answers(address: str | None) -> None:
+    """Before the preflight's seconds: the cluster a search would join answers (see
+    ``ensure_cluster_answers``). Nothing to check for a search that starts its own Ray, or
+    that runs on the Ray this process already runs (the user's own ``ray.init``)."""
+    ray = sys.modules.get("ray")
+    target = cluster_address(address)
+    if target and not (ray is not None and ray.is_initialized()):
+        ensure_cluster_answers(target)
+
+
+def ensure_cluster_answers(address: str) -> None:
+    """Raise ``ClusterError`` unless something accepts a connection at a ``host:port``
+    address. Other forms (``auto``, ``ray://``) are left to Ray, which answers them at once."""
+    host, separator, port = address.rpartition(":")
+    if not separator or "://" in address or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=ANSWER_TIMEOUT_S):
+            return
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
+        raise ClusterError(
+            f"no Ray cluster answers at {address} ({reason}): is the cluster up, and is this its head's "
+            f"address? (the head's IP and the --port its `ray start --head` was given, 6379 by default; "
+            f"on the head itself, --address auto finds it)") from None
+
+
+def join_error(address: str, error: BaseException) -> ClusterError:
+    """What a failed ``ray.init(address=...)`` means for the user: a token refused (or
+    none sent), or the cluster's own words."""
+    from ray.exceptions import AuthenticationError
+
+    # Ray raises the refusal itself where it checks the token before connecting, and keeps
+    # only its traceback's text where the GCS refused it (its last try, in the message).
+    refusal = next((cause for cause in _causes(error)
+                    if isinstance(cause, AuthenticationError) or REFUSED_TOKEN in str(cause)), None)
+    if refusal is None:
+        return ClusterError(f"could not join the Ray cluster at {address}: {first_line(error)}")
+    if os.environ.get(AUTH_MODE_VARIABLE, "").lower() != "token" or not _token_given():
+        return ClusterError(
+            f"the Ray cluster at {address} requires token authentication, and this process sent no token: "
+            f"set {AUTH_MODE_VARIABLE}=token, with the cluster's token in ~/.ray/auth_token (or in the file "
+            f"RAY_AUTH_TOKEN_PATH names, or in RAY_AUTH_TOKEN). A cluster started from cluster.yaml sets both "
+            f"on every node.")
+    return ClusterError(
+        f"the Ray cluster at {address} refused this process's token: the token in "
+        f"RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH's file or ~/.ray/auth_token (the first set) must be the one the "
+        f"cluster was started with (`ray get-auth-token` on its head prints it)")
+
+
+def _token_given() -> bool:
+    """Whether Ray finds a token to send, where its documentation says it looks."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
+
+
+def _causes(error: BaseException):
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
