@@ -4,13 +4,17 @@ separate Ray processes (``ray.cluster_utils.Cluster``), joined with ``--address`
 from __future__ import annotations
 
 import csv
+import json
+import os
+import re
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import run_cli, shrunk_example, write_yaml
+from conftest import REPO, run_cli, shrunk_example, write_yaml
 from test_fault_tolerance import experiment, finish, start, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -38,6 +42,14 @@ def _answers(url: str) -> bool:
             return response.status == 200
     except OSError:
         return False
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def rows(exp_dir: Path) -> dict[int, dict]:
@@ -127,16 +139,10 @@ def test_a_search_submitted_as_a_ray_job_joins_the_cluster(tmp_path):
     """``ray job submit -- hpsearch run ...`` through the job API of a cluster whose
     dashboard listens on localhost only (the documented set-up, reached over SSH)."""
     pytest.importorskip("aiohttp_cors", reason="the job API needs ray[default] (hpsearch[cluster])")
-    import socket
     import subprocess
     import sys
 
     from ray.cluster_utils import Cluster
-
-    def free_port() -> int:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            return probe.getsockname()[1]
 
     port = free_port()
     # The job agent's port too: Ray's default (52365) is taken by any other Ray on this
@@ -174,3 +180,116 @@ def test_a_search_submitted_as_a_ray_job_joins_the_cluster(tmp_path):
     table = rows(tmp_path / "runs" / "as-a-job")
     assert len(table) == 2 and all(r["state"] == "COMPLETE" for r in table.values())
     assert {r["node_id"] for r in table.values()} == {worker.node_id}  # trials ran on the cluster's worker
+
+
+def fake_cloud_launcher_config(gcs_port: int, workers: int) -> dict:
+    """What ``ray up`` leaves on the head as ``~/ray_bootstrap_config.yaml``, with Ray's
+    fake node provider for the cloud: its "instances" are raylets that the head's
+    autoscaler starts on this machine. One node type of 1 CPU, at most ``workers`` nodes."""
+    empty_lists = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
+                   "head_start_ray_commands", "worker_start_ray_commands", "cluster_synced_files",
+                   "rsync_exclude", "rsync_filter")
+    return {"cluster_name": "loopback", "max_workers": workers, "upscaling_speed": 1.0, "idle_timeout_minutes": 5,
+            "provider": {"type": "fake_multinode", "gcs_address": f"127.0.0.1:{gcs_port}",
+                         "use_node_id_as_ip": True, "disable_node_updaters": True,
+                         "disable_launch_config_check": True},
+            # the fake provider names the head's type so
+            "head_node_type": "ray.head.default",
+            "available_node_types": {
+                "ray.head.default": {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0},
+                "cpu_worker": {"resources": {"CPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": workers}},
+            "auth": {}, "docker": {}, "file_mounts": {}, "file_mounts_sync_continuously": False,
+            **{key: [] for key in empty_lists}}
+
+
+def stop_ray_at(port: int) -> None:
+    """Stop every process of the Ray whose GCS listens on ``port`` (the head's, and the
+    nodes its autoscaler started, which outlive it): not ``ray stop``, which stops every
+    Ray on the machine."""
+    import signal
+
+    def processes() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, ValueError):
+                continue
+            if entry.name.isdigit() and "ray" in command and re.search(rf"(:|gcs_server_port=){port}\b", command):
+                found.append(int(entry.name))
+        return found
+
+    for stop_signal in (signal.SIGTERM, signal.SIGKILL):
+        for pid in processes():
+            try:
+                os.kill(pid, stop_signal)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while processes() and time.monotonic() < deadline:
+            time.sleep(0.5)
+    current = Path("/tmp/ray/ray_current_cluster")  # `ray start --head` points later ray.init()s here
+    if current.is_file() and current.read_text().strip().endswith(f":{port}"):
+        current.unlink()
+
+
+def test_cluster_yamls_head_adds_nodes_for_a_search_that_joins_it_with_its_token(tmp_path):
+    """cluster.yaml's own head command on loopback: its launcher config where ``ray up``
+    puts it, the token where its file_mounts put it, and the cloud played by Ray's fake
+    node provider. The head has no CPUs, so every trial waits for nodes the autoscaler
+    adds, and the search is sized for the cluster at full scale. A process that joins
+    without token mode is refused in words, not with a traceback."""
+    import subprocess
+    import sys
+
+    from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
+
+    laptop, home, bin_dir, port = tmp_path / "laptop", tmp_path / "home", Path(sys.executable).parent, free_port()
+    launcher = yaml.safe_load((REPO / "cluster.yaml").read_text())
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    # On the laptop, before `ray up`, as cluster.yaml says; then `ray up` copies its file_mounts.
+    subprocess.run(["ray", "get-auth-token", "--generate"], env={**env, "HOME": str(laptop)}, check=True,
+                   capture_output=True, timeout=60)
+    for remote, local in launcher["file_mounts"].items():
+        target = home / remote.removeprefix("~/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(laptop / local.removeprefix("~/"), target)
+    home.mkdir(exist_ok=True)
+    (home / "ray_bootstrap_config.yaml").write_text(json.dumps(fake_cloud_launcher_config(port, workers=2)))
+    env["HOME"] = str(home)  # from here on, processes on the head
+    head_command = launcher["head_start_ray_commands"][-1]
+    assert "--port=6379" in head_command
+    # What the launcher adds or this loopback needs: the head node type's 0 CPUs, free ports.
+    head_command = (head_command.replace("--port=6379", f"--port={port}") +
+                    f" --num-cpus=0 --node-ip-address=127.0.0.1 --dashboard-port={free_port()}"
+                    f" --dashboard-agent-listen-port={free_port()} --disable-usage-stats")
+    head_env = {**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
+    try:
+        subprocess.run(["bash", "-c", head_command], env=head_env, check=True, capture_output=True, timeout=120)
+        config = shrunk_example(tmp_path / "runs", **{"name": "autoscaled", "search/num_trials": 4,
+                                                      "scheduler/type": "none", "scheduler/max_epochs": 2})
+        path = write_yaml(tmp_path / "exp.yaml", config)
+        address = f"127.0.0.1:{port}"
+
+        # Ray tries 20 times, a second apart, before it gives up: 2 are enough here.
+        refused = run_cli("run", str(path), "--address", address, cwd=tmp_path,
+                          env={**env, "RAY_NUM_REDIS_GET_RETRIES": "2"}, timeout=300)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert f"the Ray cluster at {address} requires token authentication" in refused.stderr, refused.stderr
+        assert "RAY_AUTH_MODE=token" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+
+        # cluster.yaml's setup_commands put RAY_AUTH_MODE=token in every shell on the nodes.
+        result = run_cli("run", str(path), "--address", address, cwd=tmp_path, env={**env, "RAY_AUTH_MODE": "token"},
+                         timeout=400)
+        assert result.returncode == 0, result.stdout + result.stderr
+    finally:
+        stop_ray_at(port)
+    output = result.stdout + result.stderr
+    assert "holds 0 trial(s) of this size now and 2 once its autoscaler has added nodes" in output, output
+    table = rows(tmp_path / "runs" / "autoscaled")
+    assert len(table) == 4 and all(r["state"] == "COMPLETE" for r in table.values()), table
+    launched = {FAKE_HEAD_NODE_ID[:-5] + f"{number:05d}" for number in (1, 2)}  # the provider's ids, in order
+    assert {r["node_id"] for r in table.values()} <= launched, table
+    print(f"autoscaled: {len({r['node_id'] for r in table.values()})} node(s) added ran the 4 trials; "
+          f"refused without token mode: {refused.stderr.strip().splitlines()[-1]}")

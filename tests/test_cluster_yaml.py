@@ -24,8 +24,19 @@ def test_only_ssh_is_open_and_the_dashboard_binds_to_localhost():
     assert [(p["FromPort"], p["ToPort"]) for p in permissions] == [(22, 22)]
     head = " ".join(config["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head
-    # Ray's token authentication stays on: nothing in the file turns it off.
-    assert "RAY_AUTH_MODE" not in (REPO / "cluster.yaml").read_text()
+
+
+def test_every_node_starts_ray_with_token_authentication_and_the_same_token():
+    """``ray start`` (Ray 2.60) turns token authentication on by itself only where a token
+    already exists: a fresh head started with none, open to anyone on the network. The
+    file copies the user's token to each node and starts Ray in token mode; every shell
+    there is in token mode too, since Ray turns it on by itself only for ``--address auto``.
+    (test_cluster.py starts the head command itself and joins it.)"""
+    config = load()
+    for command in (config["head_start_ray_commands"][-1], config["worker_start_ray_commands"][-1]):
+        assert command.startswith("RAY_AUTH_MODE=token ray start "), command
+    assert config["file_mounts"] == {"~/.ray/auth_token": "~/.ray/auth_token"}
+    assert any("export RAY_AUTH_MODE=token' >> ~/.bashrc" in c for c in config["setup_commands"])
 
 
 def test_gpu_workers_install_a_cuda_torch_and_the_head_runs_no_trials():
