@@ -78,9 +78,9 @@ def join_error(address: str, error: BaseException) -> ClusterError:
             f"RAY_AUTH_TOKEN_PATH names, or in RAY_AUTH_TOKEN). A cluster started from cluster.yaml sets both "
             f"on every node.")
     return ClusterError(
-        f"the Ray cluster at {address} refused this process's token: the token in "
-        f"RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH's file or ~/.ray/auth_token (the first set) must be the one the "
-        f"cluster was started with (`ray get-auth-token` on its head prints it)")
+        f"the Ray cluster at {address} refused this process's token: the token Ray sends (RAY_AUTH_TOKEN, "
+        f"else the file RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token) must be the one the cluster "
+        f"started with (`ray get-auth-token` on its head prints it)")
 
 
 def _token_given() -> bool:
