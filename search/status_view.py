@@ -68,9 +68,10 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
     gone = dead_holder(exp) if running else None
     if gone is not None:
+        which, them = (f"trial {running[0]} is", "it") if len(running) == 1 else (f"trials {', '.join(running)} are",
+                                                                                  "them")
         console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) is gone, so "
-                      f"trial(s) {', '.join(running)} are not running; `hpsearch resume {exp.root}` continues them.",
-                      soft_wrap=True)
+                      f"{which} not running; `hpsearch resume {exp.root}` continues {them}.", soft_wrap=True)
     test_error = (exp.stored_best() or {}).get("test_error")
     if test_error:
         console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "

@@ -17,7 +17,7 @@ from typing import Iterator
 from .cluster_join import cluster_address, ensure_cluster_answers, join_error
 from .components import user_code_roots
 from .config import ExperimentConfig
-from .errors import warn_user
+from .errors import counted, warn_user
 from .experiment import ExperimentDir
 from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED, SESSION_TIME_BUDGET, PruneLog
 from .storage import Mirror
@@ -208,11 +208,11 @@ def plan_concurrency(config: ExperimentConfig, nodes: list[dict], addable: list[
         raise refusal
     capacity = max(now, at_full_scale)
     if at_full_scale > now:
-        warn_user(f"the cluster holds {now} trial(s) of this size now and {at_full_scale} once its autoscaler "
-                  f"has added nodes; trials wait for them")
+        warn_user(f"the cluster holds {counted(now, 'trial')} of this size now and {at_full_scale} once its "
+                  f"autoscaler has added nodes; trials wait for them")
     if capacity < config.search.max_concurrent:
-        warn_user(f"search.max_concurrent={config.search.max_concurrent} but the cluster holds {capacity} "
-                  f"trial(s) of this size at once; running {capacity} at a time")
+        warn_user(f"search.max_concurrent={config.search.max_concurrent} but the cluster holds "
+                  f"{counted(capacity, 'trial')} of this size at once; running {capacity} at a time")
     return min(capacity, config.search.max_concurrent)
 
 

@@ -193,7 +193,7 @@ def fake_cloud_launcher_config(gcs_port: int, workers: int) -> dict:
             "provider": {"type": "fake_multinode", "gcs_address": f"127.0.0.1:{gcs_port}",
                          "use_node_id_as_ip": True, "disable_node_updaters": True,
                          "disable_launch_config_check": True},
-            # the fake provider names the head's type so
+            # the type name the fake provider gives its head node
             "head_node_type": "ray.head.default",
             "available_node_types": {
                 "ray.head.default": {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0},
@@ -286,7 +286,7 @@ def test_cluster_yamls_head_adds_nodes_for_a_search_that_joins_it_with_its_token
     finally:
         stop_ray_at(port)
     output = result.stdout + result.stderr
-    assert "holds 0 trial(s) of this size now and 2 once its autoscaler has added nodes" in output, output
+    assert "holds 0 trials of this size now and 2 once its autoscaler has added nodes" in output, output
     table = rows(tmp_path / "runs" / "autoscaled")
     assert len(table) == 4 and all(r["state"] == "COMPLETE" for r in table.values()), table
     launched = {FAKE_HEAD_NODE_ID[:-5] + f"{number:05d}" for number in (1, 2)}  # the provider's ids, in order

@@ -51,7 +51,7 @@ def test_each_trial_ran_two_ddp_ranks_in_bf16(ddp_search):
     # without it a DDP trial's start-up looked like a single process's.
     assert all(float(r["startup_s"]) >= float(r["workers_start_s"]) > 0 for r in rows), rows
     # Two trials of 2 workers do not fit 2 CPUs at once: the search said so and ran them in turn.
-    assert "holds 1 trial(s) of this size at once" in result.stderr
+    assert "holds 1 trial of this size at once" in result.stderr
 
 
 def test_a_pruned_trials_ranks_free_their_cpus_for_the_next_trial(ddp_search):

@@ -233,7 +233,7 @@ def test_a_search_on_cluster_yamls_head_is_sized_for_the_gpu_nodes_its_autoscale
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert plan_concurrency(config, HEAD_ONLY, addable) == 32  # 8 nodes x 4 GPUs
-    assert any("holds 0 trial(s) of this size now and 32 once its autoscaler has added nodes" in str(w.message)
+    assert any("holds 0 trials of this size now and 32 once its autoscaler has added nodes" in str(w.message)
                for w in caught), [str(w.message) for w in caught]
     example_config["resources"] = {"cpus_per_trial": 4, "gpus_per_trial": 8}  # no node type has 8 GPUs
     with pytest.raises(ResourceError, match="nor do the 8 nodes the cluster's autoscaler may add hold one"):
