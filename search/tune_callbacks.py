@@ -4,6 +4,7 @@ live progress display, and the search's time budget."""
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import sys
 import time
@@ -61,7 +62,7 @@ class TrialsTableRecorder(Callback):
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """A failed trial about to be retried from its last checkpoint (``RetryPolicy``
         has counted the attempt or the node loss in the row)."""
-        self._row(trial)["error"] = _last_error_line(trial)
+        self._row(trial)["error"] = "its node was lost" if node_was_lost(trial) else _last_error_line(trial)
         self._write(force=True)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -147,19 +148,42 @@ class RetryPolicy(Callback):
 
 
 def node_was_lost(trial) -> bool:
-    """True when the trial's worker died with its node (not of an error of its own): the
-    worker's actor is gone or unreachable and, by Ray's message or by the cluster's
-    view, the node it last ran on is dead."""
-    from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+    """True when the trial's worker, or one rank of a distributed trial, died with its
+    node (not of an error of its own): the actor is gone or unreachable and, by Ray's
+    message or by the cluster's view, the node it last ran on is dead."""
+    from ray.exceptions import RayActorError, RayTaskError
 
     error = _pickled_error(trial)
-    if error is None or isinstance(error, RayTaskError) or not isinstance(error, RayActorError):
+    if isinstance(error, RayTaskError):
+        return _a_rank_lost_its_node(error)
+    return isinstance(error, RayActorError) and _actor_lost_its_node(error, (trial.last_result or {}).get("hps_node_id"))
+
+
+def _a_rank_lost_its_node(error) -> bool:
+    """A distributed trial's rank whose node died: the trial's own task fails with Ray
+    Train's ``WorkerGroupError``, which holds, per rank, the failed health check of that
+    rank's actor (the worker's node is named only in its text)."""
+    from ray.exceptions import RayActorError
+    from ray.train import WorkerGroupError
+
+    cause = getattr(error, "cause", None)
+    if not isinstance(cause, WorkerGroupError):
         return False
+    for failure in cause.worker_failures.values():
+        unreachable = getattr(failure, "health_check_failure", None)
+        node = re.search(r"node_id='([0-9a-f]+)'", str(failure))
+        if isinstance(unreachable, RayActorError) and _actor_lost_its_node(unreachable, node and node.group(1)):
+            return True
+    return False
+
+
+def _actor_lost_its_node(error, node: str | None) -> bool:
+    from ray.exceptions import ActorUnavailableError
+
     text = str(error).lower()
     if getattr(error, "preempted", False) or isinstance(error, ActorUnavailableError) \
             or ("node" in text and any(word in text for word in ("died", "dead", "terminated"))):
         return True
-    node = (trial.last_result or {}).get("hps_node_id")
     return node is not None and node not in _alive_nodes()
 
 
@@ -315,16 +339,27 @@ def quiet_trial_tracebacks(quiet: bool) -> None:
 
 
 def _last_error_line(trial) -> str:
-    """The exception line of a failed trial's traceback, e.g. 'ValueError: bad lr'."""
+    """The exception line of a trial's last failure, e.g. 'ValueError: bad lr'; where Ray
+    wrote no traceback (an actor it lost), Ray's first and last sentences about it, not
+    the indented details (actor id, namespace) under them.
+
+    Tune's error file holds every failure of the trial, each under a "Failure # N" line."""
     path = getattr(trial, "error_file", None)
     try:
-        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()] if path else []
+        text = Path(path).read_text() if path else ""
     except OSError:
-        lines = []
-    for line in reversed(lines):
-        if ":" in line and not line.startswith(("File ", "^", "~")):
-            return line[:300]
-    return lines[-1][:300] if lines else "unknown error"
+        text = ""
+    last_failure = re.split(r"^Failure # \d+ \(occurred at [^)]*\)\s*$", text, flags=re.MULTILINE)[-1]
+    lines = [line.strip() for line in last_failure.splitlines() if line.strip() and not line[0].isspace()]
+    exception = [line for line in lines if re.match(r"[\w.]+(\([\w.]+\))?: ", line)]
+    if exception:
+        line = exception[-1]
+        if line.endswith(":") and line != lines[-1]:  # its message goes on below (Ray Train's worker errors)
+            line = f"{line} ... {lines[-1]}"
+        return line[:300]
+    if not lines:
+        return "unknown error"
+    return (lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}")[:300]
 
 
 class DropResumeCheckpoints(Callback):
