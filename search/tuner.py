@@ -100,7 +100,8 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> b
         ensure_cluster_answers(target)
     runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
     with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose), \
-            _message_dropped(RAY_NO_SIGTERM_HANDLER_NOTICE, quiet=not verbose):
+            _message_dropped(RAY_NO_SIGTERM_HANDLER_NOTICE, quiet=not verbose), \
+            _inherited_by_local_ray({"RAY_ADDRESS": "local"} if target == "local" else {}):
         try:
             ray.init(
                 address=target,
@@ -116,6 +117,30 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> b
             raise join_error(target, exc) from exc
     _quiet_tune_logs(verbose)
     return True
+
+
+@contextmanager
+def _inherited_by_local_ray(variables: dict[str, str]) -> Iterator[None]:
+    """Set while ``ray.init`` starts a local Ray, whose processes keep the environment they
+    started with; this process's is restored after.
+
+    ``RAY_ADDRESS=local``: Ray's state API, called with no address inside a worker, finds
+    its cluster from ``RAY_ADDRESS``, else from ``/tmp/ray/ray_current_cluster``, which
+    names the last Ray that ``ray start`` began on this machine: an unrelated one. Ray
+    Train's placement-group cleaner asks it whether a distributed trial's controller is
+    alive, is told "no such actor", and removes the trial's reservation: the ranks die
+    (a DDP trial failed so in a test run beside another Ray). With ``local``, the state
+    API finds no other cluster by that file, and answers nothing rather than wrongly."""
+    previous = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _quiet_tune_logs(verbose: bool) -> None:

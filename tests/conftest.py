@@ -7,8 +7,10 @@ it small (few trials, few epochs), rather than a parallel toy configuration.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +126,42 @@ def finished_search(tmp_path_factory):
     assert result.returncode == 0, result.stdout + result.stderr
     exp_dir = root / "runs" / config["name"]
     return exp_dir, config, result
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stop_ray_at(port: int) -> None:
+    """Stop every process of the Ray whose GCS listens on ``port`` (the head's, and the
+    nodes its autoscaler started, which outlive it): not ``ray stop``, which stops every
+    Ray on the machine."""
+    import signal
+
+    def processes() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, ValueError):
+                continue
+            if entry.name.isdigit() and "ray" in command and re.search(rf"(:|gcs_server_port=){port}\b", command):
+                found.append(int(entry.name))
+        return found
+
+    for stop_signal in (signal.SIGTERM, signal.SIGKILL):
+        for pid in processes():
+            try:
+                os.kill(pid, stop_signal)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while processes() and time.monotonic() < deadline:
+            time.sleep(0.5)
+    current = Path("/tmp/ray/ray_current_cluster")  # `ray start --head` points later ray.init()s here
+    if current.is_file() and current.read_text().strip().endswith(f":{port}"):
+        current.unlink()

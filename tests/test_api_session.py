@@ -7,8 +7,9 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
-from conftest import FIXTURES, shrunk_example
+from conftest import FIXTURES, free_port, run_cli, shrunk_example, stop_ray_at, write_yaml
 
 
 def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path):
@@ -26,7 +27,7 @@ def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path)
         thread.start()
         thread.join()
         print("THREAD", len(results[0].trials), ray.is_initialized(), flush=True)
-        ray.init(num_cpus=2, include_dashboard=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
         result = hpsearch.run({{**config, "name": "on-my-ray"}})
         print("OWN", len(result.trials), ray.is_initialized(), flush=True)
     """)
@@ -82,3 +83,33 @@ def test_a_search_whose_every_trial_failed_warns_a_python_caller(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "RESULT complete None ['no trial finished with a result (2 of 2 failed); result.best is None" \
         in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+def test_trials_beside_an_unrelated_ray_never_ask_it_about_themselves(tmp_path):
+    """Another Ray started with ``ray start`` on this machine (its dashboard on): Ray's state
+    API, called inside a trial with no address, used to find that cluster by
+    /tmp/ray/ray_current_cluster and say the trial's own actor did not exist. Ray Train's
+    placement-group cleaner asks exactly that of a DDP trial's controller, and removed the
+    trial's reservation on that answer: its ranks died mid-epoch."""
+    import os
+
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    unrelated = [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}", "--num-cpus=0",
+                 "--include-dashboard=true", f"--dashboard-port={free_port()}",
+                 f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats"]
+    shutil.copytree(FIXTURES / "userpkg", tmp_path / "userpkg")
+    answer = tmp_path / "answer.json"
+    config = shrunk_example(tmp_path / "runs", **{
+        "search/num_trials": 1, "scheduler/max_epochs": 1,
+        "model/class_path": "userpkg.state_probe:StateApiProbe", "model/init_args/log_to": str(answer)})
+    path = write_yaml(tmp_path / "exp.yaml", config)
+    try:
+        subprocess.run(unrelated, env=env, check=True, capture_output=True, timeout=120)
+        result = run_cli("run", str(path), cwd=tmp_path, env=env, timeout=300)
+    finally:
+        stop_ray_at(port)
+    assert result.returncode == 0, result.stdout + result.stderr
+    said = json.loads(answer.read_text())["answer"]
+    assert said != "not found", "the trial's state API asked the unrelated Ray about the trial"
+    print(f"state API inside a trial, beside an unrelated Ray: {said[:120]}")

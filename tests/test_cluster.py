@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, run_cli, shrunk_example, write_yaml
+from conftest import REPO, free_port, run_cli, shrunk_example, stop_ray_at, write_yaml
 from test_fault_tolerance import experiment, finish, start, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -42,14 +41,6 @@ def _answers(url: str) -> bool:
             return response.status == 200
     except OSError:
         return False
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def rows(exp_dir: Path) -> dict[int, dict]:
@@ -200,37 +191,6 @@ def fake_cloud_launcher_config(gcs_port: int, workers: int) -> dict:
                 "cpu_worker": {"resources": {"CPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": workers}},
             "auth": {}, "docker": {}, "file_mounts": {}, "file_mounts_sync_continuously": False,
             **{key: [] for key in empty_lists}}
-
-
-def stop_ray_at(port: int) -> None:
-    """Stop every process of the Ray whose GCS listens on ``port`` (the head's, and the
-    nodes its autoscaler started, which outlive it): not ``ray stop``, which stops every
-    Ray on the machine."""
-    import signal
-
-    def processes() -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except (OSError, ValueError):
-                continue
-            if entry.name.isdigit() and "ray" in command and re.search(rf"(:|gcs_server_port=){port}\b", command):
-                found.append(int(entry.name))
-        return found
-
-    for stop_signal in (signal.SIGTERM, signal.SIGKILL):
-        for pid in processes():
-            try:
-                os.kill(pid, stop_signal)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while processes() and time.monotonic() < deadline:
-            time.sleep(0.5)
-    current = Path("/tmp/ray/ray_current_cluster")  # `ray start --head` points later ray.init()s here
-    if current.is_file() and current.read_text().strip().endswith(f":{port}"):
-        current.unlink()
 
 
 def test_cluster_yamls_head_adds_nodes_for_a_search_that_joins_it_with_its_token(tmp_path):
