@@ -161,8 +161,10 @@ class TuneReporter(pl.Callback):
         pauses the search, a killed worker) continued from an epoch the study never heard of:
         ASHA never judged it at its rung, and Optuna and trials.csv lacked it. When the study
         has it already, the same values arrive again: the searcher keeps one value per epoch
-        and ASHA records a trial once per rung. No time or telemetry is added (none was
-        spent), and TensorBoard already has the epoch."""
+        and ASHA records a trial once per rung. The epoch's time and telemetry, as measured
+        up to its checkpoint, come with it (checkpoints written before they were kept have
+        none): the driver adds the time to the trial's compute only if the study never
+        heard of the epoch (see ``TrialsTableRecorder``). TensorBoard already has the epoch."""
         metrics, epoch = dict(validated["metrics"]), validated["epoch"]
         self.best = self._best_so_far(trainer, metrics[self.metric])
         # Its end, decided as it was then: the last epoch, or early stopping's patience spent
@@ -174,8 +176,10 @@ class TuneReporter(pl.Callback):
         if patience_spent:
             trainer.should_stop = True  # it stopped there: no further epoch
         metrics.update(self.static_fields)
+        metrics.update(validated.get("telemetry") or {})
         metrics.update({EPOCH: epoch, FINISHED: finished, STOP_REASON: reason, "hps_best": self.best,
-                        "hps_logged_metrics": ",".join(sorted(validated["metrics"])), RESTORED: True})
+                        "hps_logged_metrics": ",".join(sorted(validated["metrics"])), RESTORED: True,
+                        "hps_startup_s": self._startup_s or 0.0})  # this attempt's start-up
         return metrics
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -233,8 +237,11 @@ class TuneReporter(pl.Callback):
             # and kept for this epoch's checkpoint, which they write next.
             checked = self._checked(trainer, trainer.callback_metrics)
             self._compare_ranks_metric(trainer, pl_module, math.nan if checked is None else checked[self.metric])
-            self._validated_epoch = None if checked is None else {"epoch": trainer.current_epoch + 1,
-                                                                  "metrics": checked}
+            # Its time and telemetry so far go in the checkpoint too: a resumed trial
+            # sends them with the epoch again, for a study that never heard of it.
+            self._validated_epoch = None if checked is None else {
+                "epoch": trainer.current_epoch + 1, "metrics": checked,
+                "telemetry": self._telemetry(trainer, now - self._epoch_started)}
 
     def _compare_ranks_metric(self, trainer: pl.Trainer, pl_module, value: float) -> None:
         """Once a trial, under DDP: whether the ranks agree on the search metric. Logged
@@ -333,14 +340,23 @@ class TuneReporter(pl.Callback):
         reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if finished else "")
         logged = ",".join(sorted(metrics))
         metrics.update(self.static_fields)
-        data_wait = self.fetch_timer.seconds - self._fetched_before_epoch
-        busy = self._train_seconds + data_wait
         metrics.update({
             EPOCH: epoch,
             FINISHED: finished,
             STOP_REASON: reason,
             "hps_best": self.best,
             "hps_logged_metrics": logged,  # the user's metric names, for TensorBoard's HParams columns
+            **self._telemetry(trainer, epoch_seconds),
+        })
+        if trainer.global_rank == 0:
+            self._log_search_metric(trainer)
+        return metrics
+
+    def _telemetry(self, trainer: pl.Trainer, epoch_seconds: float) -> dict[str, Any]:
+        """The epoch's time, where it went, and how fast it trained, measured now."""
+        data_wait = self.fetch_timer.seconds - self._fetched_before_epoch
+        busy = self._train_seconds + data_wait
+        return {
             "hps_epoch_time_s": epoch_seconds,
             "hps_train_time_s": self._train_seconds,
             "hps_val_time_s": self._val_seconds,
@@ -355,10 +371,7 @@ class TuneReporter(pl.Callback):
             "hps_data_starved": busy > 0 and data_wait / busy > STARVED_SHARE,
             # over the training's time, waiting for data included: what the trial trained at
             "hps_samples_per_s": self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
-        })
-        if trainer.global_rank == 0:
-            self._log_search_metric(trainer)
-        return metrics
+        }
 
     def _deliver(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
         if trainer.global_rank == 0:

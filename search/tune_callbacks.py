@@ -17,7 +17,8 @@ from ray.tune.stopper import TimeoutStopper
 
 from .config import ExperimentConfig
 from .errors import counted
-from .outcome import EPOCH, FAILED, FINISHED_STATES, GIVE_UP, PLACEMENT_GROUP, RUNNING, TRIAL_NUMBER, PruneLog, classify
+from .outcome import (EPOCH, FAILED, FINISHED_STATES, GIVE_UP, PLACEMENT_GROUP, RESTORED, RUNNING, TRIAL_NUMBER,
+                      PruneLog, classify)
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
 
@@ -73,11 +74,16 @@ class TrialsTableRecorder(Callback):
             row["last"] = metric
         if result.get("hps_best") is not None:
             row["best"] = result["hps_best"]
+        # Compute spent, every attempt included: what the report's "compute" figures add up.
+        # A resumed trial's first report is its checkpoint's epoch again, with that epoch's
+        # time: counted only if the study never heard of the epoch (its report was lost
+        # to the interruption), else it was counted then.
+        known = result.get(RESTORED) and int(row.get("epochs") or 0) >= int(result.get(EPOCH) or 0)
+        if not known:
+            row["compute_s"] = float(row.get("compute_s") or 0.0) + float(result.get("hps_epoch_time_s") or 0.0) \
+                * int(result.get("hps_world_size") or 1)
         if EPOCH in result:
             row["epochs"] = result[EPOCH]
-        # Compute spent, every attempt included: what the report's "compute" figures add up.
-        row["compute_s"] = float(row.get("compute_s") or 0.0) + float(result.get("hps_epoch_time_s") or 0.0) \
-            * int(result.get("hps_world_size") or 1)
         for key, column in RESULT_TO_COLUMN.items():
             if key in result:
                 row[column] = result[key]

@@ -179,7 +179,12 @@ def test_a_resumed_trial_first_reports_again_the_epoch_its_checkpoint_holds(tmp_
     again, new = resumed
     assert (again["epoch"], again["hps_restored"], again["hps_finished"]) == (2, True, False), again
     assert again["val_acc"] == first[1]["val_acc"] and again["hps_best"] == first[1]["hps_best"]
-    assert "hps_epoch_time_s" not in again  # no time was spent on it again
+    # The epoch's own time and telemetry, as measured up to its checkpoint: a study that
+    # never heard of the epoch counts them (an interrupted study's compute lacked it)
+    was = first[1]
+    for key in ("hps_train_time_s", "hps_val_time_s", "hps_data_wait_s", "hps_epoch_cpu_s", "hps_samples_per_s"):
+        assert again[key] == was[key], key
+    assert was["hps_train_time_s"] + was["hps_val_time_s"] <= again["hps_epoch_time_s"] <= was["hps_epoch_time_s"]
     assert new["epoch"] == 3 and "hps_restored" not in new and new["hps_finished"] is True
     # From the last epoch's checkpoint (paused before its report): that report is the trial's end
     [last] = reports_of(tmp_path, mlp_for(data), data, epochs=3, reports_expected=1,

@@ -51,3 +51,25 @@ def test_every_change_to_a_row_reaches_the_next_save(tmp_path):
     assert rows[0]["state"] == "RUNNING" and rows[2]["best"] == 0.5 and rows[1]["best"] == 0.95
     assert sorted(rows) == [0, 1, 2, 3, 4]
     assert t.to_csv() == TrialsTable.load(path, "val_acc", "max", ["model.lr"]).to_csv()
+
+
+def test_a_resumed_trials_checkpointed_epoch_counts_its_compute_once(tmp_path):
+    """A resumed trial first sends its checkpoint's epoch again, with that epoch's time.
+    Interrupted between that epoch's checkpoint and its report, the study never heard of
+    it, and the epoch's compute was missing from compute_s (and so from the report's
+    compute and saved figures); heard of already, it must not count twice."""
+    from types import SimpleNamespace
+
+    from hpsearch.search.outcome import PruneLog
+    from hpsearch.search.tune_callbacks import TrialsTableRecorder
+
+    recorder = TrialsTableRecorder(TrialsTable("val_acc", "max", []), tmp_path / "trials.csv", PruneLog())
+    trial = SimpleNamespace(trial_id="t0", config={"hps_trial_number": 0})
+    epoch = {"val_acc": 0.5, "hps_epoch_time_s": 2.0, "hps_world_size": 2}
+    recorder.on_trial_result(0, [], trial, {**epoch, "epoch": 1})
+    # resumed from epoch 1's checkpoint: the study had it
+    recorder.on_trial_result(0, [], trial, {**epoch, "epoch": 1, "hps_restored": True})
+    assert recorder.table.row(0)["compute_s"] == 4.0
+    # resumed from epoch 2's checkpoint, whose report the interruption lost
+    recorder.on_trial_result(0, [], trial, {**epoch, "epoch": 2, "hps_restored": True})
+    assert recorder.table.row(0)["compute_s"] == 8.0 and recorder.table.row(0)["epochs"] == 2
