@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .cluster_join import ensure_joined_cluster_answers
+from .cluster_join import cluster_address, ensure_joined_cluster_answers
 from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import load_config
 from .errors import CallbackError, ConfigError, HpsearchError, Interrupted, Problem, resume_command, warn_user
@@ -328,7 +328,7 @@ def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str |
     from .results import finalize
 
     started, started_at = time.monotonic(), time.time()
-    record_session(exp, started_at, None, "running", search_complete=True)
+    record_session(exp, started_at, None, "running", search_complete=True, address=cluster_address(address))
     outcome = "crashed"
     try:
         if config.resources.gpus_per_trial > 0:
@@ -394,7 +394,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
 
     started, started_at = time.monotonic(), time.time()
     close_killed_sessions(exp)
-    record_session(exp, started_at, None, "running")
+    record_session(exp, started_at, None, "running", address=cluster_address(address))
     if mirror is not None:
         mirror.push_study_files()
     outcome, search_complete = "crashed", False

@@ -96,7 +96,11 @@ def counted(count: int | None, noun: str) -> str:
 
 def resume_command(experiment_dir, address: str | None = None) -> str:
     """The command that continues a study, on the cluster its session joined by
-    ``--address`` (without it, a resume starts a Ray of its own on this machine)."""
+    ``--address``, or by ``RAY_ADDRESS`` as a Ray job does (without either, a resume starts
+    a Ray of its own on this machine)."""
+    from .cluster_join import cluster_address
+
+    address = cluster_address(address)
     return f"hpsearch resume {experiment_dir}" + (f" --address {address}" if address else "")
 
 

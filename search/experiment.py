@@ -177,16 +177,23 @@ def read_sessions(exp: ExperimentDir) -> list[dict[str, Any]]:
 
 
 def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None, outcome: str,
-                   search_complete: bool = False) -> None:
+                   search_complete: bool = False, address: str | None = None) -> None:
     """Add or update (same ``started_at``) one session's entry in ``sessions.json``.
     ``search_complete``: its Tune run ended with every trial finished, so whatever stopped
     the session later (a Ctrl+C or a kill during the test evaluation) left only the
-    evaluation to do."""
-    sessions = [s for s in read_sessions(exp) if s.get("started_at") != started_at]
-    sessions.append({"started_at": started_at, "ended_at": ended_at, "outcome": outcome,
-                     "seconds": None if ended_at is None else round(ended_at - started_at, 3),
-                     "directory": os.getcwd(),  # where the user's packages imported from
-                     "search_complete": search_complete})
+    evaluation to do. ``address``: the cluster it joined, kept from the session's first
+    entry on (status names it in the command that resumes a study whose driver died)."""
+    sessions = read_sessions(exp)
+    entry = next((s for s in sessions if s.get("started_at") == started_at), None)
+    if entry is None:
+        entry = {"started_at": started_at}
+        sessions.append(entry)
+    entry.update({"ended_at": ended_at, "outcome": outcome,
+                  "seconds": None if ended_at is None else round(ended_at - started_at, 3),
+                  "directory": os.getcwd(),  # where the user's packages imported from
+                  "search_complete": search_complete})
+    if address is not None:
+        entry["address"] = address
     write_json(exp.sessions_json, sessions)
 
 

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .errors import counted
-from .experiment import ExperimentDir
+from .errors import counted, resume_command
+from .experiment import ExperimentDir, read_sessions
 from .study_lock import dead_holder
 from .trials_table import read_rows
 
@@ -70,8 +70,10 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
     if gone is not None:
         which, them = (f"trial {running[0]} is", "it") if len(running) == 1 else (f"trials {', '.join(running)} are",
                                                                                   "them")
+        last_session = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
         console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) is gone, so "
-                      f"{which} not running; `hpsearch resume {exp.root}` continues {them}.", soft_wrap=True)
+                      f"{which} not running; `{resume_command(exp.root, last_session.get('address'))}` continues "
+                      f"{them}.", soft_wrap=True)
     test_error = (exp.stored_best() or {}).get("test_error")
     if test_error:
         console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "

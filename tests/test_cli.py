@@ -532,3 +532,34 @@ def test_a_ctrl_c_during_a_resumes_start_up_repeats_the_resume_command(tmp_path,
     err = capsys.readouterr().err
     assert f"nothing ran, and the study is as it was: continue it with:\n  hpsearch resume {tmp_path / 'study'} " \
            f"--address 10.1.2.3:6379" in err, err
+
+
+def test_the_resume_hints_name_the_cluster_the_study_ran_on(tmp_path, monkeypatch):
+    """Followed as printed, a resume without the cluster's address starts a Ray of its
+    own on the head instead of using the cluster: status after the driver was killed, and
+    a Ray job's stop (its cluster comes as RAY_ADDRESS), printed none."""
+    import socket
+
+    from rich.console import Console
+
+    from hpsearch.search.errors import resume_command
+    from hpsearch.search.experiment import ExperimentDir, record_session, write_config
+    from hpsearch.search.status_view import print_status
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk_example(tmp_path))
+    (exp.root / "trials.csv").write_text("trial,state,reason,best,epochs\n3,RUNNING,,0.5,1\n")
+    record_session(exp, 100.0, None, "running", address="10.0.0.5:6379")
+    record_session(exp, 100.0, None, "running", search_complete=False)  # a later update keeps it
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (exp.root / "driver.json").write_text(json.dumps({"pid": int(gone.stdout), "host": socket.gethostname(),
+                                                      "since": "then", "command": "hpsearch run"}))
+    console = Console(width=300, record=True)
+    print_status(exp, console)
+    assert (f"trial 3 is not running; `hpsearch resume {exp.root} --address 10.0.0.5:6379` continues it"
+            in console.export_text()), console.export_text()
+
+    assert resume_command(exp.root) == f"hpsearch resume {exp.root}"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")  # a Ray job's driver
+    assert resume_command(exp.root) == f"hpsearch resume {exp.root} --address 10.0.0.5:6379"
