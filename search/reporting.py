@@ -109,6 +109,7 @@ class TuneReporter(pl.Callback):
         self.best: float | None = None
         self.reported = False
         self._pending: dict[str, Any] | None = None  # composed at an epoch's end, sent just after
+        self._restored_at = 0.0  # when a resumed trial began again from its checkpoint
         self._validated = False
         self.started = started if started is not None else time.perf_counter()  # the trial's start
         self._startup_s: float | None = None
@@ -154,6 +155,7 @@ class TuneReporter(pl.Callback):
             # Sent at the next epoch's start or the training's end, after that epoch end:
             # a stop decided there ends the trial finished (see _deliver_pending).
             self._pending = self._checkpointed_epoch_report(trainer, validated)
+            self._restored_at = time.perf_counter()
 
     def _checkpointed_epoch_report(self, trainer: pl.Trainer, validated: dict[str, Any]) -> dict[str, Any]:
         """The report, again, of the epoch the resumed checkpoint holds. Its checkpoint is
@@ -289,7 +291,11 @@ class TuneReporter(pl.Callback):
                 # the model itself. The trial ends here, finished, not cut short.
                 pending[FINISHED], pending[STOP_REASON] = True, "early_stopping"
             if pending.get(RESTORED):
-                self._send(trainer, pending)  # a resumed epoch: no time spent, TensorBoard has it
+                if "hps_epoch_time_s" in pending:
+                    # The epoch's end ran again just now (the model's own on_train_epoch_end
+                    # too): the part of its time its checkpoint could not hold.
+                    pending["hps_epoch_time_s"] += time.perf_counter() - self._restored_at
+                self._send(trainer, pending)  # TensorBoard has the epoch
                 return
             # The epoch ends here, after the model's own on_train_epoch_end (EMA updates,
             # epoch-level metrics): its time belongs to the epoch and to the compute spent.
