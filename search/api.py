@@ -26,7 +26,8 @@ from typing import Any
 from .cluster_join import cluster_address, ensure_joined_cluster_answers
 from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import load_config
-from .errors import CallbackError, ConfigError, HpsearchError, Interrupted, Problem, resume_command, warn_user
+from .errors import (CallbackError, ConfigError, HpsearchError, Interrupted, Problem, exception_chain,
+                     resume_command, warn_user)
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED
@@ -554,23 +555,14 @@ def _callback_error_in(exc: BaseException, callbacks: Iterable[Any], exp: Experi
     import traceback
 
     mine = list(callbacks)
-    seen: set[int] = set()
-    while mine and exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        for frame, _ in traceback.walk_tb(exc.__traceback__):
+    for error in exception_chain(exc) if mine else ():
+        for frame, _ in traceback.walk_tb(error.__traceback__):
             owner = frame.f_locals.get("self")
             if any(owner is callback for callback in mine):
-                return CallbackError(owner, frame.f_code.co_name, exc, exp.root)
-        exc = exc.__cause__ or exc.__context__
+                return CallbackError(owner, frame.f_code.co_name, error, exp.root)
     return None
 
 
 def _user_error_in(exc: BaseException) -> HpsearchError | None:
     """An hpsearch error raised inside Ray Tune (e.g. a full disk in a callback), unwrapped."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, HpsearchError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return next((error for error in exception_chain(exc) if isinstance(error, HpsearchError)), None)

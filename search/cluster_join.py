@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 
-from .errors import HpsearchError, first_line
+from .errors import HpsearchError, exception_chain, first_line
 
 # How long the address may take to accept a connection: a head that is up answers at once.
 ANSWER_TIMEOUT_S = 5.0
@@ -67,7 +67,7 @@ def join_error(address: str, error: BaseException) -> ClusterError:
 
     # Ray raises the refusal itself where it checks the token before connecting, and keeps
     # only its traceback's text where the GCS refused it (its last try, in the message).
-    refusal = next((cause for cause in _causes(error)
+    refusal = next((cause for cause in exception_chain(error)
                     if isinstance(cause, AuthenticationError) or REFUSED_TOKEN in str(cause)), None)
     if refusal is None:
         return ClusterError(f"could not join the Ray cluster at {address}: {first_line(error)}")
@@ -87,11 +87,3 @@ def _token_given() -> bool:
     """Whether Ray finds a token to send, where its documentation says it looks."""
     path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
     return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
-
-
-def _causes(error: BaseException):
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__

@@ -10,6 +10,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
+from typing import Iterator
 
 
 class HpsearchError(Exception):
@@ -31,6 +32,16 @@ def warn_user(message: str | Warning, category: type[Warning] = UserWarning) -> 
         frame, level = frame.f_back, level + 1
     # stacklevel 2 is this function's caller (level 1); the user's frame is just outside the outermost own one
     warnings.warn(message, category, stacklevel=outermost_own + 2)
+
+
+def exception_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """The error, then what it was raised from or during (``__cause__``, else
+    ``__context__``), and so on: each once, however the chain loops."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
 
 
 def first_line(exc: BaseException) -> str:

@@ -3,25 +3,16 @@ once and in words (test_cluster.py joins a real one that requires a token)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
-from conftest import run_cli, shrunk_example, write_yaml
+from conftest import free_port, run_cli, shrunk_example, write_yaml
 from hpsearch.search.cluster_join import ClusterError, ensure_joined_cluster_answers, join_error
-
-
-def closed_port() -> int:
-    """A loopback port where nothing listens (bound, then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.parametrize("command", ["run", "check"])
 def test_an_address_where_nothing_answers_is_refused_before_the_preflight(tmp_path, command):
     """Left to Ray, ``ray.init`` retries such an address for about 14 minutes."""
-    address = f"127.0.0.1:{closed_port()}"
+    address = f"127.0.0.1:{free_port()}"  # a free port: nothing listens there
     path = write_yaml(tmp_path / "exp.yaml", shrunk_example(tmp_path / "runs"))
     result = run_cli(command, str(path), "--address", address, cwd=tmp_path, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -32,7 +23,7 @@ def test_an_address_where_nothing_answers_is_refused_before_the_preflight(tmp_pa
 
 def test_ray_address_from_the_environment_is_checked_too(monkeypatch):
     """``ray job submit`` gives a job's driver its cluster as ``RAY_ADDRESS``."""
-    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
     with pytest.raises(ClusterError, match="no Ray cluster answers at 127.0.0.1:"):
         ensure_joined_cluster_answers(None)
     monkeypatch.setenv("RAY_ADDRESS", "auto")  # Ray's own lookup, which answers at once
