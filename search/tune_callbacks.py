@@ -23,6 +23,10 @@ from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
 
 
+NODE_LOST = "its node was lost"  # a fault's error line, when it was taken for a node loss
+NODE_LOSSES_FORGIVEN = 5  # per trial: node losses beyond these count as the trial's own faults
+
+
 class TimeBudget(TimeoutStopper):
     """``search.time_budget_s``: Ray Tune's own timeout (counted from the start of Tune's
     loop, so Ray's start is not spent from it), which afterwards also says whether it
@@ -62,8 +66,8 @@ class TrialsTableRecorder(Callback):
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """A failed trial about to be retried from its last checkpoint (``RetryPolicy``
-        has counted the attempt or the node loss in the row)."""
-        self._row(trial)["error"] = "its node was lost" if node_was_lost(trial) else _last_error_line(trial)
+        has counted the attempt or the node loss in the row, and named the fault)."""
+        self._row(trial)
         self._write(force=True)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -116,7 +120,8 @@ class TrialsTableRecorder(Callback):
 class RetryPolicy(Callback):
     """``failure.max_retries`` counts the trial's own faults only; a node that dies under a
     trial (a lost or pre-empted machine) is retried from the last checkpoint on another
-    node without using up a retry.
+    node without using up a retry, up to ``NODE_LOSSES_FORGIVEN`` times a trial (a bound,
+    so that a fault taken for a node loss can never retry a trial forever).
 
     Ray Tune counts every failure against ``FailureConfig.max_failures``, so Tune is given
     one more than ``max_retries`` and this callback, which runs before the retry starts,
@@ -127,7 +132,8 @@ class RetryPolicy(Callback):
     restarted trial ends at once as FAILED with the last error: a retry starts from the
     same checkpoint and runs the same batches, so a third try would fail the same way.
     (A bug the trial itself recognises, say a ``TypeError``, is not retried at all: see
-    ``trial._failure_reason``.)
+    ``trial._failure_reason``.) The row's ``error`` says what this fault was taken for,
+    which the other callbacks read rather than judge it again.
     """
 
     def __init__(self, table: TrialsTable, max_retries: int, exp) -> None:
@@ -137,12 +143,14 @@ class RetryPolicy(Callback):
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         number = int(trial.config[TRIAL_NUMBER])
         row = self.table.row(number)
-        if node_was_lost(trial):
+        node_losses = int(row.get("node_losses") or 0)
+        if node_losses < NODE_LOSSES_FORGIVEN and node_was_lost(trial):
             trial.run_metadata.num_failures = max(0, trial.run_metadata.num_failures - 1)
-            row["node_losses"] = int(row.get("node_losses") or 0) + 1
+            row["node_losses"], row["error"] = node_losses + 1, NODE_LOST
             return
         faults = int(row.get("attempts") or 1)  # attempts so far, each ended by a fault
         fault = (_last_error_line(trial), (trial.last_result or {}).get(EPOCH))
+        row["error"] = fault[0]
         repeated = self._last_fault.get(number) == fault
         self._last_fault[number] = fault
         if faults > self.max_retries or repeated:
@@ -184,11 +192,16 @@ def _a_rank_lost_its_node(error) -> bool:
 
 
 def _actor_lost_its_node(error, node: str | None) -> bool:
+    """By Ray's own account of the actor's death (the GCS names a dead node's actors so),
+    a pre-emption, an actor Ray cannot reach, or, failing those, the cluster's view of the
+    node it last ran on. A process that died on a node still up, killed (the system's
+    out-of-memory killer) or crashed (a segfault), is the trial's own fault: Ray's words
+    for it also speak of nodes ("the OOMing node"), and taking it for a node loss retried
+    such a trial forever."""
     from ray.exceptions import ActorUnavailableError
 
-    text = str(error).lower()
     if getattr(error, "preempted", False) or isinstance(error, ActorUnavailableError) \
-            or ("node" in text and any(word in text for word in ("died", "dead", "terminated"))):
+            or "because its node has died" in str(error):
         return True
     return node is not None and node not in _alive_nodes()
 
@@ -365,6 +378,11 @@ def _last_error_line(trial) -> str:
         return line[:300]
     if not lines:
         return "unknown error"
+    died = re.search(r"because its worker process has died\..*?Worker exit detail: (.*?)(?: Some common causes|$)",
+                     last_failure, flags=re.DOTALL)
+    if died:  # Ray's account of it runs to 800 characters, its likely causes in the middle
+        return (f"its process died without a Python error: killed (by the system's out-of-memory killer, "
+                f"most often) or crashed in native code (Ray: {died.group(1).strip()})")[:300]
     return (lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}")[:300]
 
 
@@ -515,7 +533,7 @@ class ProgressDisplay(Callback):
         number = int(trial.config[TRIAL_NUMBER])
         # An epoch's checkpoint is on disk before its report: a trial with none has no checkpoint.
         start = "its last checkpoint" if (trial.last_result or {}).get(EPOCH) else "the start (no epoch finished)"
-        if node_was_lost(trial):  # Ray's own words for it are an RPC error on an unreachable actor
+        if self.table.row(number).get("error") == NODE_LOST:  # RetryPolicy's verdict, said in words
             self._say(f"trial {number}: its node was lost; retrying from {start} on another node (not counted "
                       f"in failure.max_retries){_traceback_at(trial, self.exp)}")
             return

@@ -93,3 +93,64 @@ def test_a_distributed_trial_whose_rank_lost_its_node_is_a_node_loss(tmp_path):
     from ray.exceptions import RayTaskError
 
     assert not node_was_lost(pickled(tmp_path, RayTaskError("f", "Traceback ...", ValueError("x")).as_instanceof_cause()))
+
+
+PROCESS_DIED = (  # Ray 2.60's account of a trial process killed with SIGKILL, on a node that stayed up
+    "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
+    "Worker unexpectedly exits with a connection error code 2. End of file. Some common causes include: (1) the "
+    "process was killed by the OOM killer due to high memory usage, (2) ray stop --force was called, or (3) the "
+    "worker crashed unexpectedly due to SIGSEGV or another unexpected error. If the process was killed by the "
+    "kernel OOM killer (verifiable by checking for OOM in dmesg of the OOMing node), consider enabling resource "
+    "isolation via --enable-resource-isolation to prevent node deaths by resource contention and significant "
+    "loss of progress by uninformed kernel OOM killing.")
+NODE_DIED = "The actor is dead because its node has died. Node Id: 56b97436e67393f15565e024278867700c2bd0ec"
+
+
+def dead_actor(account: str):
+    """A trial's actor that died, as Tune pickles the error: Ray's generic line, the
+    actor's details, then the GCS's account of the death."""
+    from ray.exceptions import ActorDiedError
+
+    error = ActorDiedError()
+    error.error_msg = ("The actor died unexpectedly before finishing this task.\n\tclass_name: ImplicitFunc\n"
+                       f"\tactor_id: 553276cd62e1017e34c3fe3301000000\n\tpid: 9657\n\tip: 192.0.2.2\n{account}")
+    return error
+
+
+def test_a_trial_process_killed_on_a_live_node_is_the_trials_own_fault_and_said_so(tmp_path):
+    """Ray's account of a killed process speaks of nodes ("the OOMing node", "node deaths"),
+    and it was taken for a node loss: a trial killed by the OOM killer at every try was
+    retried forever, never counted in failure.max_retries."""
+    assert not node_was_lost(pickled(tmp_path, dead_actor(PROCESS_DIED)))
+    assert node_was_lost(pickled(tmp_path, dead_actor(NODE_DIED)))
+    # the line shown for it: what happened in a few words, not Ray's 800 characters cut at 300
+    written = error_file(tmp_path, f"Failure # 1 (occurred at 2026-12-05_06-24-08)\n{dead_actor(PROCESS_DIED)}\n")
+    assert _last_error_line(written) == (
+        "its process died without a Python error: killed (by the system's out-of-memory killer, most often) or "
+        "crashed in native code (Ray: Worker unexpectedly exits with a connection error code 2. End of file.)")
+
+
+def test_node_losses_are_forgiven_a_bounded_number_of_times(tmp_path):
+    """A fault taken for a node loss is not counted in max_retries, but never without end."""
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.outcome import EPOCH, GIVE_UP, TRIAL_NUMBER
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tune_callbacks import NODE_LOSSES_FORGIVEN, NODE_LOST, RetryPolicy
+
+    table = TrialsTable("val_acc", "max", [])
+    policy = RetryPolicy(table, max_retries=2, exp=ExperimentDir(tmp_path))
+    trial = pickled(tmp_path, dead_actor(NODE_DIED))
+    trial.config, trial.run_metadata, trial.error_file = {TRIAL_NUMBER: 3}, SimpleNamespace(num_failures=0), None
+    for loss in range(1, NODE_LOSSES_FORGIVEN + 1):
+        trial.run_metadata.num_failures += 1  # Tune's count, before the callback
+        trial.last_result = {EPOCH: loss}  # each time a later epoch: no repeated fault
+        policy.on_trial_recover(0, [], trial)
+        assert (table.row(3)["node_losses"], table.row(3)["error"]) == (loss, NODE_LOST)
+        assert trial.run_metadata.num_failures == 0 and GIVE_UP not in trial.config
+    for attempt in (2, 3):
+        trial.last_result = {EPOCH: 10 + attempt}
+        policy.on_trial_recover(0, [], trial)
+        assert table.row(3)["attempts"] == attempt and table.row(3)["node_losses"] == NODE_LOSSES_FORGIVEN
+    trial.last_result = {EPOCH: 20}
+    policy.on_trial_recover(0, [], trial)
+    assert trial.config[GIVE_UP].startswith("failed 3 times: "), trial.config
