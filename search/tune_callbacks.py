@@ -375,15 +375,22 @@ def _last_error_line(trial) -> str:
         line = exception[-1]
         if line.endswith(":") and line != lines[-1]:  # its message goes on below (Ray Train's worker errors)
             line = f"{line} ... {lines[-1]}"
-        return line[:300]
-    if not lines:
+    elif lines:
+        line = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    else:
         return "unknown error"
-    died = re.search(r"because its worker process has died\..*?Worker exit detail: (.*?)(?: Some common causes|$)",
-                     last_failure, flags=re.DOTALL)
-    if died:  # Ray's account of it runs to 800 characters, its likely causes in the middle
-        return (f"its process died without a Python error: killed (by the system's out-of-memory killer, "
-                f"most often) or crashed in native code (Ray: {died.group(1).strip()})")[:300]
-    return (lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}")[:300]
+    return _PROCESS_DEATH.sub(_process_death_in_short, line)[:300]
+
+
+# Ray's account of a trial's (or a rank's) process that died without a Python error
+_PROCESS_DEATH = re.compile(r"(The actor died unexpectedly before finishing this task\. \.\.\. )?The actor is dead "
+                            r"because its worker process has died\..*?Worker exit detail: (.*?)(?: Some common causes.*|$)")
+
+
+def _process_death_in_short(death: re.Match) -> str:
+    """Ray's account runs to 800 characters, its likely causes in the middle, and was cut at 300."""
+    return (f"its process died without a Python error: killed (by the system's out-of-memory killer, most often) "
+            f"or crashed in native code (Ray: {death.group(2).strip()})")
 
 
 class DropResumeCheckpoints(Callback):

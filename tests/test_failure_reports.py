@@ -125,9 +125,16 @@ def test_a_trial_process_killed_on_a_live_node_is_the_trials_own_fault_and_said_
     assert node_was_lost(pickled(tmp_path, dead_actor(NODE_DIED)))
     # the line shown for it: what happened in a few words, not Ray's 800 characters cut at 300
     written = error_file(tmp_path, f"Failure # 1 (occurred at 2026-12-05_06-24-08)\n{dead_actor(PROCESS_DIED)}\n")
-    assert _last_error_line(written) == (
-        "its process died without a Python error: killed (by the system's out-of-memory killer, most often) or "
-        "crashed in native code (Ray: Worker unexpectedly exits with a connection error code 2. End of file.)")
+    in_short = ("its process died without a Python error: killed (by the system's out-of-memory killer, most "
+                "often) or crashed in native code (Ray: Worker unexpectedly exits with a connection error code 2. "
+                "End of file.)")
+    assert _last_error_line(written) == in_short
+    # a distributed trial's rank killed so: Ray Train's error holds the same account, after the rank's details
+    rank_killed = error_file(tmp_path, RANK_UNREACHABLE.replace(
+        "The actor 2343 is unavailable: The actor is temporarily unavailable: RpcError: Socket closed rpc_code: 14.\n",
+        f"{dead_actor(PROCESS_DIED)}\n"))
+    assert _last_error_line(rank_killed) == f"ray.train.WorkerGroupError: Training failed due to worker errors: ... " \
+                                            f"{in_short}"
 
 
 def test_node_losses_are_forgiven_a_bounded_number_of_times(tmp_path):
