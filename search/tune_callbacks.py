@@ -383,8 +383,9 @@ def _last_error_line(trial) -> str:
 
 
 # Ray's account of a trial's (or a rank's) process that died without a Python error
-_PROCESS_DEATH = re.compile(r"(The actor died unexpectedly before finishing this task\. \.\.\. )?The actor is dead "
-                            r"because its worker process has died\..*?Worker exit detail: (.*?)(?: Some common causes.*|$)")
+_PROCESS_DEATH = re.compile(r"(The actor died unexpectedly before finishing this task\. \.\.\. )?"
+                            r"The actor is dead because its worker process has died\..*?"
+                            r"Worker exit detail: (.*?)(?: Some common causes.*|$)")
 
 
 def _process_death_in_short(death: re.Match) -> str:
