@@ -311,12 +311,13 @@ def _search_complete(exp: ExperimentDir, config: ExperimentConfig) -> bool:
     the session completed, or its Tune run did before the session was stopped during the
     test evaluation. (Only then do trials.csv and the Optuna journal surely agree.)"""
     from .outcome import FINISHED_STATES
+    from .space import trial_limit
 
     sessions = sorted(read_sessions(exp), key=lambda s: float(s["started_at"]))
     if not sessions or not (sessions[-1].get("outcome") == SESSION_COMPLETE or sessions[-1].get("search_complete")):
         return False
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
-    return len(trials) >= config.search.num_trials and all(t.get("state") in FINISHED_STATES for t in trials)
+    return len(trials) >= trial_limit(config) and all(t.get("state") in FINISHED_STATES for t in trials)
 
 
 def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str | None, verbose: bool,

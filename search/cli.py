@@ -242,6 +242,7 @@ def cmd_run(args) -> int:
 def cmd_check(args) -> int:
     from . import api
     from .errors import counted
+    from .space import trial_limit
 
     config, home = api.check(args.config, args.overrides, name=args.name, storage=args.storage,
                              address=args.address)
@@ -257,7 +258,7 @@ def cmd_check(args) -> int:
     print(f"ok: {config.name}: {config.model.class_path} on {config.data.class_path}, "
           f"{len(config.space)} searched parameters ({', '.join(config.space) or 'none'}), "
           f"{config.metric} ({config.mode}) logged at validation\n"
-          f"  {counted(config.search.num_trials, 'trial')}, {config.search.max_concurrent} at a time, "
+          f"  {counted(trial_limit(config), 'trial')}, {config.search.max_concurrent} at a time, "
           f"each {trial}; {room}\n"
           f"  the study would go to {home}")
     return 0

@@ -22,7 +22,7 @@ from ray.tune.search import Searcher
 
 from .config import ExperimentConfig
 from .outcome import COMPLETE, FAILED, PRUNED, best_of, STOP_REASON, TRIAL_NUMBER, EPOCH, PruneLog, classify
-from .space import grid_size, grid_values, to_distributions
+from .space import grid_values, to_distributions, trial_limit
 
 STUDY_FILE = "optuna.journal"
 RAY_TRIAL_ID = "ray_trial_id"
@@ -60,9 +60,12 @@ def open_study(experiment_dir: Path, study_name: str, mode: str, sampler=None) -
 
 def make_sampler(config: ExperimentConfig, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``seed_offset`` (trials already in the study) keeps a resumed
-    search from replaying the random stream it drew before the interruption."""
-    seed = None if config.search.seed is None else config.search.seed + seed_offset
+    search from replaying the random stream it drew before the interruption. Not for a
+    grid: its seed shuffles the grid's points, which the study's trials name by their
+    place (``grid_id``), so another seed on resume repeated points and skipped others.
+    (The grid needs no offset: it picks only among the points no trial has taken.)"""
     kind = config.search.sampler
+    seed = None if config.search.seed is None else config.search.seed + (0 if kind == "grid" else seed_offset)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "cmaes":
@@ -93,9 +96,7 @@ class OptunaSearcher(Searcher):
         self.experiment_dir = Path(experiment_dir)
         self.prunes = prunes
         self.distributions = to_distributions(config)
-        self.trial_limit = config.search.num_trials
-        if config.search.sampler == "grid":
-            self.trial_limit = min(self.trial_limit, grid_size(config))
+        self.trial_limit = trial_limit(config)
         self._study: optuna.Study | None = None
         self._numbers: dict[str, int] = {}
         self._to_resume: list[int] = []

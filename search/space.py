@@ -45,6 +45,14 @@ def grid_size(config: ExperimentConfig) -> int:
     return size
 
 
+def trial_limit(config: ExperimentConfig) -> int:
+    """How many trials the study holds when its search is done: ``num_trials``, or a
+    smaller grid's size."""
+    if config.search.sampler == "grid":
+        return min(config.search.num_trials, grid_size(config))
+    return config.search.num_trials
+
+
 def check_sampler(config: ExperimentConfig) -> None:
     """Before anything starts: the sampler's optional package is installed, and a grid
     smaller than ``num_trials`` is said to end the search early."""

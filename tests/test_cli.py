@@ -63,7 +63,9 @@ def test_metric_never_logged_exits_2_before_ray_starts(tmp_path):
 
 def test_check_validates_as_run_does_with_no_ray_and_no_directory(tmp_path):
     storage = tmp_path / "runs"
-    config = shrunk_example(storage)
+    # a grid of 3 points, smaller than num_trials (4): the search runs 3, and check says 3
+    config = shrunk_example(storage, **{"search/sampler": "grid",
+                                        "space": {"model.lr": {"type": "categorical", "choices": [0.01, 0.02, 0.03]}}})
     good = write_yaml(tmp_path / "exp.yaml", config)
     code = ("import sys; from hpsearch.search.cli import main\n"
             "code = main(['check', sys.argv[1]])\n"
@@ -74,6 +76,7 @@ def test_check_validates_as_run_does_with_no_ray_and_no_directory(tmp_path):
     assert f"ok: {config['name']}" in out.stdout and "val_acc (max) logged at validation" in out.stdout, out.stdout
     # Without --address, run starts a Ray here: check says how many trials this machine holds.
     assert re.search(r"this machine \(\d+ CPUs, 0 GPUs\) holds \d+ at a time", out.stdout), out.stdout
+    assert "the search ends after 3 trials" in out.stderr and "\n  3 trials, 2 at a time" in out.stdout, out
     assert str(storage / config["name"]) in out.stdout and not storage.exists()
 
 

@@ -168,3 +168,50 @@ def test_a_grid_search_ends_at_the_grids_size_without_an_error(tmp_path, example
     study = open_study(tmp_path, config.name, config.mode)
     assert sorted(t.params["model.lr"] for t in study.trials) == [0.01, 0.02]
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+
+
+def grid_config(example_config, num_trials: int):
+    example_config["space"] = {"model.lr": {"type": "categorical", "choices": [0.001, 0.01, 0.1]},
+                               "model.channels": {"type": "int", "low": 4, "high": 5}}
+    example_config["search"].update(sampler="grid", num_trials=num_trials, max_concurrent=1, seed=0)
+    return load_config(example_config)
+
+
+def run_trials(searcher, ids) -> None:
+    for trial_id in ids:
+        assert searcher.suggest(trial_id) != Searcher.FINISHED
+        searcher.on_trial_complete(trial_id, result(1, 0.5, finished=True, reason="max_epochs"))
+
+
+def test_a_resumed_grid_search_visits_every_point_once(tmp_path, example_config):
+    """Each session seeded the grid's shuffle anew (the seed plus the trials so far), and
+    the study names its trials' points by their place in that shuffle: the resumed
+    session repeated points and never ran others."""
+    run_trials(OptunaSearcher(grid_config(example_config, 4), tmp_path, PruneLog()), "abcd")
+    resumed = OptunaSearcher(grid_config(example_config, 6), tmp_path, PruneLog())
+    run_trials(resumed, "ef")
+    assert resumed.suggest("g") == Searcher.FINISHED
+    points = [(t.params["model.lr"], t.params["model.channels"]) for t in open_study(tmp_path, "digits-cnn", "max").trials]
+    assert sorted(points) == sorted((lr, c) for lr in (0.001, 0.01, 0.1) for c in (4, 5)), points
+
+
+def test_a_finished_grid_smaller_than_num_trials_is_a_complete_search(tmp_path, example_config):
+    """Its resume said nothing was left only when the study held num_trials trials: a
+    finished 6-point grid with num_trials 10 ran its test evaluation again at every resume."""
+    import time
+
+    from hpsearch.search.api import _search_complete
+    from hpsearch.search.experiment import ExperimentDir, record_session
+    from hpsearch.search.trials_table import TrialsTable
+
+    config = grid_config(example_config, 10)
+    exp = ExperimentDir(tmp_path)
+    table = TrialsTable(config.metric, config.mode, list(config.space))
+    for number in range(6):
+        table.row(number).update(state="COMPLETE", best=0.5)
+    table.save(exp.trials_csv)
+    record_session(exp, time.time(), time.time(), "complete", search_complete=True)
+    assert _search_complete(exp, config)
+    table.row(5)["state"] = "PAUSED"
+    table.save(exp.trials_csv)
+    assert not _search_complete(exp, config)
