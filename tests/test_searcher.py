@@ -191,7 +191,8 @@ def test_a_resumed_grid_search_visits_every_point_once(tmp_path, example_config)
     resumed = OptunaSearcher(grid_config(example_config, 6), tmp_path, PruneLog())
     run_trials(resumed, "ef")
     assert resumed.suggest("g") == Searcher.FINISHED
-    points = [(t.params["model.lr"], t.params["model.channels"]) for t in open_study(tmp_path, "digits-cnn", "max").trials]
+    trials = open_study(tmp_path, "digits-cnn", "max").trials
+    points = [(t.params["model.lr"], t.params["model.channels"]) for t in trials]
     assert sorted(points) == sorted((lr, c) for lr in (0.001, 0.01, 0.1) for c in (4, 5)), points
 
 
