@@ -126,8 +126,14 @@ class CategoricalParam(StrictModel):
     @field_validator("choices")
     @classmethod
     def _distinct(cls, choices: list[Scalar]) -> list[Scalar]:
-        if len({repr(c) for c in choices}) != len(choices):
-            raise ValueError("choices must be distinct")
+        for index, later in enumerate(choices):
+            for earlier in choices[:index]:
+                if repr(earlier) == repr(later):
+                    raise ValueError(f"choices must be distinct: {later!r} is given twice")
+                if earlier == later:  # Optuna finds a sampled value's choice by ==
+                    raise ValueError(
+                        f"choices {earlier!r} and {later!r} are one choice to Optuna, which tells them apart by == "
+                        "(in Python 0 == 0.0 and True == 1): keep one of them, or give names as choices")
         return choices
 
     def edge_values(self) -> list[Scalar]:

@@ -58,11 +58,16 @@ def _compact(value: Any) -> str:
 
 
 def _as_hparam_value(param, value: Any) -> Any:
-    """The value as TensorBoard types it: numbers stay numbers, mixed choices become text."""
+    """The value as TensorBoard types it: numbers stay numbers, mixed choices become text.
+    Numeric choices that mix ints and floats (``[0, 1.0e-4]``) are all floats: TensorBoard
+    wants one Python type per column, and refused the study's whole HParams record."""
     if isinstance(param, CategoricalParam) and not _uniform_choice_type(param.choices):
         return str(value)
     if value is None:
         return "None"
+    if isinstance(param, CategoricalParam) and not isinstance(value, bool) and isinstance(value, int) \
+            and any(isinstance(c, float) for c in param.choices):
+        return float(value)
     return value
 
 
@@ -91,20 +96,37 @@ def hparams_columns(config: ExperimentConfig, logged_metrics: list[str]) -> Any:
     metric = config.metric
     metrics = [hp.Metric(f"hp/{metric}", display_name=f"best {metric}"),
                hp.Metric(metric, display_name=f"last {metric}")]
-    # A metric logged on_step and on_epoch reaches TensorBoard as NAME_step and NAME_epoch
-    # only; NAME itself, which Lightning's callback metrics also hold, would be an empty column.
-    metrics += [hp.Metric(name) for name in sorted(set(logged_metrics) - {metric})
-                if f"{name}_epoch" not in logged_metrics]
+    metrics += [hp.Metric(name) for name in sorted(_own_metric_columns(config, logged_metrics))]
     metrics += [hp.Metric(name) for name in SPEED_METRICS]
     return hp.hparams_config_pb(hparams=hparams, metrics=metrics, time_created_secs=time.time())
 
 
-def write_hparams_columns(tensorboard_dir: Path, config: ExperimentConfig, logged_metrics: list[str]) -> bool:
-    """Write the columns once per study (TensorBoard would ignore a second copy); True if written."""
-    if any(tensorboard_dir.glob("events.out.tfevents.*")):
-        return False
-    _write_summaries(tensorboard_dir, [hparams_columns(config, logged_metrics)])
-    return True
+def _own_metric_columns(config: ExperimentConfig, logged_metrics: list[str]) -> set[str]:
+    """The columns of the metrics the model logs, besides the search metric's. A metric
+    logged on_step and on_epoch reaches TensorBoard as NAME_step and NAME_epoch only;
+    NAME itself, which Lightning's callback metrics also hold, would be an empty column."""
+    return {name for name in logged_metrics if name != config.metric and f"{name}_epoch" not in logged_metrics}
+
+
+def write_hparams_columns(tensorboard_dir: Path, config: ExperimentConfig, logged_metrics: list[str]) -> set[str]:
+    """The study's HParams columns, with a column for each of ``logged_metrics``. TensorBoard
+    reads one set, and the first set was final: written when the first trial ended, it
+    had no column for the model's own metrics when that trial failed before reporting
+    any. A set that lacks one of ``logged_metrics`` is now written anew, keeping its
+    columns, and the earlier set's file removed. Returns the columns of the model's own
+    metrics it holds."""
+    earlier = sorted(tensorboard_dir.glob("events.out.tfevents.*"))
+    fixed = {f"hp/{config.metric}", config.metric, *SPEED_METRICS}
+    covered = {metric.name.tag for path in earlier for columns in _stored_columns(path)
+               for metric in columns.metric_infos} - fixed
+    wanted = _own_metric_columns(config, logged_metrics)
+    if earlier and wanted <= covered:
+        return covered
+    covered |= wanted
+    _write_summaries(tensorboard_dir, [hparams_columns(config, sorted(covered))])
+    for path in earlier:
+        path.unlink(missing_ok=True)
+    return covered
 
 
 def write_trial_session(tensorboard_dir: Path, config: ExperimentConfig, number: int, params: dict[str, Any],
@@ -205,13 +227,15 @@ def copy_as_own_group(record: Path, target: Path) -> bool:
     return True
 
 
-def _stored_columns(tensorboard_dir: Path) -> list[Any]:
-    """The HParams columns a study's log directory holds (``write_hparams_columns``)."""
+def _stored_columns(location: Path) -> list[Any]:
+    """The HParams columns a study's log directory (or one file of it) holds
+    (``write_hparams_columns``)."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.plugins.hparams import metadata
 
     found = []
-    for path in sorted(tensorboard_dir.glob("events.out.tfevents.*")):
+    paths = sorted(location.glob("events.out.tfevents.*")) if location.is_dir() else [location] * location.is_file()
+    for path in paths:
         for event in EventFileLoader(str(path)).Load():
             found += [metadata.parse_experiment_plugin_data(value.metadata.plugin_data.content)
                       for value in event.summary.value if value.tag == metadata.EXPERIMENT_TAG]

@@ -227,12 +227,14 @@ class TensorBoardSessions(Callback):
     """Adds each ended trial to TensorBoard's HParams table, with its state and epochs.
 
     Runs after ``TrialsTableRecorder`` (whose row holds the final state). The study's
-    HParams columns are written with the first trial that ends, when the names of the
-    metrics the model logs are known.
+    HParams columns are written with the first trial that ends, and again when a trial
+    ends that logged a metric they have no column for (the first may have failed before
+    its first report).
     """
 
     def __init__(self, config: ExperimentConfig, table: TrialsTable, tensorboard_dir: Path) -> None:
         self.config, self.table, self.tensorboard_dir = config, table, tensorboard_dir
+        self._columns: set[str] | None = None  # the metric names the study's columns cover, once known
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self._write(trial)
@@ -247,9 +249,10 @@ class TensorBoardSessions(Callback):
 
         number = int(trial.config[TRIAL_NUMBER])
         row = self.table.row(number)
-        logged = str((trial.last_result or {}).get("hps_logged_metrics") or "").split(",")
+        logged = {name for name in str((trial.last_result or {}).get("hps_logged_metrics") or "").split(",") if name}
         try:
-            write_hparams_columns(self.tensorboard_dir, self.config, [name for name in logged if name])
+            if self._columns is None or not logged <= self._columns:  # the file is read only then
+                self._columns = write_hparams_columns(self.tensorboard_dir, self.config, sorted(logged)) | logged
             write_trial_session(self.tensorboard_dir, self.config, number, trial.config.get("params", {}),
                                 row["state"], int(float(row.get("epochs") or 0)))
         except Exception as exc:  # noqa: BLE001 - reported, and repaired at the next session

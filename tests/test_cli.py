@@ -270,6 +270,46 @@ def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp
     assert "best trial 3: val_acc = 0.9 (pruned, 1 epoch)" in capsys.readouterr().out
 
 
+def test_numeric_choices_of_ints_and_floats_get_their_hparams_columns_and_rows(tmp_path):
+    """TensorBoard wants one Python type per column: choices [0, 1e-4, 1e-3] made it refuse
+    the study's columns and every trial's row (a warning per trial, an empty HParams tab)."""
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.tensorboard_layout import _stored_columns, write_hparams_columns, write_trial_session
+
+    config = load_config(shrunk_example(tmp_path, **{"space/model.weight_decay": {
+        "type": "categorical", "choices": [0, 1.0e-4, 1.0e-3]}}))
+    write_hparams_columns(tmp_path / "tb", config, ["val_loss"])
+    [columns] = _stored_columns(tmp_path / "tb")
+    [decay] = [info for info in columns.hparam_infos if info.name == "model.weight_decay"]
+    assert [value.number_value for value in decay.domain_discrete.values] == [0.0, 1e-4, 1e-3]
+    run = write_trial_session(tmp_path / "tb", config, 0, {"model.weight_decay": 0, "model.lr": 0.01}, "COMPLETE", 3)
+    assert list(run.glob("*.hparams"))
+
+
+def test_hparams_columns_gain_the_metrics_a_later_trial_logged(tmp_path):
+    """The columns were written once, with the first trial to end: one that failed before
+    its first report left the study without a column for any of the model's own metrics."""
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.tensorboard_layout import _stored_columns, write_hparams_columns
+
+    config, tensorboard = load_config(shrunk_example(tmp_path)), tmp_path / "tb"
+
+    def columns() -> set[str]:
+        [stored] = _stored_columns(tensorboard)  # one set: TensorBoard reads one
+        return {metric.name.tag for metric in stored.metric_infos}
+
+    write_hparams_columns(tensorboard, config, [])  # the first trial to end failed at once
+    assert "val_loss" not in columns()
+    assert write_hparams_columns(tensorboard, config, ["val_acc", "val_loss", "train_loss"]) == {"val_loss",
+                                                                                                   "train_loss"}
+    assert {"hp/val_acc", "val_acc", "val_loss", "train_loss", "speed/samples_per_s"} <= columns()
+    [written] = tensorboard.glob("events.out.tfevents.*")
+    write_hparams_columns(tensorboard, config, ["val_loss"])  # nothing new: nothing written
+    assert list(tensorboard.glob("events.out.tfevents.*")) == [written]
+    write_hparams_columns(tensorboard, config, ["val_acc", "lr-AdamW"])  # one more, the others kept
+    assert {"val_loss", "train_loss", "lr-AdamW"} <= columns()
+
+
 def test_tensorboard_started_as_a_background_job_stops_at_ctrl_c_and_leaves_no_directory(tmp_path):
     """A script's ``hpsearch tensorboard ... &`` starts with SIGINT ignored: it ran on."""
     import signal

@@ -71,6 +71,13 @@ BAD_SCHEMA = [
     ("empty space", _set("space", {}), "space", "space is empty"),
     ("list choices", _set("space/model.layers", {"type": "categorical", "choices": [[32], [64, 32]]}),
      "space.model.layers.choices", "choice 0 ([32]) is a list: choices must be null, true/false, numbers or strings"),
+    ("a choice twice", _set("space/model.channels", {"type": "categorical", "choices": [8, 16, 8]}),
+     "space.model.channels.choices", "choices must be distinct: 8 is given twice"),
+    # Optuna finds a sampled value's choice by ==: 1 was reported, stored and shown as True
+    ("choices equal to Optuna", _set("space/model.channels", {"type": "categorical", "choices": [True, 1]}),
+     "space.model.channels.choices", "choices True and 1 are one choice to Optuna"),
+    ("choices 0 and 0.0", _set("space/model.dropout", {"type": "categorical", "choices": [0, 0.0, 0.5]}),
+     "space.model.dropout.choices", "choices 0 and 0.0 are one choice to Optuna"),
     ("space entry without a type", _set("space/model.dropout", {"low": 0.1, "high": 0.5}), "space.model.dropout",
      "needs a 'type'"),
     ("grid float without step", _set("search/sampler", "grid"), "space.model.lr", "grid' needs a 'step' on this float"),
