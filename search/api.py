@@ -234,12 +234,14 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         raise ConfigError([config.problem("search.num_trials", f"{config.search.num_trials} is fewer than the "
                                                                f"{started} trials the study already has; give at "
                                                                f"least {started}")])
-    say_what_resume_changes(stored, config, exp.root)
     close_killed_sessions(exp)  # before reading the last one's outcome
     searched = _search_complete(exp, config)
-    if searched and (exp.stored_best() or {}).get("test_error") is None and exp.best_json.is_file():
+    say_what_resume_changes(stored, config, exp.root, trials_run=not searched)
+    evaluated = (exp.stored_best() or {}).get("test_error") is None and exp.best_json.is_file()
+    if searched and (evaluated or not _has_a_result(exp, config)):
         # Nothing is left to run: neither Ray nor a session starts (both used to, only for
-        # Tune to find every trial done).
+        # Tune to find every trial done). A study whose every trial failed has no best
+        # trial to evaluate either.
         return SearchResult(exp.root, SESSION_COMPLETE, exp.stored_best(), read_rows(exp.trials_csv),
                             already_complete=True)
     if not searched:  # else Ray starts only for a GPU evaluation
@@ -264,6 +266,13 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         return _search(config, exp, verbose, concurrency, callbacks, mirror, address)
 
 
+def _has_a_result(exp: ExperimentDir, config: ExperimentConfig) -> bool:
+    """Whether some trial finished with a result: a best trial to evaluate."""
+    from .trials_table import TrialsTable
+
+    return TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space)).best_row() is not None
+
+
 def _naming_the_last_sessions_directory(error: ConfigError, exp: ExperimentDir) -> ConfigError:
     """A user package that does not import here, with the directory the study's last
     session ran from: its packages imported from there (the current directory)."""
@@ -279,15 +288,16 @@ def _naming_the_last_sessions_directory(error: ConfigError, exp: ExperimentDir) 
 SESSION_SETTINGS = ("search.num_trials", "search.max_concurrent", "search.time_budget_s", "storage")
 
 
-def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, root: Path) -> None:
+def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, root: Path,
+                            trials_run: bool = True) -> None:
     """Warn of each setting of the trials a resume changes (not ``SESSION_SETTINGS``): it
     applies to every trial from now on, the paused ones included, which continue with it
-    (another precision, say). A changed ``storage`` changes nothing: the study stays where
-    it is."""
+    (another precision, say); not said when no trial will run (a complete study). A
+    changed ``storage`` changes nothing: the study stays where it is."""
     before, after = _leaves(stored.model_dump(mode="json")), _leaves(config.model_dump(mode="json"))
     changed = [key for key in sorted(set(before) | set(after))
                if before.get(key) != after.get(key) and key not in SESSION_SETTINGS]
-    if changed:
+    if changed and trials_run:
         warn_user("resume changes " + ", ".join(f"{key} ({before.get(key)!r} -> {after.get(key)!r})"
                                                 for key in changed)
                   + f": trials from now on use {'it' if len(changed) == 1 else 'them'}, paused trials included")

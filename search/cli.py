@@ -349,8 +349,10 @@ def _why_no_best(exp) -> str:
         return (f"no trial has a result yet ({len(rows)} started, {failed} failed; "
                 f"see hpsearch status {exp.root})")
     if not scored:
-        return (f"no trial has finished with a result yet ({len(reported)} reported epochs, {failed} of them "
-                f"failed later, and a failed trial does not count); hpsearch status {exp.root} shows them")
+        failed_later = sum(row.get("state") == "FAILED" for row in reported)
+        return (f"no trial has finished with a result yet ({counted(len(reported), 'trial')} reported an epoch's "
+                f"result, {failed_later} of them failed later, and a failed trial does not count); "
+                f"hpsearch status {exp.root} shows them")
     have = "has a result" if len(scored) == 1 else "have results"
     return (f"{counted(len(scored), 'trial')} {have}, but the search has not finished or ended before its "
             f"evaluation of the best trial; if no search is running, hpsearch resume {exp.root} writes it")

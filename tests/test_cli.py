@@ -239,7 +239,25 @@ def test_best_says_why_a_study_has_no_best_json(tmp_path, capsys):
     table_path = running.trials_csv
     table_path.write_text(table_path.read_text().replace("RUNNING,,,", "RUNNING,,0.7,", 1).replace("FAILED,,,", "FAILED,,0.6,", 1))
     assert main(["best", str(running.root)]) == 1
-    assert "no trial has finished with a result yet (2 reported epochs, 1 of them failed later" in capsys.readouterr().err
+    # (trials report results, and fail; the line said "2 reported epochs, 1 of them failed")
+    assert "no trial has finished with a result yet (2 trials reported an epoch's result, 1 of them failed later" \
+        in capsys.readouterr().err
+
+
+def test_resuming_a_complete_study_whose_every_trial_failed_runs_nothing_and_says_so(tmp_path, capsys):
+    """It said the best trial's test evaluation ran again (there is no best trial), and
+    warned that a changed setting applied to trials from now on (none would run)."""
+    import time
+
+    from hpsearch.search.experiment import record_session
+
+    failed = _study_with(tmp_path, ["FAILED", "FAILED"])
+    record_session(failed, time.time() - 60, time.time() - 30, "complete", search_complete=True)
+    assert main(["resume", str(failed.root), "--set", "search.num_trials=2", "--set", "search.seed=5"]) == 1
+    out, err = capsys.readouterr()
+    assert "the study was already complete (2 trials); nothing was run" in out, out
+    assert "test evaluation ran again" not in out and "resume changes" not in err, (out, err)
+    assert "no trial finished with a result: 2 of 2 failed" in err, err
 
 
 def test_a_search_whose_every_trial_failed_exits_with_1_saying_so(tmp_path, capsys):
