@@ -25,7 +25,7 @@ from typing import Any
 
 from .cluster_join import cluster_address, ensure_joined_cluster_answers
 from .config import ExperimentConfig, ResourcesConfig
-from .config_loading import load_config
+from .config_loading import flat_settings, load_config
 from .errors import (CallbackError, ConfigError, HpsearchError, Interrupted, Problem, exception_chain,
                      resume_command, warn_user)
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
@@ -294,7 +294,7 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
     applies to every trial from now on, the paused ones included, which continue with it
     (another precision, say); not said when no trial will run (a complete study). A
     changed ``storage`` changes nothing: the study stays where it is."""
-    before, after = _leaves(stored.model_dump(mode="json")), _leaves(config.model_dump(mode="json"))
+    before, after = flat_settings(stored.model_dump(mode="json")), flat_settings(config.model_dump(mode="json"))
     changed = [key for key in sorted(set(before) | set(after))
                if before.get(key) != after.get(key) and key not in SESSION_SETTINGS]
     if changed and trials_run:
@@ -303,17 +303,6 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
                   + f": trials from now on use {'it' if len(changed) == 1 else 'them'}, paused trials included")
     if before.get("storage") != after.get("storage"):
         warn_user(f"storage is ignored on resume: the study stays in {root}")
-
-
-def _leaves(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested mapping's values by dotted key."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            flat.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _search_complete(exp: ExperimentDir, config: ExperimentConfig) -> bool:

@@ -260,3 +260,14 @@ def _line_of(loc: tuple[str, ...], lines: LineMap) -> int | str | None:
         if loc[:end] in lines:
             return lines[loc[:end]]
     return None
+
+
+def flat_settings(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """An experiment's settings (or any nested mapping's values) by dotted key."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

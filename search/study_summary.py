@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import SchedulerConfig
+from .config_loading import flat_settings
 from .experiment import ExperimentDir, read_sessions
 from .outcome import FINISHED_STATES, PAUSED, RUNNING
 from .trials_table import TrialsTable, read_rows
@@ -39,6 +40,7 @@ class StudySummary:
     saved_by_pruning_s: float  # epochs ASHA cut, at each pruned trial's own epoch time
     saved_by_early_stopping_s: float
     rungs: list[RungCount] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)  # experiment.yaml, by dotted key
 
     @property
     def trials(self) -> int:
@@ -71,6 +73,7 @@ def summarize(exp: ExperimentDir) -> StudySummary:
         mode=config.get("mode", "max"), max_epochs=max_epochs, best=best, rows=rows, counts=counts,
         wall_s=_wall_seconds(exp), compute_s=sum(_number(r.get("compute_s")) for r in rows),
         saved_by_pruning_s=pruning, saved_by_early_stopping_s=stopping, rungs=rungs,
+        settings=flat_settings(config),
     )
 
 
@@ -106,27 +109,41 @@ def _number(value: Any) -> float:
     return number if math.isfinite(number) else 0.0
 
 
+def settings_that_differ(summaries: list[StudySummary]) -> list[dict[str, Any]]:
+    """Per study, its values of the settings in which the compared studies differ: what
+    tells a study run again with one change (or none: the same file twice) from the first."""
+    keys = sorted({key for s in summaries for key in s.settings} - {"name", "storage"})
+    differ = [key for key in keys if len({repr(s.settings.get(key)) for s in summaries}) > 1]
+    return [{key: s.settings.get(key) for key in differ} for s in summaries]
+
+
 def print_comparison(summaries: list[StudySummary]) -> None:
-    """One row per study: best result, trials by state, wall time and compute."""
+    """One row per study, named by its directory (a study run again from the same file
+    has the same name): best result, trials by state, wall time and compute, and the
+    settings in which the studies differ."""
+    from pathlib import Path
+
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="hpsearch compare")
     for column in ("experiment", "metric", "best", "best trial", "test metrics", "trials", "complete", "pruned",
-                   "failed", "wall s", "compute s", "saved s"):
-        table.add_column(column, justify="left" if column in ("experiment", "metric", "test metrics") else "right")
-    for s in summaries:
+                   "failed", "wall s", "compute s", "saved s", "differs in"):
+        table.add_column(column, justify="left" if column in ("experiment", "metric", "test metrics", "differs in")
+                         else "right", overflow="fold")
+    for s, differs in zip(summaries, settings_that_differ(summaries)):
         best = s.best or {}
         tests = ", ".join(f"{k}={v:.4g}" for k, v in (best.get("test_metrics") or {}).items())
         if best.get("evaluated") is False:
             tests = "not evaluated yet (resume)"
         table.add_row(
-            escape(s.name), escape(f"{s.metric} ({s.mode})"),
+            escape(Path(s.experiment_dir).name), escape(f"{s.metric} ({s.mode})"),
             f"{best['value']:.4g}" if best.get("value") is not None else "-",
             str(best.get("trial", "-")), escape(tests or "-"), str(s.trials), str(s.counts["COMPLETE"]),
             str(s.counts["PRUNED"]), str(s.counts["FAILED"]), f"{s.wall_s:.1f}", f"{s.compute_s:.1f}",
             f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
+            escape(", ".join(f"{key}={value}" for key, value in differs.items()) or "-"),
         )
     Console(width=200).print(table)
 
@@ -135,6 +152,7 @@ def comparison_records(summaries: list[StudySummary]) -> list[dict[str, Any]]:
     """The comparison as plain data (``hpsearch compare --json``)."""
     return [{
         "experiment": s.name, "experiment_dir": s.experiment_dir, "metric": s.metric, "mode": s.mode,
+        "differs_in": differs,
         "best_value": (s.best or {}).get("value"), "best_trial": (s.best or {}).get("trial"),
         "test_metrics": (s.best or {}).get("test_metrics", {}),
         "best_evaluated": s.best is not None and s.best.get("evaluated", True),  # False: best.json not written yet
@@ -142,4 +160,4 @@ def comparison_records(summaries: list[StudySummary]) -> list[dict[str, Any]]:
         "wall_s": round(s.wall_s, 3), "compute_s": round(s.compute_s, 3),
         "saved_by_pruning_s": round(s.saved_by_pruning_s, 3),
         "saved_by_early_stopping_s": round(s.saved_by_early_stopping_s, 3),
-    } for s in summaries]
+    } for s, differs in zip(summaries, settings_that_differ(summaries))]

@@ -110,9 +110,29 @@ def test_compare_puts_two_studies_side_by_side(finished_search, tmp_path):
         assert record["wall_s"] == pytest.approx(sum(s["seconds"] for s in sessions), abs=1e-3)
         assert 0 < record["compute_s"] < record["wall_s"] * 2  # two trial slots at most
     assert records[1]["PRUNED"] == 0 and records[1]["saved_by_pruning_s"] == 0  # no scheduler there
+    # what tells the two apart, from their experiment.yaml
+    differs = [record["differs_in"] for record in records]
+    assert (differs[0]["search.sampler"], differs[1]["search.sampler"]) == ("tpe", "random"), differs
+    assert differs[1]["scheduler.type"] == "none" and "name" not in differs[1], differs
 
     table_view = run_cli("compare", str(exp_dir), str(other_dir), cwd=tmp_path, timeout=60)
     assert table_view.returncode == 0 and "random-2" in table_view.stdout and "digits-cnn" in table_view.stdout
+
+
+def test_compare_names_each_study_by_its_directory_and_shows_what_differs(capsys):
+    """A study run again from the same file (a dated directory) had the same name in every
+    row, and nothing said how the studies differed."""
+    from hpsearch.search.study_summary import print_comparison
+
+    first, again = summary_of([]), summary_of([])
+    first.counts = again.counts = {"COMPLETE": 0, "PRUNED": 0, "FAILED": 0}
+    first.experiment_dir, again.experiment_dir = "/runs/digits-cnn", "/runs/digits-cnn-20261205-061530"
+    first.settings = {"name": "digits-cnn", "storage": "runs", "search.sampler": "tpe", "search.seed": 0}
+    again.settings = {**first.settings, "storage": "elsewhere", "search.seed": 1}
+    print_comparison([first, again])
+    out = capsys.readouterr().out
+    assert "digits-cnn-20261205-061530" in out and "search.seed=0" in out and "search.seed=1" in out, out
+    assert "sampler" not in out and "storage" not in out, out  # the same, or where a study is kept
 
 
 def summary_of(rows: list[dict]) -> StudySummary:
