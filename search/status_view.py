@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from .errors import counted, resume_command
@@ -14,6 +16,7 @@ from .experiment import ExperimentDir, read_sessions
 from .study_lock import dead_holder
 from .trials_table import read_rows
 
+REASON_WIDTH = 20  # the least width of status's "why it stopped" column
 STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan", "PAUSED": "magenta"}
 
 
@@ -30,40 +33,13 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
         console.print(f"{exp.root}: no trial has started yet", markup=False)
         return
     rows = read_rows(exp.trials_csv)
-    # Where each trial ran, once the study spans more than one node.
-    nodes = {row.get("node_id") for row in rows if row.get("node_id")}
-    node_column = ("node",) if len(nodes) > 1 else ()
-    table = Table(title=f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']})")
-    for column in ("trial", "state", *params, metric, "epochs", "tries", *node_column, "s/epoch", "start-up s",
-                   "why it stopped"):
-        table.add_column(column, justify="right" if column not in ("state", "why it stopped") else "left",
-                         # a reason ends in its traceback's path: folded onto the next line, not cut off
-                         overflow="fold" if column == "why it stopped" else "ellipsis")
-    for row in rows:
-        state = str(row.get("state", ""))
-        reason = row.get("reason") or ""
-        if row.get("error") and row["error"] != reason:
-            finished_anyway = state in ("COMPLETE", "PRUNED")
-            reason = f"{reason} (retried after: {row['error']})" if finished_anyway else f"{reason}: {row['error']}"
-        if row.get("data_starved") is True:
-            reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
-        if row.get("notes"):
-            reason = f"{reason} ({row['notes']})"
-        # Cells hold the user's values and messages, read as they are: "[data-starved: ...]"
-        # or a "[rank0]" in an error is text, not rich markup (which dropped it).
-        table.add_row(
-            escape(str(row["trial"])),
-            f"[{STATE_STYLES.get(state, 'white')}]{escape(state)}[/]",
-            *(escape(_fmt(row.get(p))) for p in params),
-            escape(_fmt(row.get("best"))),
-            escape(_fmt(row.get("epochs"))),
-            escape(_fmt(row.get("attempts"))
-                   + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")),
-            *((escape(f"{row.get('node_ip', '')} {str(row.get('node_id', ''))[:8]}"),) if node_column else ()),
-            escape(_fmt(row.get("epoch_time_s"))),
-            escape(_fmt(row.get("startup_s"))),
-            escape(str(reason)),
-        )
+    title = f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']})"
+    table = _trials_table(title, rows, params, metric, params_in_one_column=False)
+    figures = _trials_table(title, rows, params, metric, params_in_one_column=False, reasons=False)  # reasons fold
+    if Measurement.get(console, console.options.update(width=10**4), figures).maximum > console.width:
+        # Too many parameters for a column each: figures were cut to "0.00…" and the
+        # headers to "mode…" (at 120 columns, with 7 parameters). One folded column instead.
+        table = _trials_table(title, rows, params, metric, params_in_one_column=True)
     console.print(table)
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
     gone = dead_holder(exp) if running else None
@@ -94,6 +70,61 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
                       markup=False, soft_wrap=True)
     if best.get("checkpoint"):
         console.print(f"  checkpoint: {best['checkpoint']}", markup=False)
+
+
+def _trials_table(title: str, rows: list[dict[str, Any]], params: list[str], metric: str,
+                  params_in_one_column: bool, reasons: bool = True) -> Table:
+    """``status``'s table: a row per trial, the sampled values in a column each or, where
+    those would not fit, together in one (``reasons=False``: the reasons left empty, to
+    measure the rest)."""
+    # Where each trial ran, once the study spans more than one machine (each session's
+    # local Ray is a node of its own, with a new id, on the same machine).
+    node_column = ("node",) if len({row.get("node_ip") for row in rows if row.get("node_ip")}) > 1 else ()
+    param_columns = ["params"] if params_in_one_column else _short_names(params)
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    folded = ("params", "why it stopped")  # figures are never cut: these fold instead
+    for column in ("trial", "state", *param_columns, metric, "epochs", "tries", *node_column, "s/epoch",
+                   "start-up s", "why it stopped"):
+        table.add_column(column, justify="left" if column in ("state", *folded) else "right",
+                         # a reason ends in its traceback's path: folded onto the next line, not cut off
+                         overflow="fold" if column in folded else "ellipsis", no_wrap=column not in folded,
+                         min_width=REASON_WIDTH if column == "why it stopped" else None)
+    for row in rows:
+        state = str(row.get("state", ""))
+        reason = row.get("reason") or ""
+        if row.get("error") and row["error"] != reason:
+            finished_anyway = state in ("COMPLETE", "PRUNED")
+            reason = f"{reason} (retried after: {row['error']})" if finished_anyway else f"{reason}: {row['error']}"
+        if row.get("data_starved") is True:
+            reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
+        if row.get("notes"):
+            reason = f"{reason} ({row['notes']})"
+        values = [_fmt(row.get(p)) for p in params]
+        if params_in_one_column:
+            values = [" ".join(f"{name}={value}" for name, value in zip(_short_names(params), values))]
+        # Cells hold the user's values and messages, read as they are: "[data-starved: ...]"
+        # or a "[rank0]" in an error is text, not rich markup (which dropped it).
+        table.add_row(
+            escape(str(row["trial"])),
+            f"[{STATE_STYLES.get(state, 'white')}]{escape(state)}[/]",
+            *(escape(value) for value in values),
+            escape(_fmt(row.get("best"))),
+            escape(_fmt(row.get("epochs"))),
+            escape(_fmt(row.get("attempts"))
+                   + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")),
+            *((escape(f"{row.get('node_ip', '')} {str(row.get('node_id', ''))[:8]}"),) if node_column else ()),
+            escape(_fmt(row.get("epoch_time_s"))),
+            escape(_fmt(row.get("startup_s"))),
+            escape(str(reason)) if reasons else "",
+        )
+    return table
+
+
+def _short_names(params: list[str]) -> list[str]:
+    """Each searched parameter's column title: its argument's name (``lr`` for
+    ``model.lr``), or the whole key where two share one."""
+    last = [param.rsplit(".", 1)[-1] for param in params]
+    return [name if last.count(name) == 1 else param for name, param in zip(last, params)]
 
 
 def _fmt(value: Any) -> str:

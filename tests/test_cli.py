@@ -624,3 +624,41 @@ def test_the_resume_hints_name_the_cluster_the_study_ran_on(tmp_path, monkeypatc
     assert resume_command(exp.root) == f"hpsearch resume {exp.root}"
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")  # a Ray job's driver
     assert resume_command(exp.root) == f"hpsearch resume {exp.root} --address 10.0.0.5:6379"
+
+
+def test_status_at_120_columns_cuts_no_figure(tmp_path):
+    """With 7 searched parameters at 120 columns, status cut every figure and header to
+    "0.00…" and "mode…"; the values now share one folded column when a column each
+    would not fit, and a column each is titled by its argument's name."""
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import print_status
+
+    names = ["lr", "dropout", "hidden_units", "depth", "activation", "flag", "scale"]
+    config = shrunk_example(tmp_path, **{"space": {f"model.{name}": {"type": "categorical", "choices": [1, 2]}
+                                                   for name in names}})
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, config)
+    values = [0.004430179, 0.4, 84, 3, "relu", False, 2.5]
+    (exp.root / "trials.csv").write_text(
+        "trial,state,reason,best,epochs," + ",".join(f"model.{n}" for n in names) + ",epoch_time_s,startup_s\n"
+        + "".join(f"{t},COMPLETE,max_epochs,0.5703999,1," + ",".join(map(str, values)) + ",0.0906,3.581\n"
+                  for t in range(3)))
+    console = Console(width=120, record=True)
+    print_status(exp, console)
+    text = console.export_text()
+    assert "…" not in text and "lr=0.00443" in text and "activation=relu" in text and "0.5704" in text, text
+    assert "COMPLETE" in text and "3.581" in text, text
+
+    write_config(exp, shrunk_example(tmp_path))  # three parameters: a column each, by its argument's name
+    # Two sessions on one machine: two local Rays, each a node with an id of its own.
+    (exp.root / "trials.csv").write_text("trial,state,reason,best,epochs,model.lr,data.batch_size,node_id,node_ip\n"
+                                         "0,COMPLETE,max_epochs,0.5,1,0.004430179,64,ab12,10.0.0.5\n"
+                                         "1,COMPLETE,max_epochs,0.5,1,0.004430179,64,cd34,10.0.0.5\n")
+    console = Console(width=120, record=True)
+    print_status(exp, console)
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "state" in line)
+    assert header.split()[:5] == ["trial", "state", "lr", "channels", "batch_size"] and "0.00443" in text, text
+    assert "node" not in header, text  # shown once the trials ran on more than one machine
