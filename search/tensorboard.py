@@ -55,17 +55,20 @@ def serve(experiments: list[ExperimentDir], host: str = "127.0.0.1", port: int =
     """Run TensorBoard in the foreground until Ctrl+C; its URL is printed first. One study
     is its own log directory; several are shown side by side (``StudiesSideBySide``)."""
     _check_port_free(host, port)
+    experiments = list({exp.root.resolve(): exp for exp in experiments}.values())  # each study once
     if len(experiments) == 1:
         return _tensorboard(experiments[0].tensorboard_dir, host, port, every_reload=lambda: None)
     with tempfile.TemporaryDirectory(prefix="hpsearch-tensorboard-") as combined:
         studies = StudiesSideBySide(Path(combined), experiments)
-        return _tensorboard(Path(combined), host, port, every_reload=studies.link_new_runs)
+        # Which group is which study: two studies of one name are NAME and NAME-2 there.
+        legend = "".join(f"  {label}: {tensorboard_dir.parent}\n" for label, tensorboard_dir in studies.studies.items())
+        return _tensorboard(Path(combined), host, port, every_reload=studies.link_new_runs, legend=legend)
 
 
-def _tensorboard(logdir: Path, host: str, port: int, every_reload) -> int:
+def _tensorboard(logdir: Path, host: str, port: int, every_reload, legend: str = "") -> int:
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                "--host", host, "--port", str(port), "--reload_interval", str(RELOAD_S)]
-    print(f"TensorBoard at http://{host}:{port}/  (Ctrl+C to stop)", flush=True)
+    print(f"TensorBoard at http://{host}:{port}/  (Ctrl+C to stop)\n{legend}", end="", flush=True)
     process = subprocess.Popen(command)
     # SIGTERM (a service manager, a test) stops TensorBoard too, as Ctrl+C does; so does a
     # Ctrl+C (kill -INT) to a script's background job, which starts with SIGINT ignored.

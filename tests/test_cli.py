@@ -339,12 +339,17 @@ def test_tensorboard_started_as_a_background_job_stops_at_ctrl_c_and_leaves_no_d
         port = probe.getsockname()[1]
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    process = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "tensorboard", *(str(s.root) for s in studies),
+    # the same study twice is shown once
+    given = [str(s.root) for s in (*studies, studies[0])]
+    process = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "tensorboard", *given,
                                 "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                env={**os.environ, "TMPDIR": str(scratch)},
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         assert process.stdout.readline().startswith("TensorBoard at")
+        # which group is which study: both are named "study"
+        legend = [process.stdout.readline() for _ in studies]
+        assert legend == [f"  study: {studies[0].root}\n", f"  study-2: {studies[1].root}\n"], legend
         assert len(list(scratch.glob("hpsearch-tensorboard-*"))) == 1
         time.sleep(1)
         process.send_signal(signal.SIGINT)
