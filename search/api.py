@@ -362,13 +362,14 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
     thaws it with ``thawed_at_exit``."""
     from .components import check_components
     from .distributed import check_strategy_available
-    from .space import check_sampler
+    from .space import check_sampler, check_steps
 
     with collector_paused(freeze_survivors=True):
         model_class, data_class = check_components(config)
         from .devices import loader_setting_warnings, precision_fallback_warning
     check_strategy_available(config)
     check_sampler(config)
+    check_steps(config)
     precision_fallback_warning(config.trainer, config.resources)
     loader_setting_warnings(config.loader, config.resources)
     if config.search.preflight if preflight is None else preflight:

@@ -53,6 +53,17 @@ def trial_limit(config: ExperimentConfig) -> int:
     return config.search.num_trials
 
 
+def check_steps(config: ExperimentConfig) -> None:
+    """A range whose ``high`` is not ``low`` plus whole steps is said to stop short of it:
+    no sampler ever gives that ``high``, and nothing said so."""
+    for key, param in config.space.items():
+        if isinstance(param, (FloatParam, IntParam)) and param.step is not None:
+            top = param.edge_values()[-1]
+            if abs(top - param.high) > 1e-9 * max(1.0, abs(param.high)):
+                warn_user(f"space.{key}: high ({param.high:g}) is not low plus whole steps of {param.step:g}: "
+                          f"the highest value sampled is {top:g}")
+
+
 def check_sampler(config: ExperimentConfig) -> None:
     """Before anything starts: the sampler's optional package is installed, and a grid
     smaller than ``num_trials`` is said to end the search early."""

@@ -81,3 +81,21 @@ def test_a_grid_smaller_than_num_trials_is_announced(example_config):
     example_config["space"] = {"model.lr": {"type": "float", "low": 0.01, "high": 0.02, "step": 0.01}}
     with pytest.warns(UserWarning, match="num_trials is 6 but the grid has 2 points"):
         check_sampler(load_config(example_config))
+
+
+def test_a_range_that_stops_short_of_its_high_is_said(example_config):
+    """low 0, high 1, step 0.3: 1.0 is never sampled (the last point is 0.9), silently."""
+    import warnings
+
+    from hpsearch.search.space import check_steps
+
+    example_config["space"]["model.dropout"] = {"type": "float", "low": 0.0, "high": 1.0, "step": 0.3}
+    example_config["space"]["data.batch_size"] = {"type": "int", "low": 32, "high": 256, "step": 32}  # 256 is reached
+    with pytest.warns(UserWarning) as caught:
+        check_steps(load_config(example_config))
+    assert [str(w.message) for w in caught] == [
+        "space.model.dropout: high (1) is not low plus whole steps of 0.3: the highest value sampled is 0.9"]
+    example_config["space"]["model.dropout"]["step"] = 0.25
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_steps(load_config(example_config))
