@@ -34,13 +34,11 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
         return
     rows = read_rows(exp.trials_csv)
     title = f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']})"
-    table = _trials_table(title, rows, params, metric, params_in_one_column=False)
+    # Too many parameters for a column each cut every figure to "0.00…" and header to
+    # "mode…" (at 120 columns, with 7 parameters): then they share one folded column.
     figures = _trials_table(title, rows, params, metric, params_in_one_column=False, reasons=False)  # reasons fold
-    if Measurement.get(console, console.options.update(width=10**4), figures).maximum > console.width:
-        # Too many parameters for a column each: figures were cut to "0.00…" and the
-        # headers to "mode…" (at 120 columns, with 7 parameters). One folded column instead.
-        table = _trials_table(title, rows, params, metric, params_in_one_column=True)
-    console.print(table)
+    one_column = Measurement.get(console, console.options.update(width=10**4), figures).maximum > console.width
+    console.print(_trials_table(title, rows, params, metric, params_in_one_column=one_column))
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
     gone = dead_holder(exp) if running else None
     if gone is not None:
