@@ -26,6 +26,7 @@ from .space import grid_values, to_distributions, trial_limit
 
 STUDY_FILE = "optuna.journal"
 RAY_TRIAL_ID = "ray_trial_id"
+GRID_SEED = "hps_grid_seed"  # the study's: the seed its grid was shuffled with, kept across resumes
 
 
 def repair_journal(path: Path) -> int:
@@ -58,14 +59,19 @@ def open_study(experiment_dir: Path, study_name: str, mode: str, sampler=None) -
     )
 
 
-def make_sampler(config: ExperimentConfig, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
+def make_sampler(config: ExperimentConfig, seed_offset: int = 0,
+                 grid_seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``seed_offset`` (trials already in the study) keeps a resumed
     search from replaying the random stream it drew before the interruption. Not for a
     grid: its seed shuffles the grid's points, which the study's trials name by their
     place (``grid_id``), so another seed on resume repeated points and skipped others.
-    (The grid needs no offset: it picks only among the points no trial has taken.)"""
+    A grid takes the seed its study began with (``grid_seed``), whatever a resume sets;
+    it needs no offset, since it picks only among the points no trial has taken."""
     kind = config.search.sampler
-    seed = None if config.search.seed is None else config.search.seed + (0 if kind == "grid" else seed_offset)
+    if kind == "grid":
+        seed = grid_seed if grid_seed is not None else config.search.seed
+    else:
+        seed = None if config.search.seed is None else config.search.seed + seed_offset
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "cmaes":
@@ -117,8 +123,10 @@ class OptunaSearcher(Searcher):
         if self._study is None:
             existing = open_study(self.experiment_dir, self.config.name, self.config.mode)
             offset = len(existing.get_trials(deepcopy=False))
+            if self.config.search.sampler == "grid" and GRID_SEED not in existing.user_attrs:
+                existing.set_user_attr(GRID_SEED, self.config.search.seed)
             self._study = open_study(self.experiment_dir, self.config.name, self.config.mode,
-                                     make_sampler(self.config, offset))
+                                     make_sampler(self.config, offset, existing.user_attrs.get(GRID_SEED)))
             for trial in self._study.get_trials(deepcopy=False):
                 if RAY_TRIAL_ID in trial.user_attrs:
                     self._numbers[trial.user_attrs[RAY_TRIAL_ID]] = trial.number

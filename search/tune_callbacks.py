@@ -25,6 +25,7 @@ from .trials_table import RESULT_TO_COLUMN, TrialsTable
 
 NODE_LOST = "its node was lost"  # a fault's error line, when it was taken for a node loss
 NODE_LOSSES_FORGIVEN = 5  # per trial: node losses beyond these count as the trial's own faults
+PROCESS_DIED = "its process died without a Python error"  # a fault's line, for a killed or crashed process
 
 
 class TimeBudget(TimeoutStopper):
@@ -130,8 +131,9 @@ class RetryPolicy(Callback):
     own faults exceed ``max_retries``, or (c) when a retry failed with the same error as
     the attempt before it without reporting a later epoch, marks its config so the
     restarted trial ends at once as FAILED with the last error: a retry starts from the
-    same checkpoint and runs the same batches, so a third try would fail the same way.
-    (A bug the trial itself recognises, say a ``TypeError``, is not retried at all: see
+    same checkpoint and runs the same batches, so a third try would fail the same way
+    (not so a killed process, whose killer may choose otherwise next time). (A bug the
+    trial itself recognises, say a ``TypeError``, is not retried at all: see
     ``trial._failure_reason``.) The row's ``error`` says what this fault was taken for,
     which the other callbacks read rather than judge it again.
     """
@@ -151,7 +153,9 @@ class RetryPolicy(Callback):
         faults = int(row.get("attempts") or 1)  # attempts so far, each ended by a fault
         fault = (_last_error_line(trial), (trial.last_result or {}).get(EPOCH))
         row["error"] = fault[0]
-        repeated = self._last_fault.get(number) == fault
+        # A killed process may live on a retry: the out-of-memory killer's choice turns on
+        # what else runs on the node, not only on the trial's own batches.
+        repeated = self._last_fault.get(number) == fault and PROCESS_DIED not in fault[0]
         self._last_fault[number] = fault
         if faults > self.max_retries or repeated:
             how = " the same way, at the same point" if repeated else ""
@@ -393,7 +397,7 @@ _PROCESS_DEATH = re.compile(r"(The actor died unexpectedly before finishing this
 
 def _process_death_in_short(death: re.Match) -> str:
     """Ray's account runs to 800 characters, its likely causes in the middle, and was cut at 300."""
-    return (f"its process died without a Python error: killed (by the system's out-of-memory killer, most often) "
+    return (f"{PROCESS_DIED}: killed (by the system's out-of-memory killer, most often) "
             f"or crashed in native code (Ray: {death.group(2).strip()})")
 
 

@@ -161,3 +161,24 @@ def test_node_losses_are_forgiven_a_bounded_number_of_times(tmp_path):
     trial.last_result = {EPOCH: 20}
     policy.on_trial_recover(0, [], trial)
     assert trial.config[GIVE_UP].startswith("failed 3 times: "), trial.config
+
+
+def test_a_process_killed_twice_at_one_point_is_tried_again(tmp_path):
+    """The same error at the same point ends a trial after two tries, since its third would
+    run the same code on the same batches; a killed process is not such an error: the
+    out-of-memory killer's choice turns on what else runs on the node."""
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.outcome import EPOCH, GIVE_UP, TRIAL_NUMBER
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tune_callbacks import RetryPolicy
+
+    table = TrialsTable("val_acc", "max", [])
+    policy = RetryPolicy(table, max_retries=2, exp=ExperimentDir(tmp_path))
+    trial = pickled(tmp_path, dead_actor(PROCESS_DIED))
+    trial.error_file = error_file(tmp_path, f"Failure # 1 (occurred at x)\n{dead_actor(PROCESS_DIED)}\n").error_file
+    trial.config, trial.run_metadata, trial.last_result = {TRIAL_NUMBER: 0}, SimpleNamespace(num_failures=1), {EPOCH: 1}
+    policy.on_trial_recover(0, [], trial)
+    policy.on_trial_recover(0, [], trial)  # killed again at the same point
+    assert GIVE_UP not in trial.config and table.row(0)["attempts"] == 3
+    policy.on_trial_recover(0, [], trial)
+    assert trial.config[GIVE_UP].startswith("failed 3 times: its process died without a Python error"), trial.config
