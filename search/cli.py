@@ -376,7 +376,8 @@ def cmd_report(args) -> int:
 def cmd_compare(args) -> int:
     from .study_summary import comparison_records, print_comparison, summarize
 
-    summaries = [summarize(_experiment(path)) for path in args.experiment_dirs]
+    experiments = {exp.root.resolve(): exp for exp in (_experiment(path) for path in args.experiment_dirs)}
+    summaries = [summarize(exp) for exp in experiments.values()]  # a study given twice is one row
     if args.json:
         print(json.dumps(comparison_records(summaries), indent=2))
     else:

@@ -73,7 +73,10 @@ def summarize(exp: ExperimentDir) -> StudySummary:
         mode=config.get("mode", "max"), max_epochs=max_epochs, best=best, rows=rows, counts=counts,
         wall_s=_wall_seconds(exp), compute_s=sum(_number(r.get("compute_s")) for r in rows),
         saved_by_pruning_s=pruning, saved_by_early_stopping_s=stopping, rungs=rungs,
-        settings=flat_settings(config),
+        # by dotted key, a searched parameter whole: a study that searches another
+        # parameter differs by that parameter, not by each of its fields
+        settings={**flat_settings({k: v for k, v in config.items() if k != "space"}),
+                  **{f"space.{param}": spec for param, spec in config.get("space", {}).items()}},
     )
 
 
@@ -110,18 +113,30 @@ def _number(value: Any) -> float:
 
 
 def settings_that_differ(summaries: list[StudySummary]) -> list[dict[str, Any]]:
-    """Per study, its values of the settings in which the compared studies differ: what
-    tells a study run again with one change (or none: the same file twice) from the first."""
+    """Per study, its values of the settings in which the compared studies differ (those
+    it has: a parameter another study searches and it does not is in the other's row):
+    what tells a study run again with one change (or none: the same file twice) from the first."""
+    missing = object()
     keys = sorted({key for s in summaries for key in s.settings} - {"name", "storage"})
-    differ = [key for key in keys if len({repr(s.settings.get(key)) for s in summaries}) > 1]
-    return [{key: s.settings.get(key) for key in differ} for s in summaries]
+    differ = [key for key in keys if len({repr(s.settings.get(key, missing)) for s in summaries}) > 1]
+    return [{key: s.settings[key] for key in differ if key in s.settings} for s in summaries]
+
+
+def study_labels(summaries: list[StudySummary]) -> list[str]:
+    """Each study's name in the table: its directory's, with the folder above it where
+    two studies' directories have one name (the same file run into two storages)."""
+    from pathlib import Path
+
+    names = [Path(s.experiment_dir).name for s in summaries]
+    return [name if names.count(name) == 1 else f"{Path(s.experiment_dir).parent.name}/{name}"
+            for name, s in zip(names, summaries)]
 
 
 def print_comparison(summaries: list[StudySummary]) -> None:
     """One row per study, named by its directory (a study run again from the same file
     has the same name): best result, trials by state, wall time and compute, and the
     settings in which the studies differ."""
-    from pathlib import Path
+    import sys
 
     from rich.console import Console
     from rich.markup import escape
@@ -132,20 +147,21 @@ def print_comparison(summaries: list[StudySummary]) -> None:
                    "failed", "wall s", "compute s", "saved s", "differs in"):
         table.add_column(column, justify="left" if column in ("experiment", "metric", "test metrics", "differs in")
                          else "right", overflow="fold")
-    for s, differs in zip(summaries, settings_that_differ(summaries)):
+    for s, label, differs in zip(summaries, study_labels(summaries), settings_that_differ(summaries)):
         best = s.best or {}
         tests = ", ".join(f"{k}={v:.4g}" for k, v in (best.get("test_metrics") or {}).items())
         if best.get("evaluated") is False:
             tests = "not evaluated yet (resume)"
         table.add_row(
-            escape(Path(s.experiment_dir).name), escape(f"{s.metric} ({s.mode})"),
+            escape(label), escape(f"{s.metric} ({s.mode})"),
             f"{best['value']:.4g}" if best.get("value") is not None else "-",
             str(best.get("trial", "-")), escape(tests or "-"), str(s.trials), str(s.counts["COMPLETE"]),
             str(s.counts["PRUNED"]), str(s.counts["FAILED"]), f"{s.wall_s:.1f}", f"{s.compute_s:.1f}",
             f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
             escape(", ".join(f"{key}={value}" for key, value in differs.items()) or "-"),
         )
-    Console(width=200).print(table)
+    # a terminal's own width; piped output (logs, CI) a wide table rather than rich's 80 columns
+    (Console() if sys.stdout.isatty() else Console(width=200)).print(table)
 
 
 def comparison_records(summaries: list[StudySummary]) -> list[dict[str, Any]]:

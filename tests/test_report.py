@@ -94,9 +94,9 @@ def test_compare_puts_two_studies_side_by_side(finished_search, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     other_dir = tmp_path / "runs" / "random-2"
 
-    result = run_cli("compare", str(exp_dir), str(other_dir), "--json", cwd=tmp_path, timeout=60)
+    result = run_cli("compare", str(exp_dir), str(other_dir), f"{other_dir}/", "--json", cwd=tmp_path, timeout=60)
     assert result.returncode == 0, result.stderr
-    records = json.loads(result.stdout)
+    records = json.loads(result.stdout)  # a study given twice is one record
     assert [r["experiment_dir"] for r in records] == [str(exp_dir), str(other_dir)]
     for record, directory in zip(records, (exp_dir, other_dir)):
         best = json.loads((directory / "best.json").read_text())
@@ -129,10 +129,17 @@ def test_compare_names_each_study_by_its_directory_and_shows_what_differs(capsys
     first.experiment_dir, again.experiment_dir = "/runs/digits-cnn", "/runs/digits-cnn-20261205-061530"
     first.settings = {"name": "digits-cnn", "storage": "runs", "search.sampler": "tpe", "search.seed": 0}
     again.settings = {**first.settings, "storage": "elsewhere", "search.seed": 1}
-    print_comparison([first, again])
+    # the same file run into another storage: its directory has the first one's name
+    elsewhere = summary_of([])
+    elsewhere.counts, elsewhere.experiment_dir = first.counts, "/scratch/digits-cnn"
+    elsewhere.settings = {**first.settings, "space.model.dropout": {"type": "float", "low": 0.0, "high": 0.5}}
+    print_comparison([first, again, elsewhere])
     out = capsys.readouterr().out
     assert "digits-cnn-20261205-061530" in out and "search.seed=0" in out and "search.seed=1" in out, out
     assert "sampler" not in out and "storage" not in out, out  # the same, or where a study is kept
+    assert "runs/digits-cnn " in out and "scratch/digits-cnn " in out, out
+    # a parameter only one study searches: in that study's row, whole, and no "=None" in the others
+    assert out.count("space.model.dropout") == 1 and "None" not in out, out
 
 
 def summary_of(rows: list[dict]) -> StudySummary:
