@@ -20,13 +20,14 @@ REASON_WIDTH = 20  # the least width of status's "why it stopped" column
 STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan", "PAUSED": "magenta"}
 
 
-def _console() -> Console:
-    # Piped output (logs, CI) gets a wide table rather than rich's 80-column default.
-    return Console() if sys.stdout.isatty() else Console(width=160)
+def table_console(piped_width: int = 160) -> Console:
+    """A terminal's own width; piped output (logs, CI) a wide table rather than rich's
+    80-column default."""
+    return Console() if sys.stdout.isatty() else Console(width=piped_width)
 
 
 def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
-    console = console or _console()
+    console = console or table_console()
     config = exp.stored_config()
     metric, params = config["metric"], list(config["space"])
     if not exp.trials_csv.is_file():
@@ -55,7 +56,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
 
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:
-    console = console or _console()
+    console = console or table_console()
     console.print(f"best trial {best['trial']}: {best['metric']} = {_fmt(best['value'])} "
                   f"({best['state'].lower()}, {counted(best.get('epochs'), 'epoch')})", markup=False)
     for key, value in best["params"].items():

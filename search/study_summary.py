@@ -136,11 +136,10 @@ def print_comparison(summaries: list[StudySummary]) -> None:
     """One row per study, named by its directory (a study run again from the same file
     has the same name): best result, trials by state, wall time and compute, and the
     settings in which the studies differ."""
-    import sys
-
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+
+    from .status_view import table_console
 
     table = Table(title="hpsearch compare")
     for column in ("experiment", "metric", "best", "best trial", "test metrics", "trials", "complete", "pruned",
@@ -160,8 +159,7 @@ def print_comparison(summaries: list[StudySummary]) -> None:
             f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
             escape(", ".join(f"{key}={value}" for key, value in differs.items()) or "-"),
         )
-    # a terminal's own width; piped output (logs, CI) a wide table rather than rich's 80 columns
-    (Console() if sys.stdout.isatty() else Console(width=200)).print(table)
+    table_console(piped_width=200).print(table)
 
 
 def comparison_records(summaries: list[StudySummary]) -> list[dict[str, Any]]:
