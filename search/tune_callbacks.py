@@ -548,12 +548,12 @@ class ProgressDisplay(Callback):
         number = int(trial.config[TRIAL_NUMBER])
         # An epoch's checkpoint is on disk before its report: a trial with none has no checkpoint.
         start = "its last checkpoint" if (trial.last_result or {}).get(EPOCH) else "the start (no epoch finished)"
-        fault = self.table.row(number).get("error")  # RetryPolicy's verdict and line for this fault
-        if fault == NODE_LOST:
+        if self.table.row(number).get("error") == NODE_LOST:  # RetryPolicy's verdict, said in words
             self._say(f"trial {number}: its node was lost; retrying from {start} on another node (not counted "
                       f"in failure.max_retries){_traceback_at(trial, self.exp)}")
             return
-        self._say(f"trial {number}: retrying from {start} after {fault}{_traceback_at(trial, self.exp)}")
+        self._say(f"trial {number}: retrying from {start} after {_last_error_line(trial)}"
+                  f"{_traceback_at(trial, self.exp)}")
 
     def _announce(self, trial, note: str = "") -> None:
         row = self.table.rows.get(int(trial.config[TRIAL_NUMBER]), {})
