@@ -50,6 +50,7 @@ class SearchResult:
     trials: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
     already_complete: bool = False  # a resume that found nothing to do, and started nothing
+    grid_exhausted: bool = False  # every point of the study's grid has run: more trials would add none
     evaluated_again: bool = False  # a resume of a complete search that ran only its test evaluation
     address: str | None = None  # the cluster the session joined by address, which a resume needs too
 
@@ -242,8 +243,11 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         # Nothing is left to run: neither Ray nor a session starts (both used to, only for
         # Tune to find every trial done). A study whose every trial failed has no best
         # trial to evaluate either.
-        return SearchResult(exp.root, SESSION_COMPLETE, exp.stored_best(), read_rows(exp.trials_csv),
-                            already_complete=True)
+        from .space import grid_size
+
+        trials = read_rows(exp.trials_csv)
+        return SearchResult(exp.root, SESSION_COMPLETE, exp.stored_best(), trials, already_complete=True,
+                            grid_exhausted=config.search.sampler == "grid" and len(trials) >= grid_size(config))
     if not searched:  # else Ray starts only for a GPU evaluation
         ensure_joined_cluster_answers(address)
     # The preflight again: this machine, directory or environment may not be the first

@@ -279,7 +279,9 @@ def _report(result) -> int:
     print(f"experiment: {result.experiment_dir}  ({result.elapsed_s:.1f}s)")
     if result.already_complete:
         print(f"the study was already complete ({counted(len(result.trials), 'trial')}); nothing was run. "
-              f"Add trials with: {result.resume_command} --set search.num_trials=N")
+              + ("Every point of its grid has run, and the space cannot change on resume: "
+                 "a larger grid is a new experiment" if result.grid_exhausted
+                 else f"Add trials with: {result.resume_command} --set search.num_trials=N"))
     if result.evaluated_again:
         print(f"the search was already complete ({counted(len(result.trials), 'trial')}); only the best trial's "
               f"test evaluation ran again")

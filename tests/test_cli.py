@@ -161,13 +161,13 @@ def test_resume_refuses_a_new_name_or_fewer_trials_than_the_study_has(tmp_path, 
     assert "name: " + config.name in exp.config_file.read_text()
 
 
-def _study_with(tmp_path, states):
+def _study_with(tmp_path, states, **overrides):
     from hpsearch.search.experiment import ExperimentDir, write_config
     from hpsearch.search.config_loading import load_config
     from hpsearch.search.trials_table import TrialsTable
 
     exp = ExperimentDir.create(str(tmp_path), "study")
-    config = load_config(shrunk_example(tmp_path))
+    config = load_config(shrunk_example(tmp_path, **overrides))
     write_config(exp, config.model_dump(mode="json"))
     table = TrialsTable(config.metric, config.mode, list(config.space))
     for number, state in enumerate(states):
@@ -258,6 +258,22 @@ def test_resuming_a_complete_study_whose_every_trial_failed_runs_nothing_and_say
     assert "the study was already complete (2 trials); nothing was run" in out, out
     assert "test evaluation ran again" not in out and "resume changes" not in err, (out, err)
     assert "no trial finished with a result: 2 of 2 failed" in err, err
+
+
+def test_resuming_a_finished_grid_does_not_suggest_adding_trials(tmp_path, capsys):
+    """More trials add nothing to a grid whose every point has run: the hint to raise
+    search.num_trials sent the user round in a circle."""
+    import time
+
+    from hpsearch.search.experiment import record_session
+
+    grid = _study_with(tmp_path, ["FAILED", "FAILED"], **{
+        "search/sampler": "grid", "space": {"model.lr": {"type": "categorical", "choices": [0.01, 0.1]}}})
+    record_session(grid, time.time() - 60, time.time() - 30, "complete", search_complete=True)
+    main(["resume", str(grid.root)])
+    out = capsys.readouterr().out
+    assert "already complete (2 trials); nothing was run. Every point of its grid has run" in out, out
+    assert "num_trials=N" not in out, out
 
 
 def test_a_search_whose_every_trial_failed_exits_with_1_saying_so(tmp_path, capsys):
