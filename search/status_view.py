@@ -17,6 +17,11 @@ from .study_lock import dead_holder
 from .trials_table import read_rows
 
 REASON_WIDTH = 20  # the least width of status's "why it stopped" column
+PARAMS_WIDTH = 16  # the least width of status's shared "params" column
+TELEMETRY_COLUMNS = {"s/epoch": "epoch_time_s", "start-up s": "startup_s"}  # title: trials.csv's field
+# Left out, in this order, where the table would not fit the terminal even with the
+# parameters in one column: trials.csv keeps them.
+OPTIONAL_COLUMNS = ("start-up s", "s/epoch")
 STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan", "PAUSED": "magenta"}
 
 
@@ -35,11 +40,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
         return
     rows = read_rows(exp.trials_csv)
     title = f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']})"
-    # Too many parameters for a column each cut every figure to "0.00…" and header to
-    # "mode…" (at 120 columns, with 7 parameters): then they share one folded column.
-    figures = _trials_table(title, rows, params, metric, params_in_one_column=False, reasons=False)  # reasons fold
-    one_column = Measurement.get(console, console.options.update(width=10**4), figures).maximum > console.width
-    console.print(_trials_table(title, rows, params, metric, params_in_one_column=one_column))
+    params_width, left_out = _layout(console, title, rows, params, metric)
+    console.print(_trials_table(title, rows, params, metric, params_width, left_out))
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
     gone = dead_holder(exp) if running else None
     if gone is not None:
@@ -71,23 +73,56 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
         console.print(f"  checkpoint: {best['checkpoint']}", markup=False)
 
 
+def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: list[str],
+            metric: str) -> tuple[int | None, tuple[str, ...]]:
+    """The width of the column the sampled values share (None: a column each), and the
+    telemetry columns left out, for the table to fit the console. Figures are never cut:
+    too many parameters for a column each cut every figure to "0.00…" and header to "mode…"
+    (at 120 columns, with 7 parameters), and at 80 columns the last column was cut at the
+    screen's edge. The shared column's width is set here, not by rich, whose even split of
+    the room between two folding columns ignored their least widths."""
+    def width(params_width: int | None, left_out: tuple[str, ...]) -> int:
+        table = _trials_table(title, rows, params, metric, params_width, left_out, measuring=True)
+        return Measurement.get(console, console.options.update(width=10**4), table).maximum
+
+    if width(None, ()) <= console.width:
+        return None, ()
+    left_out: tuple[str, ...] = ()
+    rest = width(PARAMS_WIDTH, left_out)
+    for column in OPTIONAL_COLUMNS:
+        if rest <= console.width:
+            break
+        left_out += (column,)
+        rest = width(PARAMS_WIDTH, left_out)
+    room = max(0, console.width - rest)  # beyond the least widths
+    longest = max((len(_shared_values(row, params)) for row in rows), default=0)
+    return PARAMS_WIDTH + min(max(0, longest - PARAMS_WIDTH), room // 2), left_out
+
+
+def _shared_values(row: dict[str, Any], params: list[str]) -> str:
+    return " ".join(f"{name}={_fmt(row.get(param))}" for name, param in zip(_short_names(params), params))
+
+
 def _trials_table(title: str, rows: list[dict[str, Any]], params: list[str], metric: str,
-                  params_in_one_column: bool, reasons: bool = True) -> Table:
+                  params_width: int | None, left_out: tuple[str, ...] = (), measuring: bool = False) -> Table:
     """``status``'s table: a row per trial, the sampled values in a column each or, where
-    those would not fit, together in one (``reasons=False``: the reasons left empty, to
-    measure the rest)."""
+    those would not fit, together in one ``params_width`` wide. ``measuring``: the columns
+    that fold (the shared values, the reasons) are left empty, to measure the rest."""
     # Where each trial ran, once the study spans more than one machine (each session's
     # local Ray is a node of its own, with a new id, on the same machine).
     node_column = ("node",) if len({row.get("node_ip") for row in rows if row.get("node_ip")}) > 1 else ()
-    param_columns = ["params"] if params_in_one_column else _short_names(params)
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    param_columns = ["params"] if params_width is not None else _short_names(params)
+    caption = f"{' and '.join(reversed(left_out))} left out at this width (trials.csv has them)" if left_out else None
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
     folded = ("params", "why it stopped")  # figures are never cut: these fold instead
-    for column in ("trial", "state", *param_columns, metric, "epochs", "tries", *node_column, "s/epoch",
-                   "start-up s", "why it stopped"):
+    widths = {"params": params_width}
+    telemetry = [column for column in TELEMETRY_COLUMNS if column not in left_out]
+    for column in ("trial", "state", *param_columns, metric, "epochs", "tries", *node_column, *telemetry,
+                   "why it stopped"):
         table.add_column(column, justify="left" if column in ("state", *folded) else "right",
                          # a reason ends in its traceback's path: folded onto the next line, not cut off
                          overflow="fold" if column in folded else "ellipsis", no_wrap=column not in folded,
-                         min_width=REASON_WIDTH if column == "why it stopped" else None)
+                         width=widths.get(column), min_width=REASON_WIDTH if column == "why it stopped" else None)
     for row in rows:
         state = str(row.get("state", ""))
         reason = row.get("reason") or ""
@@ -98,9 +133,8 @@ def _trials_table(title: str, rows: list[dict[str, Any]], params: list[str], met
             reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
         if row.get("notes"):
             reason = f"{reason} ({row['notes']})"
-        values = [_fmt(row.get(p)) for p in params]
-        if params_in_one_column:
-            values = [" ".join(f"{name}={value}" for name, value in zip(_short_names(params), values))]
+        values = [_fmt(row.get(p)) for p in params] if params_width is None else \
+            ["" if measuring else _shared_values(row, params)]
         # Cells hold the user's values and messages, read as they are: "[data-starved: ...]"
         # or a "[rank0]" in an error is text, not rich markup (which dropped it).
         table.add_row(
@@ -112,9 +146,8 @@ def _trials_table(title: str, rows: list[dict[str, Any]], params: list[str], met
             escape(_fmt(row.get("attempts"))
                    + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")),
             *((escape(f"{row.get('node_ip', '')} {str(row.get('node_id', ''))[:8]}"),) if node_column else ()),
-            escape(_fmt(row.get("epoch_time_s"))),
-            escape(_fmt(row.get("startup_s"))),
-            escape(str(reason)) if reasons else "",
+            *(escape(_fmt(row.get(TELEMETRY_COLUMNS[column]))) for column in telemetry),
+            "" if measuring else escape(str(reason)),
         )
     return table
 

@@ -647,6 +647,42 @@ def test_the_resume_hints_name_the_cluster_the_study_ran_on(tmp_path, monkeypatc
     assert resume_command(exp.root) == f"hpsearch resume {exp.root} --address 10.0.0.5:6379"
 
 
+def test_status_at_80_columns_fits_the_screen(tmp_path):
+    """At 80 columns the table ran past the screen's edge: the last column was cut to
+    "why it s" and a failed trial's reason lost a character a line. Telemetry columns
+    now make room, saying so, and every value and reason is shown whole."""
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import print_status
+
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk_example(tmp_path))  # three searched parameters
+    reason = "ValueError: boom (at model.py:12); not retried (traceback: /runs/study/trials/trial_00003/error.txt)"
+    (exp.root / "trials.csv").write_text(
+        "trial,state,reason,best,epochs,attempts,model.lr,model.channels,data.batch_size,epoch_time_s,startup_s\n"
+        "0,COMPLETE,max_epochs,0.8444,7,1,0.004144,8,64,0.1234,3.21\n"
+        f"1,FAILED,{reason},0.358,4,1,0.05052,16,32,0.1234,3.21\n")
+    console = Console(width=80, record=True)
+    print_status(exp, console)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    header = next(line for line in text.splitlines() if "state" in line)
+    assert header.split() == ["trial", "state", "params", "val_acc", "epochs", "tries", "why", "it", "stopped"], text
+    assert "s/epoch and start-up s left out at this width" in text, text
+    lines = text.splitlines()
+    reasons = "".join("".join(line[header.index("why"):].split()) for line in lines)
+    values = "".join(line[header.index("params"):header.index("val_acc")].strip() for line in lines)
+    assert "".join(reason.split()) in reasons, text
+    assert "lr=0.05052channels=16batch_size=32" in values, text
+    assert "0.8444" in text and "0.358" in text, text
+
+    console = Console(width=160, record=True)  # wide enough for everything
+    print_status(exp, console)
+    text = console.export_text()
+    assert "left out" not in text and "3.21" in text, text
+
+
 def test_status_at_120_columns_cuts_no_figure(tmp_path):
     """With 7 searched parameters at 120 columns, status cut every figure and header to
     "0.00…" and "mode…"; the values now share one folded column when a column each
