@@ -4,7 +4,10 @@ The report is composed at ``on_train_epoch_end``: by then validation has logged 
 metrics, ModelCheckpoint has written best/last, and EarlyStopping has decided whether
 to stop, so it can say truthfully whether this epoch was the trial's last
 (``hps_finished``). It is sent a moment later, once Lightning has logged the epoch's
-training metrics (see ``_deliver_pending``). Only rank 0 reports to Tune directly; under Ray Train every rank
+training metrics (see ``_deliver_pending``); the training's last report, once ``fit`` has
+returned (``send_final``). Tune may stop the trial at a report (ASHA, the time budget, or a
+finished trial), which Ray signals by raising ``SystemExit`` from the report: inside ``fit``
+it becomes ``StoppedByScheduler``. Only rank 0 reports to Tune directly; under Ray Train every rank
 reports (Train waits for all of them and forwards rank 0's metrics), and metrics logged
 with ``sync_dist`` are the same on every rank. Ray Train's ranks do not wait for Tune at
 their report, so at a rung they ask whether the scheduler stopped the trial, and leave
@@ -77,10 +80,11 @@ class NonFiniteError(HpsearchError):
 
 
 class StoppedByScheduler(_TunerExitException):
-    """The scheduler stopped this trial at its last report. Lightning leaves ``fit`` on
-    it as it does for its own tuning callbacks (batch size and learning rate finders):
-    teardown hooks run and loggers close as on success, and no ``on_exception`` hook of
-    the user's takes it for a crash."""
+    """Tune stopped this trial at its last report. Lightning leaves ``fit`` on it as it
+    does for its own tuning callbacks (batch size and learning rate finders): teardown
+    hooks run and loggers close as on success, and no ``on_exception`` hook of the user's
+    takes it for a crash. (Ray's own signal, ``SystemExit`` raised from the report, ran
+    every pruned trial's ``on_exception`` hooks and closed its loggers as failed.)"""
 
 
 class TuneReporter(pl.Callback):
@@ -109,6 +113,8 @@ class TuneReporter(pl.Callback):
         self.best: float | None = None
         self.reported = False
         self._pending: dict[str, Any] | None = None  # composed at an epoch's end, sent just after
+        self._final: dict[str, Any] | None = None  # the training's last report, sent after fit
+        self.stopped_by_tune = False  # Tune stopped the trial at a report inside fit
         self._restored_at = 0.0  # when a resumed trial began again from its checkpoint
         self._validated = False
         self.started = started if started is not None else time.perf_counter()  # the trial's start
@@ -274,15 +280,25 @@ class TuneReporter(pl.Callback):
         self._pending = self._compose(trainer, metrics, epoch, finished, time.perf_counter() - self._epoch_started)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._deliver_pending(trainer)
+        self._deliver_pending(trainer, last=True)
 
-    def _deliver_pending(self, trainer: pl.Trainer) -> None:
+    def send_final(self, trainer: pl.Trainer) -> None:
+        """Send the training's last report, once ``fit`` has returned: every callback's
+        ``on_train_end`` and Lightning's teardown have run by then, so Tune may end the trial
+        at it (a finished trial is stopped at its last report) without cutting them short.
+        Tune's stop raises ``SystemExit`` here, as Ray expects the trial's thread to end."""
+        if self._final is not None:
+            final, self._final = self._final, None
+            self._send(trainer, final, inside_fit=False)
+
+    def _deliver_pending(self, trainer: pl.Trainer, last: bool = False) -> None:
         """Send the last epoch's report, composed at its end. It goes out only now (the next
         epoch's start, or the end of training) because Lightning logs the epoch's training
         metrics, and runs the model's own ``on_train_epoch_end``, after every callback's
         ``on_train_epoch_end``; Tune may stop the trial at the report, and a trial pruned
         there would otherwise never have that epoch's ``train_loss`` in TensorBoard. The
-        epoch's time is taken here too, so it includes the model's epoch-end work."""
+        epoch's time is taken here too, so it includes the model's epoch-end work.
+        ``last``: the training's end, whose report waits for ``send_final``."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
             if trainer.should_stop and not pending[FINISHED]:
@@ -295,19 +311,24 @@ class TuneReporter(pl.Callback):
                     # The epoch's end ran again just now (the model's own on_train_epoch_end
                     # too): the part of its time its checkpoint could not hold.
                     pending["hps_epoch_time_s"] += time.perf_counter() - self._restored_at
-                self._send(trainer, pending)  # TensorBoard has the epoch
-                return
-            # The epoch ends here, after the model's own on_train_epoch_end (EMA updates,
-            # epoch-level metrics): its time belongs to the epoch and to the compute spent.
-            pending["hps_epoch_time_s"] = time.perf_counter() - self._epoch_started
-            self._deliver(trainer, pending)
+            else:
+                # The epoch ends here, after the model's own on_train_epoch_end (EMA updates,
+                # epoch-level metrics): its time belongs to the epoch and to the compute spent.
+                pending["hps_epoch_time_s"] = time.perf_counter() - self._epoch_started
+                self._log_and_publish(trainer, pending)  # (TensorBoard has a restored epoch)
+            if last:
+                self._final = pending
+            else:
+                self._send(trainer, pending, inside_fit=True)
 
     def report_restored(self, trainer: pl.Trainer, validation_metrics) -> None:
         """Report a resumed trial that had nothing left to train (its last checkpoint was
         its final epoch), from a fresh validation of the restored weights."""
         metrics = self._checked(trainer, validation_metrics)
         if metrics is not None:
-            self._deliver(trainer, self._compose(trainer, metrics, trainer.current_epoch, True, 0.0))
+            restored = self._compose(trainer, metrics, trainer.current_epoch, True, 0.0)
+            self._log_and_publish(trainer, restored)
+            self._send(trainer, restored, inside_fit=False)
 
     def _checked(self, trainer: pl.Trainer, logged) -> dict[str, float] | None:
         """The logged scalars, after checking the search metric is there and finite."""
@@ -379,7 +400,9 @@ class TuneReporter(pl.Callback):
             "hps_samples_per_s": self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
         }
 
-    def _deliver(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
+    def _log_and_publish(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
+        """Before an epoch's report: its speed in TensorBoard, and its files where the study
+        keeps them."""
         if trainer.global_rank == 0:
             if trainer.logger is not None:
                 trainer.logger.log_metrics({f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS},
@@ -389,14 +412,19 @@ class TuneReporter(pl.Callback):
                 trainer.logger.experiment.flush()
             if self.before_report is not None:
                 self.before_report()
-        self._send(trainer, metrics)
 
-    def _send(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
+    def _send(self, trainer: pl.Trainer, metrics: dict[str, Any], inside_fit: bool) -> None:
         """Report from the ranks that report, then learn whether the trial goes on. The
         time taken, waiting for the decision included, is the next report's ``hps_report_s``."""
         reporting = time.perf_counter()
         if trainer.global_rank == 0 or self.report_on_every_rank:
-            self.report(metrics)
+            try:
+                self.report(metrics)
+            except SystemExit as exc:  # Tune stopped the trial at this report
+                if not inside_fit or exc.code not in (0, None):
+                    raise
+                self.reported = self.stopped_by_tune = True
+                raise StoppedByScheduler(f"stopped by Tune at epoch {metrics[EPOCH]}") from None
             self.reported = True
         stopped = self.stopped_by_scheduler is not None and self.stopped_by_scheduler(trainer, metrics)
         self._report_s = time.perf_counter() - reporting

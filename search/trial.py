@@ -155,6 +155,9 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
                             resume_step=first_logging_step_after(resume_from) if resume_from else None)
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+        if reporter.stopped_by_tune:
+            raise SystemExit(0)  # the end of the trial's thread that Ray's stop at a report asks for
+        reporter.send_final(trainer)  # Tune may stop the trial here: SystemExit, as above
         if resume_from is not None and not reporter.reported:
             reporter.report_restored(trainer, _validate_quietly(model, datamodule, device))
     except Exception as exc:

@@ -195,6 +195,40 @@ def test_a_users_own_module_by_import_path(tmp_path):
     assert sorted(r["data_reused"] for r in rows) == sorted(str(how == "reused") for _, how in lines)
 
 
+def test_a_trial_tune_stops_ends_its_fit_as_finished_not_as_a_crash(tmp_path):
+    """Tune stops a trial at a report (ASHA's prune, its last epoch) by raising SystemExit
+    from the report, inside Lightning's fit: a user's on_exception hooks ran for every
+    pruned trial and every trial that reached max_epochs, their loggers closed as failed,
+    and a finished trial's on_train_end hooks after hpsearch's were cut off."""
+    shutil.copytree(FIXTURES / "userpkg", tmp_path / "userpkg")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    config = {
+        "name": "hooks",
+        "model": {"class_path": "userpkg.hook_probe:HookProbeCNN", "init_args": {"log_dir": str(hooks)}},
+        "data": {"class_path": "digits", "init_args": {"batch_size": 64}},
+        # one learning rate far too small to learn: ASHA prunes its trials at a rung
+        "space": {"model.lr": {"type": "categorical", "choices": [0.02, 1.0e-6]},
+                  "model.channels": {"type": "categorical", "choices": [4, 6, 8]}},
+        "metric": "val_acc", "mode": "max",
+        "search": {"num_trials": 6, "max_concurrent": 1, "sampler": "grid", "seed": 0},
+        "scheduler": {"type": "asha", "max_epochs": 3, "grace_period": 1, "reduction_factor": 2},
+        "storage": "runs",
+    }
+    write_yaml(tmp_path / "exp.yaml", config)
+    result = run_cli("run", "exp.yaml", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = rows_of(tmp_path / "runs" / "hooks")
+    states = {int(r["trial"]): r["state"] for r in rows}
+    assert {"COMPLETE", "PRUNED"} <= set(states.values()), states
+    for number, state in states.items():
+        ran = [json.loads(line) for line in (hooks / f"trial-{number}.jsonl").read_text().splitlines()]
+        assert not [r for r in ran if r["hook"] == "on_exception"], (state, ran)
+        # (Lightning marks a fit finished after its teardown hooks, interrupted before them)
+        assert [r["status"] for r in ran if r["hook"] == "teardown"] == ["running"], (state, ran)
+        assert (state == "COMPLETE") == ({"hook": "on_train_end"} in ran), (state, ran)
+
+
 def _get_json(url: str, body: dict | None = None):
     import urllib.request
 

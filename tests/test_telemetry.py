@@ -86,6 +86,7 @@ def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_
                             trial_dir=tmp_path / "trial", tensorboard_run=tmp_path / "tb" / "run",
                             callbacks=[reporter], profiler=reporter.fetch_timer)
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from)
+    reporter.send_final(trainer)
     assert len(reports) == (epochs if reports_expected is None else reports_expected)
     return reports
 
