@@ -1,5 +1,5 @@
 """Ray Tune callbacks in the driver: the trials table, TensorBoard's HParams rows, the
-live progress display, and the search's time budget."""
+live progress display, and the stoppers: finished trials, the search's time budget."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
-from ray.tune.stopper import TimeoutStopper
+from ray.tune.stopper import Stopper, TimeoutStopper
 
 from .config import ExperimentConfig
 from .errors import counted
-from .outcome import (EPOCH, FAILED, FINISHED_STATES, GIVE_UP, PLACEMENT_GROUP, RESTORED, RUNNING, TRIAL_NUMBER,
+from .outcome import (EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, PLACEMENT_GROUP, RESTORED, RUNNING, TRIAL_NUMBER,
                       PruneLog, classify)
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
@@ -26,6 +26,19 @@ from .trials_table import RESULT_TO_COLUMN, TrialsTable
 NODE_LOST = "its node was lost"  # a fault's error line, when it was taken for a node loss
 NODE_LOSSES_FORGIVEN = 5  # per trial: node losses beyond these count as the trial's own faults
 PROCESS_DIED = "its process died without a Python error"  # a fault's line, for a killed or crashed process
+
+
+class FinishedTrials(Stopper):
+    """Ends a trial at the report that says it finished (its last epoch, early stopping,
+    a trial given up). Tune otherwise asked it for one more result, which its function gives
+    only by returning: one more round trip through the driver for every trial that ASHA
+    does not stop at max_epochs itself (every trial, with no scheduler)."""
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return bool(result.get(FINISHED))
+
+    def stop_all(self) -> bool:
+        return False
 
 
 class TimeBudget(TimeoutStopper):

@@ -250,14 +250,15 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     Trials get the study's location: its URI when it has one (they sync their own files
     through it), else its directory."""
     from ray import tune
+    from ray.tune.stopper import CombinedStopper
 
     from .scheduler import StudyASHA, make_scheduler
     from .searcher import OptunaSearcher
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
-    from .tune_callbacks import (DropResumeCheckpoints, FreeRankReservations, KeepTracebacks, ProgressDisplay,
-                                 PushStudyFiles, RetryPolicy, TensorBoardSessions, TimeBudget, TrialsTableRecorder,
-                                 quiet_trial_tracebacks)
+    from .tune_callbacks import (DropResumeCheckpoints, FinishedTrials, FreeRankReservations, KeepTracebacks,
+                                 ProgressDisplay, PushStudyFiles, RetryPolicy, TensorBoardSessions, TimeBudget,
+                                 TrialsTableRecorder, quiet_trial_tracebacks)
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)
@@ -308,7 +309,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
             name=session,
             storage_path=str(exp.tune_dir),
             callbacks=callbacks,
-            stop=budget,
+            stop=CombinedStopper(FinishedTrials(), budget) if budget is not None else FinishedTrials(),
             verbose=2 if verbose else 0,
             # One more than max_retries: RetryPolicy ends a trial whose own faults used them up,
             # and keeps node losses off the count.
