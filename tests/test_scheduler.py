@@ -161,3 +161,15 @@ def test_the_rung_epochs_are_those_of_rays_asha(example_config, max_epochs, grac
     scheduler = make_scheduler(config, PruneLog())
     milestones = {int(m) for bracket in scheduler._brackets for m, _ in bracket._rungs if m < max_epochs}
     assert config.scheduler.rung_epochs == sorted(milestones)
+
+
+def test_a_trial_is_stopped_at_the_report_that_says_it_finished():
+    """Tune otherwise asked a finished trial for one more result, which its function gives
+    only by returning: one more round trip through the driver per trial."""
+    from hpsearch.search.outcome import EPOCH, FINISHED
+    from hpsearch.search.tune_callbacks import FinishedTrials
+
+    stopper = FinishedTrials()
+    assert stopper("t1", {EPOCH: 3, FINISHED: True})
+    assert not stopper("t1", {EPOCH: 2, FINISHED: False}) and not stopper("t1", {EPOCH: 2})
+    assert not stopper.stop_all()  # the other trials go on
