@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 from weakref import proxy
 
 import pytorch_lightning as pl
@@ -100,6 +101,12 @@ class EpochCheckpoints(_OwnStateKey):
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         super()._save_checkpoint(trainer, filepath)
         self.best.copy_from(trainer, filepath)
+
+    def _should_remove_checkpoint(self, trainer: pl.Trainer, previous: str, current: str) -> bool:
+        """Lightning never removes the checkpoint a fit resumed from. Here it is one of the
+        trial's own epoch files, no longer a resume point once two newer ones are written: a
+        paused trial kept one stale epoch file more for every resume."""
+        return previous != current and Path(str(self.dirpath)).absolute() in Path(previous).absolute().parents
 
 
 def replace_with_copy(source: str, target: str) -> None:

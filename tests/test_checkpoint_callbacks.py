@@ -111,6 +111,16 @@ def test_a_resumed_trial_keeps_its_best_when_later_epochs_are_worse(tmp_path, mo
     assert sorted(p.name for p in folder.glob("epoch-*")) == ["epoch-0002.ckpt", "epoch-0003.ckpt"]
 
 
+def test_a_resumed_trial_removes_the_epoch_it_resumed_from_once_two_newer_are_written(tmp_path, monkeypatch):
+    # Lightning never removes the checkpoint a fit resumed from: a paused trial kept one
+    # stale epoch file more for every resume.
+    fit(tmp_path, [1.0], monkeypatch)
+    folder = tmp_path / "checkpoints"
+    fit(tmp_path, [1.0, 3.0, 2.0, 2.5], monkeypatch, resume_from=folder / "epoch-0000.ckpt")
+    assert sorted(p.name for p in folder.glob("epoch-*")) == ["epoch-0002.ckpt", "epoch-0003.ckpt"]
+    assert load(folder / "best.ckpt")["epoch"] == 1
+
+
 def test_a_models_own_checkpoint_on_the_search_metric_leaves_the_trials_best_alone(tmp_path, monkeypatch):
     # Both callbacks saved their state under one key: after a resume, hpsearch's callback
     # restored the user's (another dirpath, so no best score) and took epoch 3's 2.0 as best.
