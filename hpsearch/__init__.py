@@ -32,7 +32,7 @@ def __getattr__(name: str):
 
         return once_per_worker
     if name == "load_config":
-        from .search.config import load_config
+        from .search.config_loading import load_config
 
         return load_config
     raise AttributeError(f"module 'hpsearch' has no attribute {name!r}")

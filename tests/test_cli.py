@@ -719,3 +719,13 @@ def test_status_at_120_columns_cuts_no_figure(tmp_path):
     header = next(line for line in text.splitlines() if "state" in line)
     assert header.split()[:5] == ["trial", "state", "lr", "channels", "batch_size"] and "0.00443" in text, text
     assert "node" not in header, text  # shown once the trials ran on more than one machine
+
+
+def test_every_public_name_of_the_package_resolves():
+    """``hpsearch.load_config``, listed in ``__all__``, raised ImportError: it pointed at a
+    module the function had moved out of."""
+    import hpsearch
+
+    for name in hpsearch.__all__:
+        assert getattr(hpsearch, name) is not None, name
+    assert callable(hpsearch.load_config) and hpsearch.load_config.__module__ == "hpsearch.search.config_loading"
