@@ -10,6 +10,7 @@ import argparse
 import io
 import json
 import os
+import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,10 +103,17 @@ def main(argv: list[str] | None = None) -> int:
 def _disconnect_ray() -> None:
     """Leave Ray now, while the console streams are still this command's: Ray prints the
     messages it held back (to merge repeats) as it disconnects, which would otherwise be
-    at the interpreter's exit, past ``_WithoutRayletEcho``."""
+    at the interpreter's exit, past ``_WithoutRayletEcho``. A Ctrl+C meanwhile (a second
+    one, just after a stopped search printed its result) is ignored: the study is saved and
+    the result printed, and one landing in Ray's shutdown ended the command with a
+    traceback, or with status 1 and its last lines of output lost."""
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        ray.shutdown()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            ray.shutdown()
+        finally:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def _run_command(args) -> int:
@@ -225,8 +233,6 @@ def _ctrl_c_heard() -> None:
     SIGINT ignored, and a Ctrl+C or ``kill -INT`` before the search loop (validation, the
     preflight, Ray's start: 10-16 s) was lost while the whole search ran. A search is
     stopped by it from its first moment, background or not, as ``api`` does once it runs."""
-    import signal
-
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -729,3 +729,27 @@ def test_every_public_name_of_the_package_resolves():
     for name in hpsearch.__all__:
         assert getattr(hpsearch, name) is not None, name
     assert callable(hpsearch.load_config) and hpsearch.load_config.__module__ == "hpsearch.search.config_loading"
+
+
+def test_a_ctrl_c_while_the_command_leaves_ray_is_ignored(monkeypatch):
+    """A second Ctrl+C just after a stopped search printed its result landed in Ray's
+    shutdown: the command ended with a traceback, or with status 1 and its last lines of
+    output lost. The study is saved by then; the Ctrl+C is ignored until Ray is left."""
+    import os
+    import signal
+    import time
+    import types
+
+    from hpsearch.search.cli import _disconnect_ray
+
+    shut_down = []
+
+    def shutdown():
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl+C, mid-shutdown
+        time.sleep(0.2)
+        shut_down.append(True)
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True, shutdown=shutdown))
+    before = signal.getsignal(signal.SIGINT)
+    _disconnect_ray()
+    assert shut_down == [True] and signal.getsignal(signal.SIGINT) is before
