@@ -382,7 +382,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .study_summary import comparison_records, print_comparison, summarize
+    from .status_view import print_comparison
+    from .study_summary import comparison_records, summarize
 
     experiments = {exp.root.resolve(): exp for exp in (_experiment(path) for path in args.experiment_dirs)}
     summaries = [summarize(exp) for exp in experiments.values()]  # a study given twice is one row

@@ -1,9 +1,9 @@
-"""Tables for people: ``status`` (one row per trial) and ``best``. Reads files only."""
+"""Tables for people: ``status`` (one row per trial), ``best`` and ``compare``. Reads files only."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
@@ -15,6 +15,9 @@ from .errors import counted, resume_command
 from .experiment import ExperimentDir, read_sessions
 from .study_lock import dead_holder
 from .trials_table import read_rows
+
+if TYPE_CHECKING:
+    from .study_summary import StudySummary
 
 REASON_WIDTH = 20  # the least width of status's "why it stopped" column
 PARAMS_WIDTH = 16  # the least width of status's shared "params" column
@@ -165,3 +168,73 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+COMPARE_TEXT_ROOM = 40  # what compare's four text columns need at least, beside the figures
+
+
+def print_comparison(summaries: list[StudySummary], console: Console | None = None) -> None:
+    """Per study, named by its directory (a study run again from the same file has the
+    same name): best result, trials by state, wall time and compute, and the settings in
+    which the studies differ. One row each where the table fits the console; else a block
+    each, which an 80-column terminal reads (the table's 13 columns were cut to 3
+    characters each there, every figure folded over three lines)."""
+    from .study_summary import settings_that_differ, study_labels
+
+    console = console or table_console(piped_width=200)
+    studies = [_compared(s, label, differs) for s, label, differs in
+               zip(summaries, study_labels(summaries), settings_that_differ(summaries))]
+    figures_only = _comparison_table([{k: ("" if k in COMPARE_TEXT else v) for k, v in study.items()}
+                                      for study in studies])
+    if Measurement.get(console, console.options.update(width=10**4), figures_only).maximum + COMPARE_TEXT_ROOM \
+            <= console.width:
+        console.print(_comparison_table(studies))
+        return
+    console.print("hpsearch compare", style="italic", justify="center")
+    for study in studies:
+        block = Table.grid(padding=(0, 2))
+        block.add_column(no_wrap=True)
+        block.add_column(overflow="fold")
+        block.add_row(f"[bold]{study['experiment']}[/]", "")
+        block.add_row("  metric", study["metric"])
+        block.add_row("  best", f"{study['best']} (trial {study['best trial']})")
+        block.add_row("  test metrics", study["test metrics"])
+        unfinished = int(study["trials"]) - sum(int(study[state]) for state in ("complete", "pruned", "failed"))
+        block.add_row("  trials", f"{study['trials']}: {study['complete']} complete, {study['pruned']} pruned, "
+                                  f"{study['failed']} failed" + (f", {unfinished} not finished" if unfinished else ""))
+        block.add_row("  time", f"{study['wall s']} s wall, {study['compute s']} s compute, {study['saved s']} s "
+                                f"saved by pruning and early stopping")
+        block.add_row("  differs in", study["differs in"])
+        console.print(block)
+
+
+COMPARE_TEXT = ("experiment", "metric", "test metrics", "differs in")
+
+
+def _compared(s: StudySummary, label: str, differs: dict[str, Any]) -> dict[str, str]:
+    """One study's cells, by column, escaped for rich."""
+    best = s.best or {}
+    tests = ", ".join(f"{k}={v:.4g}" for k, v in (best.get("test_metrics") or {}).items())
+    if best.get("evaluated") is False:
+        tests = "not evaluated yet (resume)"
+    cells = {
+        "experiment": label, "metric": f"{s.metric} ({s.mode})",
+        "best": f"{best['value']:.4g}" if best.get("value") is not None else "-",
+        "best trial": str(best.get("trial", "-")), "test metrics": tests or "-", "trials": str(s.trials),
+        "complete": str(s.counts["COMPLETE"]), "pruned": str(s.counts["PRUNED"]), "failed": str(s.counts["FAILED"]),
+        "wall s": f"{s.wall_s:.1f}", "compute s": f"{s.compute_s:.1f}",
+        "saved s": f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
+        "differs in": ", ".join(f"{key}={value}" for key, value in differs.items()) or "-",
+    }
+    return {column: escape(text) for column, text in cells.items()}
+
+
+def _comparison_table(studies: list[dict[str, str]]) -> Table:
+    table = Table(title="hpsearch compare", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
+    for column in ("experiment", "metric", "best", "best trial", "test metrics", "trials", "complete", "pruned",
+                   "failed", "wall s", "compute s", "saved s", "differs in"):
+        text = column in COMPARE_TEXT
+        table.add_column(column, justify="left" if text else "right", overflow="fold", no_wrap=not text)
+    for study in studies:
+        table.add_row(*study.values())
+    return table

@@ -132,36 +132,6 @@ def study_labels(summaries: list[StudySummary]) -> list[str]:
             for name, s in zip(names, summaries)]
 
 
-def print_comparison(summaries: list[StudySummary]) -> None:
-    """One row per study, named by its directory (a study run again from the same file
-    has the same name): best result, trials by state, wall time and compute, and the
-    settings in which the studies differ."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from .status_view import table_console
-
-    table = Table(title="hpsearch compare")
-    for column in ("experiment", "metric", "best", "best trial", "test metrics", "trials", "complete", "pruned",
-                   "failed", "wall s", "compute s", "saved s", "differs in"):
-        table.add_column(column, justify="left" if column in ("experiment", "metric", "test metrics", "differs in")
-                         else "right", overflow="fold")
-    for s, label, differs in zip(summaries, study_labels(summaries), settings_that_differ(summaries)):
-        best = s.best or {}
-        tests = ", ".join(f"{k}={v:.4g}" for k, v in (best.get("test_metrics") or {}).items())
-        if best.get("evaluated") is False:
-            tests = "not evaluated yet (resume)"
-        table.add_row(
-            escape(label), escape(f"{s.metric} ({s.mode})"),
-            f"{best['value']:.4g}" if best.get("value") is not None else "-",
-            str(best.get("trial", "-")), escape(tests or "-"), str(s.trials), str(s.counts["COMPLETE"]),
-            str(s.counts["PRUNED"]), str(s.counts["FAILED"]), f"{s.wall_s:.1f}", f"{s.compute_s:.1f}",
-            f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
-            escape(", ".join(f"{key}={value}" for key, value in differs.items()) or "-"),
-        )
-    table_console(piped_width=200).print(table)
-
-
 def comparison_records(summaries: list[StudySummary]) -> list[dict[str, Any]]:
     """The comparison as plain data (``hpsearch compare --json``)."""
     return [{

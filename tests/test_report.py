@@ -122,7 +122,7 @@ def test_compare_puts_two_studies_side_by_side(finished_search, tmp_path):
 def test_compare_names_each_study_by_its_directory_and_shows_what_differs(capsys):
     """A study run again from the same file (a dated directory) had the same name in every
     row, and nothing said how the studies differed."""
-    from hpsearch.search.study_summary import print_comparison
+    from hpsearch.search.status_view import print_comparison
 
     first, again = summary_of([]), summary_of([])
     first.counts = again.counts = {"COMPLETE": 0, "PRUNED": 0, "FAILED": 0}
@@ -140,6 +140,36 @@ def test_compare_names_each_study_by_its_directory_and_shows_what_differs(capsys
     assert "runs/digits-cnn " in out and "scratch/digits-cnn " in out, out
     # a parameter only one study searches: in that study's row, whole, and no "=None" in the others
     assert out.count("space.model.dropout") == 1 and "None" not in out, out
+
+
+def test_compare_at_80_columns_shows_a_block_per_study_with_every_figure_whole():
+    """Its 13 columns were cut to 3 characters each at 80 columns, every figure and header
+    folded over several lines ("0.9" / "741")."""
+    from rich.console import Console
+
+    from hpsearch.search.status_view import print_comparison
+
+    studies = []
+    for name, seed, value in (("digits-cnn", 0, 0.97412), ("digits-cnn-20261205-061530", 1, 0.98153)):
+        study = summary_of([{}] * 5)
+        study.experiment_dir, study.settings = f"/runs/{name}", {"search.seed": seed}
+        study.counts = {"COMPLETE": 3, "PRUNED": 1, "FAILED": 0}
+        study.best = {"value": value, "trial": 2, "test_metrics": {"test_acc": 0.9815}}
+        study.wall_s, study.compute_s = 123.4, 56.7
+        studies.append(study)
+    console = Console(width=80, record=True)
+    print_comparison(studies, console)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    for name, seed, value in (("digits-cnn", 0, "0.9741"), ("digits-cnn-20261205-061530", 1, "0.9815")):
+        assert f"\n{name}" in text and f"{value} (trial 2)" in text and f"search.seed={seed}" in text, text
+    assert text.count("5: 3 complete, 1 pruned, 0 failed, 1 not finished") == 2, text
+    assert text.count("123.4 s wall, 56.7 s compute") == 2 and "test_acc=0.9815" in text, text
+
+    console = Console(width=200, record=True)  # room for a row each
+    print_comparison(studies, console)
+    header = next(line for line in console.export_text().splitlines() if "best trial" in line)
+    assert header.split()[:3] == ["experiment", "metric", "best"], header
 
 
 def summary_of(rows: list[dict]) -> StudySummary:
