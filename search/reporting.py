@@ -94,8 +94,10 @@ class TuneReporter(pl.Callback):
                  static_fields: dict[str, Any], before_report: Callable[[], Any] | None = None,
                  report_on_every_rank: bool = False, started: float | None = None,
                  fields_at_train_start: Callable[[pl.Trainer], dict[str, Any]] | None = None,
-                 stopped_by_scheduler: Callable[[pl.Trainer, dict[str, Any]], bool] | None = None) -> None:
-        """``before_report``: called on rank 0 once the epoch's files are written and before
+                 stopped_by_scheduler: Callable[[pl.Trainer, dict[str, Any]], bool] | None = None,
+                 known_epochs: int = 0) -> None:
+        """``known_epochs``: the epochs the study had of this trial when it was handed out;
+        a resumed trial sends again those its checkpoint holds beyond them. ``before_report``: called on rank 0 once the epoch's files are written and before
         the report (with URI storage it uploads them: the study must never know of an epoch
         whose checkpoint is not in storage). ``fields_at_train_start``: reported fields
         known only once the DataModule's ``setup`` has run and the trainer holds its
@@ -104,6 +106,7 @@ class TuneReporter(pl.Callback):
         scheduler stopped the trial there, in which case training ends before another
         epoch starts."""
         self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
+        self.known_epochs = known_epochs
         self.before_report = before_report
         self.stopped_by_scheduler = stopped_by_scheduler
         self.report_on_every_rank = report_on_every_rank
@@ -132,14 +135,19 @@ class TuneReporter(pl.Callback):
         # of the epoch a resumed trial's checkpoint holds, to report again at its start.
         self._validated_epoch: dict[str, Any] | None = None
         self._checkpointed_epoch: dict[str, Any] | None = None
+        self._earlier_epochs: list[dict[str, Any]] = []  # every validated epoch before the newest, alike
         self._ranks_compared = False  # see _compare_ranks_metric
 
     def state_dict(self) -> dict[str, Any]:
-        """What an epoch's checkpoint keeps of this callback: that epoch's validated metrics."""
-        return {"validated_epoch": self._validated_epoch} if self._validated_epoch is not None else {}
+        """What an epoch's checkpoint keeps of this callback: that epoch's validated metrics,
+        and the earlier epochs'."""
+        if self._validated_epoch is None:
+            return {}
+        return {"validated_epoch": self._validated_epoch, "earlier_epochs": self._earlier_epochs}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._checkpointed_epoch = state_dict.get("validated_epoch")
+        self._earlier_epochs = list(state_dict.get("earlier_epochs") or [])
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self._startup_s is None:
@@ -158,6 +166,13 @@ class TuneReporter(pl.Callback):
             # resume of the trial failed. It sees the epoch's validated metrics now.
             trainer.callback_metrics.update({name: torch.tensor(value)
                                              for name, value in validated["metrics"].items()})
+            self._validated_epoch = validated  # an earlier epoch once the next one validates
+            # A DDP trial's rank 0 does not wait for Tune at each report, so a stop could
+            # lose the reports of several epochs its checkpoint holds, not only the last: the
+            # study never had them, and only the last was sent again.
+            for earlier in self._earlier_epochs:
+                if earlier["epoch"] > self.known_epochs:
+                    self._send(trainer, self._earlier_epoch_report(earlier), inside_fit=True)
             # Sent at the next epoch's start or the training's end, after that epoch end:
             # a stop decided there ends the trial finished (see _deliver_pending).
             self._pending = self._checkpointed_epoch_report(trainer, validated)
@@ -183,9 +198,21 @@ class TuneReporter(pl.Callback):
         reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if finished else "")
         if patience_spent:
             trainer.should_stop = True  # it stopped there: no further epoch
+        return self._restored_report(validated, finished, reason, self.best)
+
+    def _earlier_epoch_report(self, validated: dict[str, Any]) -> dict[str, Any]:
+        """The report, again, of an epoch before the resumed checkpoint's own, with the
+        trial's best as it stood then."""
+        epoch = validated["epoch"]
+        best = best_of([e["metrics"][self.metric] for e in self._earlier_epochs if e["epoch"] <= epoch], self.mode)
+        return self._restored_report(validated, False, "", best)
+
+    def _restored_report(self, validated: dict[str, Any], finished: bool, reason: str,
+                         best: float | None) -> dict[str, Any]:
+        metrics = dict(validated["metrics"])
         metrics.update(self.static_fields)
         metrics.update(validated.get("telemetry") or {})
-        metrics.update({EPOCH: epoch, FINISHED: finished, STOP_REASON: reason, "hps_best": self.best,
+        metrics.update({EPOCH: validated["epoch"], FINISHED: finished, STOP_REASON: reason, "hps_best": best,
                         "hps_logged_metrics": ",".join(sorted(validated["metrics"])), RESTORED: True,
                         "hps_startup_s": self._startup_s or 0.0})  # this attempt's start-up
         return metrics
@@ -247,6 +274,9 @@ class TuneReporter(pl.Callback):
             self._compare_ranks_metric(trainer, pl_module, math.nan if checked is None else checked[self.metric])
             # Its time and telemetry so far go in the checkpoint too: a resumed trial
             # sends them with the epoch again, for a study that never heard of it.
+            if self._validated_epoch is not None and checked is not None \
+                    and self._validated_epoch["epoch"] != trainer.current_epoch + 1:
+                self._earlier_epochs.append(self._validated_epoch)
             self._validated_epoch = None if checked is None else {
                 "epoch": trainer.current_epoch + 1, "metrics": checked,
                 "telemetry": self._telemetry(trainer, now - self._epoch_started)}

@@ -21,7 +21,8 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from .config import ExperimentConfig
-from .outcome import COMPLETE, FAILED, PRUNED, best_of, STOP_REASON, TRIAL_NUMBER, EPOCH, PruneLog, classify
+from .outcome import (COMPLETE, EPOCH, FAILED, KNOWN_EPOCHS, PRUNED, STOP_REASON, TRIAL_NUMBER, PruneLog, best_of,
+                      classify)
 from .space import grid_values, to_distributions, trial_limit
 
 STUDY_FILE = "optuna.journal"
@@ -184,7 +185,9 @@ class OptunaSearcher(Searcher):
             trial.set_user_attr(RAY_TRIAL_ID, trial_id)
             self._numbers[trial_id] = trial.number
         frozen = study.get_trials(deepcopy=False)[self._numbers[trial_id]]
-        return {"params": dict(frozen.params), TRIAL_NUMBER: frozen.number}
+        # A resumed trial sends again the epochs its checkpoint holds beyond these
+        return {"params": dict(frozen.params), TRIAL_NUMBER: frozen.number,
+                KNOWN_EPOCHS: max(frozen.intermediate_values, default=0)}
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         number = self._numbers.get(trial_id)

@@ -22,7 +22,7 @@ from .errors import first_line
 from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_name, write_json
 from .checkpoints import first_logging_step_after, latest_good_checkpoint
 from .gc_pause import collector_paused
-from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, RESTORED, TRIAL_NUMBER
+from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RESTORED, TRIAL_NUMBER
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
 from .worker_data import IN_TRIAL_ENV, WORKER_DATA
@@ -144,6 +144,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
                             report=_timed(report, started), static_fields=static_fields, before_report=publish,
                             report_on_every_rank=parallel.report_on_every_rank, started=started,
                             stopped_by_scheduler=stopped_by_scheduler,
+                            known_epochs=int(trial_config.get(KNOWN_EPOCHS, 0)),
                             # by the training's start, the DataModule's setup has asked for its data
                             fields_at_train_start=lambda trainer: {
                                 "hps_data_reused": WORKER_DATA.reuses > reuses_before,

@@ -17,8 +17,8 @@ from ray.tune.stopper import Stopper, TimeoutStopper
 
 from .config import ExperimentConfig
 from .errors import counted
-from .outcome import (EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, PLACEMENT_GROUP, RESTORED, RUNNING, TRIAL_NUMBER,
-                      PruneLog, classify)
+from .outcome import (EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP, RESTORED,
+                      RUNNING, TRIAL_NUMBER, PruneLog, classify)
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
 
@@ -87,21 +87,21 @@ class TrialsTableRecorder(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         row = self._row(trial)
         row["state"] = RUNNING
-        metric = result.get(self.table.metric)
-        if metric is not None:
-            row["last"] = metric
-        if result.get("hps_best") is not None:
-            row["best"] = result["hps_best"]
-        # Compute spent, every attempt included: what the report's "compute" figures add up.
-        # A resumed trial's first report is its checkpoint's epoch again, with that epoch's
-        # time: counted only if the study never heard of the epoch (its report was lost
-        # to the interruption), else it was counted then.
+        # A resumed trial's first reports are epochs its checkpoint holds, again, with their
+        # time: new to the row only if the study never heard of them (their reports were lost
+        # to the interruption); else counted then, and older than what the row shows.
         known = result.get(RESTORED) and int(row.get("epochs") or 0) >= int(result.get(EPOCH) or 0)
         if not known:
+            metric = result.get(self.table.metric)
+            if metric is not None:
+                row["last"] = metric
+            if result.get("hps_best") is not None:
+                row["best"] = result["hps_best"]
+            # Compute spent, every attempt included: what the report's "compute" figures add up.
             row["compute_s"] = float(row.get("compute_s") or 0.0) + float(result.get("hps_epoch_time_s") or 0.0) \
                 * int(result.get("hps_world_size") or 1)
-        if EPOCH in result:
-            row["epochs"] = result[EPOCH]
+            if EPOCH in result:
+                row["epochs"] = result[EPOCH]
         for key, column in RESULT_TO_COLUMN.items():
             if key in result:
                 row[column] = result[key]
@@ -158,6 +158,9 @@ class RetryPolicy(Callback):
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         number = int(trial.config[TRIAL_NUMBER])
         row = self.table.row(number)
+        # The retry sends again only the epochs its checkpoint holds beyond those the study has.
+        reported = int((trial.last_result or {}).get(EPOCH) or 0)
+        trial.config[KNOWN_EPOCHS] = max(int(trial.config.get(KNOWN_EPOCHS) or 0), reported)
         node_losses = int(row.get("node_losses") or 0)
         if node_losses < NODE_LOSSES_FORGIVEN and node_was_lost(trial):
             trial.run_metadata.num_failures = max(0, trial.run_metadata.num_failures - 1)

@@ -140,7 +140,7 @@ def test_a_trial_process_killed_on_a_live_node_is_the_trials_own_fault_and_said_
 def test_node_losses_are_forgiven_a_bounded_number_of_times(tmp_path):
     """A fault taken for a node loss is not counted in max_retries, but never without end."""
     from hpsearch.search.experiment import ExperimentDir
-    from hpsearch.search.outcome import EPOCH, GIVE_UP, TRIAL_NUMBER
+    from hpsearch.search.outcome import EPOCH, GIVE_UP, KNOWN_EPOCHS, TRIAL_NUMBER
     from hpsearch.search.trials_table import TrialsTable
     from hpsearch.search.tune_callbacks import NODE_LOSSES_FORGIVEN, NODE_LOST, RetryPolicy
 
@@ -154,6 +154,8 @@ def test_node_losses_are_forgiven_a_bounded_number_of_times(tmp_path):
         policy.on_trial_recover(0, [], trial)
         assert (table.row(3)["node_losses"], table.row(3)["error"]) == (loss, NODE_LOST)
         assert trial.run_metadata.num_failures == 0 and GIVE_UP not in trial.config
+        # the retry sends again only the epochs its checkpoint holds beyond these
+        assert trial.config[KNOWN_EPOCHS] == loss
     for attempt in (2, 3):
         trial.last_result = {EPOCH: 10 + attempt}
         policy.on_trial_recover(0, [], trial)

@@ -75,10 +75,14 @@ def test_a_fresh_searcher_resumes_interrupted_trials_first_and_keeps_the_limit(t
     first.suggest("a")
     first.on_trial_complete("a", result(3, 0.8, finished=True))
     interrupted = first.suggest("b")  # running when the driver died
+    assert interrupted["hps_known_epochs"] == 0
+    first.on_trial_result("b", result(1, 0.6))
+    first.on_trial_result("b", result(2, 0.7))
 
     second = OptunaSearcher(config, tmp_path, PruneLog())
     again = second.suggest("b2")
-    assert again == interrupted  # same number, same params: it continues, not duplicated
+    # same number, same params: it continues, not duplicated; told the epochs the study has
+    assert again == {**interrupted, "hps_known_epochs": 2}
     new = second.suggest("c2")
     assert new["hps_trial_number"] == 2
     assert second.suggest("d2") == Searcher.FINISHED

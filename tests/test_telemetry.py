@@ -72,14 +72,14 @@ class SlowEpochEnd(MLPClassifier):
 
 
 def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_acc", resume_from=None,
-               reports_expected: int | None = None, patience: int | None = 10) -> list[dict]:
+               reports_expected: int | None = None, patience: int | None = 10, known_epochs: int = 0) -> list[dict]:
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
     from hpsearch.search.lightning_trainer import build_trainer
     from hpsearch.search.reporting import TuneReporter
 
     reports: list[dict] = []
-    reporter = TuneReporter(metric, "max", epochs, report=reports.append, static_fields={})
+    reporter = TuneReporter(metric, "max", epochs, report=reports.append, static_fields={}, known_epochs=known_epochs)
     settings = TrainerConfig(early_stopping_patience=patience)
     device = trial_device(settings, LoaderConfig(), ResourcesConfig())
     trainer = build_trainer(settings, device=device, metric=metric, mode="max", max_epochs=epochs,
@@ -177,7 +177,7 @@ def test_a_resumed_trial_first_reports_again_the_epoch_its_checkpoint_holds(tmp_
     first = reports_of(tmp_path, mlp_for(data, SlowEpochEnd), data, epochs=2)
     checkpoint = tmp_path / "trial" / "checkpoints" / "epoch-0001.ckpt"  # the second epoch's
     resumed = reports_of(tmp_path, mlp_for(data, SlowEpochEnd), data, epochs=3, resume_from=str(checkpoint),
-                         reports_expected=2)
+                         reports_expected=2, known_epochs=1)
     again, new = resumed
     assert (again["epoch"], again["hps_restored"], again["hps_finished"]) == (2, True, False), again
     assert again["val_acc"] == first[1]["val_acc"] and again["hps_best"] == first[1]["hps_best"]
@@ -190,7 +190,7 @@ def test_a_resumed_trial_first_reports_again_the_epoch_its_checkpoint_holds(tmp_
     assert again["hps_epoch_time_s"] >= was["hps_train_time_s"] + was["hps_val_time_s"] + 0.4, (again, was)
     assert new["epoch"] == 3 and "hps_restored" not in new and new["hps_finished"] is True
     # From the last epoch's checkpoint (paused before its report): that report is the trial's end
-    [last] = reports_of(tmp_path, mlp_for(data), data, epochs=3, reports_expected=1,
+    [last] = reports_of(tmp_path, mlp_for(data), data, epochs=3, reports_expected=1, known_epochs=2,
                         resume_from=str(tmp_path / "trial" / "checkpoints" / "epoch-0002.ckpt"))
     assert (last["epoch"], last["hps_restored"], last["hps_finished"], last["hps_stop_reason"]) == \
         (3, True, True, "max_epochs"), last
@@ -208,7 +208,8 @@ def test_a_trial_resumed_where_early_stopping_ended_it_reports_that_end_and_trai
     assert (first[1]["hps_finished"], first[1]["hps_stop_reason"]) == (True, "early_stopping")
     # Paused after the second epoch's checkpoint, before its report:
     [again] = reports_of(tmp_path, mlp_for(data, NeverImproves), data, epochs=5, metric="score", patience=1,
-                         reports_expected=1, resume_from=str(tmp_path / "trial" / "checkpoints" / "epoch-0001.ckpt"))
+                         reports_expected=1, known_epochs=1,
+                         resume_from=str(tmp_path / "trial" / "checkpoints" / "epoch-0001.ckpt"))
     assert (again["epoch"], again["hps_finished"], again["hps_stop_reason"]) == (2, True, "early_stopping"), again
 
 
@@ -420,7 +421,31 @@ def test_a_trial_with_its_models_own_early_stopping_resumes(tmp_path, own_patien
                                                     num_classes=data.num_classes)
 
     reports_of(tmp_path, model(), data, epochs=3, metric="score", patience=None)
-    resumed = reports_of(tmp_path, model(), data, epochs=5, metric="score", patience=None,
+    resumed = reports_of(tmp_path, model(), data, epochs=5, metric="score", patience=None, known_epochs=3,
                          resume_from=tmp_path / "trial" / "checkpoints" / "epoch-0002.ckpt",
                          reports_expected=len(reported))
     assert [(r[EPOCH], r[FINISHED], r[STOP_REASON]) for r in resumed] == reported
+
+
+@pytest.mark.parametrize("known_epochs, resent", [(1, [2, 3]), (3, [3])])
+def test_a_resumed_trial_sends_again_every_epoch_its_checkpoint_holds_that_the_study_lacks(tmp_path, known_epochs,
+                                                                                           resent):
+    """A DDP trial's rank 0 does not wait for Tune at its reports: a Ctrl+C lost epochs 2
+    and 3 of one, and its resume sent only epoch 3 again, so the study never had epoch 2."""
+    from hpsearch.search.outcome import EPOCH, FINISHED, RESTORED
+
+    data = SlowLoadingData(item_seconds=0.0)
+    model = ScriptedScoreWithItsOwnEarlyStopping([1.0, 3.0, 2.0, 2.5, 2.6], 10, input_shape=data.input_shape,
+                                                 num_classes=data.num_classes)
+    first = reports_of(tmp_path, model, data, epochs=3, metric="score", patience=None)
+    resumed = reports_of(tmp_path, ScriptedScoreWithItsOwnEarlyStopping(
+                             [1.0, 3.0, 2.0, 2.5, 2.6], 10, input_shape=data.input_shape, num_classes=data.num_classes),
+                         data, epochs=5, metric="score", patience=None, known_epochs=known_epochs,
+                         resume_from=tmp_path / "trial" / "checkpoints" / "epoch-0002.ckpt",
+                         reports_expected=len(resent) + 2)
+    assert [(r[EPOCH], bool(r.get(RESTORED)), r[FINISHED]) for r in resumed] == \
+        [(epoch, True, False) for epoch in resent] + [(4, False, False), (5, False, True)]
+    for again in resumed[:len(resent)]:
+        original = first[again[EPOCH] - 1]
+        assert again["score"] == original["score"] and again["hps_best"] == original["hps_best"], (again, original)
+        assert again["hps_epoch_time_s"] == pytest.approx(original["hps_epoch_time_s"], rel=0.5)
