@@ -97,7 +97,8 @@ class TuneReporter(pl.Callback):
                  stopped_by_scheduler: Callable[[pl.Trainer, dict[str, Any]], bool] | None = None,
                  known_epochs: int = 0) -> None:
         """``known_epochs``: the epochs the study had of this trial when it was handed out;
-        a resumed trial sends again those its checkpoint holds beyond them. ``before_report``: called on rank 0 once the epoch's files are written and before
+        a resumed trial sends again those its checkpoint holds beyond them.
+        ``before_report``: called on rank 0 once the epoch's files are written and before
         the report (with URI storage it uploads them: the study must never know of an epoch
         whose checkpoint is not in storage). ``fields_at_train_start``: reported fields
         known only once the DataModule's ``setup`` has run and the trainer holds its
