@@ -170,6 +170,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+COMPARE_COLUMNS = ("experiment", "metric", "best", "best trial", "test metrics", "trials", "complete", "pruned",
+                   "failed", "wall s", "compute s", "saved s", "differs in")
+COMPARE_TEXT = ("experiment", "metric", "test metrics", "differs in")  # the columns that fold
 COMPARE_TEXT_ROOM = 40  # what compare's four text columns need at least, beside the figures
 
 
@@ -191,7 +194,7 @@ def print_comparison(summaries: list[StudySummary], console: Console | None = No
         console.print(_comparison_table(studies))
         return
     console.print("hpsearch compare", style="italic", justify="center")
-    for study in studies:
+    for s, study in zip(summaries, studies):
         block = Table.grid(padding=(0, 2))
         block.add_column(no_wrap=True)
         block.add_column(overflow="fold")
@@ -199,16 +202,13 @@ def print_comparison(summaries: list[StudySummary], console: Console | None = No
         block.add_row("  metric", study["metric"])
         block.add_row("  best", f"{study['best']} (trial {study['best trial']})")
         block.add_row("  test metrics", study["test metrics"])
-        unfinished = int(study["trials"]) - sum(int(study[state]) for state in ("complete", "pruned", "failed"))
+        unfinished = s.trials - sum(s.counts[state] for state in ("COMPLETE", "PRUNED", "FAILED"))
         block.add_row("  trials", f"{study['trials']}: {study['complete']} complete, {study['pruned']} pruned, "
                                   f"{study['failed']} failed" + (f", {unfinished} not finished" if unfinished else ""))
         block.add_row("  time", f"{study['wall s']} s wall, {study['compute s']} s compute, {study['saved s']} s "
                                 f"saved by pruning and early stopping")
         block.add_row("  differs in", study["differs in"])
         console.print(block)
-
-
-COMPARE_TEXT = ("experiment", "metric", "test metrics", "differs in")
 
 
 def _compared(s: StudySummary, label: str, differs: dict[str, Any]) -> dict[str, str]:
@@ -231,10 +231,9 @@ def _compared(s: StudySummary, label: str, differs: dict[str, Any]) -> dict[str,
 
 def _comparison_table(studies: list[dict[str, str]]) -> Table:
     table = Table(title="hpsearch compare", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
-    for column in ("experiment", "metric", "best", "best trial", "test metrics", "trials", "complete", "pruned",
-                   "failed", "wall s", "compute s", "saved s", "differs in"):
+    for column in COMPARE_COLUMNS:
         text = column in COMPARE_TEXT
         table.add_column(column, justify="left" if text else "right", overflow="fold", no_wrap=not text)
     for study in studies:
-        table.add_row(*study.values())
+        table.add_row(*(study[column] for column in COMPARE_COLUMNS))
     return table
