@@ -85,8 +85,11 @@ def test_the_users_session_is_left_as_it_was_frozen_objects_and_signal_handlers(
     stay frozen only while the search runs, and Ctrl+C works again afterwards (Ray Tune
     left its own SIGINT handler, which swallowed the next one)."""
     config = shrunk_example(tmp_path, **{"search/num_trials": 2, "scheduler/max_epochs": 1})
+    # Ctrl+C at its default, as in a terminal's REPL: a test run started as a background
+    # job hands its processes SIGINT ignored, which hpsearch rightly puts back as it was.
     script = textwrap.dedent(f"""
         import gc, json, os, signal, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         import hpsearch
         from ray import tune
         before = {{signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGUSR1)}}
