@@ -78,6 +78,11 @@ class ConfigError(HpsearchError):
         noun = "problem" if len(self.problems) == 1 else "problems"
         super().__init__(f"invalid experiment config, {len(self.problems)} {noun}:\n{lines}")
 
+    def __reduce__(self):
+        # Rebuilt from its problems, not its message: Ray pickles a trial's exception to the
+        # driver, and the message passed back as ``problems`` became one problem per character.
+        return type(self), (self.problems,)
+
     @classmethod
     def single(cls, field: str, message: str, line: int | None = None, source: str | None = None):
         return cls([Problem(field, message, line, source)])

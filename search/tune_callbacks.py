@@ -3,6 +3,7 @@ live progress display, and the stoppers: finished trials, the search's time budg
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import shutil
@@ -392,11 +393,16 @@ def _last_error_line(trial) -> str:
     except OSError:
         text = ""
     last_failure = re.split(r"^Failure # \d+ \(occurred at [^)]*\)\s*$", text, flags=re.MULTILINE)[-1]
-    lines = [line.strip() for line in last_failure.splitlines() if line.strip() and not line[0].isspace()]
+    raw = [line.rstrip() for line in last_failure.splitlines() if line.strip()]
+    lines = [line for line in raw if not line[0].isspace()]
     exception = [line for line in lines if re.match(r"[\w.]+(\([\w.]+\))?: ", line)]
     if exception:
         line = exception[-1]
-        if line.endswith(":") and line != lines[-1]:  # its message goes on below (Ray Train's worker errors)
+        below = raw[len(raw) - raw[::-1].index(line):]
+        indented = [text.strip() for text in itertools.takewhile(lambda text: text[0].isspace(), below)]
+        if line.endswith(":") and indented:  # its message goes on indented below (a ConfigError's problems)
+            line = f"{line} {' '.join(indented)}"
+        elif line.endswith(":") and line != lines[-1]:  # its message goes on below (Ray Train's worker errors)
             line = f"{line} ... {lines[-1]}"
     elif lines:
         line = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"

@@ -184,3 +184,24 @@ def test_a_process_killed_twice_at_one_point_is_tried_again(tmp_path):
     assert GIVE_UP not in trial.config and table.row(0)["attempts"] == 3
     policy.on_trial_recover(0, [], trial)
     assert trial.config[GIVE_UP].startswith("failed 3 times: its process died without a Python error"), trial.config
+
+
+def test_a_config_error_raised_in_a_trial_reaches_the_driver_whole_and_its_problem_is_the_reason(tmp_path):
+    """A trial whose class fails to import on its worker raises a ConfigError. Ray pickles
+    it to the driver, which rebuilt it from its message, one problem per character ("137
+    problems: - i - n - v ..."), and the reason shown stopped at the header line."""
+    import traceback
+
+    from ray import cloudpickle
+
+    from hpsearch.search.errors import ConfigError
+
+    error = ConfigError.single("data.class_path", "cannot import module 'apkg.data': No module named 'yaml'")
+    arrived = cloudpickle.loads(cloudpickle.dumps(error))
+    assert arrived.problems == error.problems and str(arrived) == str(error)
+
+    written = error_file(tmp_path, "Failure # 1 (occurred at 2026-12-05_11-25-15)\n"
+                                   + "".join(traceback.format_exception(arrived)))
+    assert _last_error_line(written) == (
+        "hpsearch.search.errors.ConfigError: invalid experiment config, 1 problem: "
+        "- data.class_path: cannot import module 'apkg.data': No module named 'yaml'")
