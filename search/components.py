@@ -43,8 +43,9 @@ def import_path(section: str, class_path: str) -> str:
 def resolve_class(section: str, class_path: str) -> type:
     """Import the class; a ``ConfigError`` naming ``<section>.class_path`` if that fails.
 
-    The current directory is importable, as with ``python -m``, so a user's package
-    beside the experiment file resolves without installing it.
+    On the driver, ``check_components`` has made the current directory importable first;
+    in a Ray worker, the user's modules come as the search shipped them
+    (``shipped_code_first``), never from the worker's own directory.
     """
     field = f"{section}.class_path"
     path = import_path(section, class_path)
@@ -55,7 +56,6 @@ def resolve_class(section: str, class_path: str) -> type:
         raise ConfigError.single(field, f"{class_path!r} is neither a built-in ({known}) nor 'package.module:Class'"
                                         f"{hint}")
     module_name, _, attr = path.partition(":")
-    _make_cwd_importable()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -76,10 +76,29 @@ def resolve_class(section: str, class_path: str) -> type:
 
 
 def _make_cwd_importable() -> None:
-    """User packages beside the experiment import as with ``python -m`` (cwd first)."""
+    """On the driver, user packages beside the experiment import as with ``python -m``
+    (cwd first). Not in a Ray worker: a node's own directory may hold a stray module of the
+    same name as the user's, which used to shadow the shipped one there."""
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
+
+
+def shipped_code_first() -> None:
+    """In a Ray worker, the user's modules as the search shipped them (``py_modules``, see
+    ``user_code_roots``) come first on ``sys.path``. Ray puts the driver's working directory
+    ahead of them, and that path on another node may hold an older copy of the same code
+    (a project baked into the nodes' image, say), which would shadow the code the driver
+    checked. No-op outside Ray and where nothing was shipped."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    uris = ray.get_runtime_context().runtime_env.get("py_modules") or []
+    names = {Path(uri.partition("://")[2]).stem for uri in uris}  # gcs://_ray_pkg_<hash>.zip, unpacked by name
+    shipped = [entry for entry in sys.path if Path(entry).name in names]
+    if shipped:
+        sys.path[:] = shipped + [entry for entry in sys.path if entry not in shipped]
 
 
 @dataclass(frozen=True)
@@ -106,6 +125,7 @@ class Signature:
 
 def check_components(config: ExperimentConfig) -> tuple[type, type]:
     """Resolve both classes and check every argument the file gives them; raise all problems at once."""
+    _make_cwd_importable()
     problems: list[Problem] = []
     classes: dict[str, type] = {}
     for section in ("model", "data"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class
+from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class, shipped_code_first
 from .config import ExperimentConfig
 from .errors import first_line
 from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_name, write_json
@@ -55,6 +55,7 @@ def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:
     with collector_paused(freeze_survivors=True):
         from . import devices, lightning_trainer, reporting  # noqa: F401  (torch, Lightning)
 
+        shipped_code_first()
         return resolve_class("data", config.data.class_path), resolve_class("model", config.model.class_path)
 
 

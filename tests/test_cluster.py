@@ -79,9 +79,14 @@ def test_trials_spread_over_nodes_and_gpu_trials_run_only_on_the_gpu_node(two_no
     assert {r["node_id"] for r in gpu_rows.values()} == {gpu_node.node_id}  # never the CPU-only node
 
 
-def test_a_worker_node_dies_mid_search_and_its_trials_finish_elsewhere(tmp_path):
+def test_a_worker_node_dies_mid_search_and_its_trials_finish_elsewhere(tmp_path, monkeypatch):
     """``max_retries: 0``: the node loss must not count as the trial's fault, or the
-    trial on the lost node would end FAILED."""
+    trial on the lost node would end FAILED. The nodes run in a folder that holds a stray,
+    broken ``userpkg``: trials import the one the search shipped, never a node's own."""
+    stray = tmp_path / "nodes-folder" / "userpkg"
+    stray.mkdir(parents=True)
+    (stray / "__init__.py").write_text("raise ImportError('a stray userpkg in the nodes folder shadowed the shipped one')\n")
+    monkeypatch.chdir(stray.parent)  # where the nodes' processes start, and so their workers
     cluster, (survivor, doomed) = start_cluster({"num_cpus": 2}, {"num_cpus": 1})
     try:
         path = experiment(tmp_path, "node-loss", epoch_sleep=1.5)

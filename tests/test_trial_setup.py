@@ -492,6 +492,46 @@ def test_a_local_rays_workers_inherit_the_ray_settings(example_config, monkeypat
         ray.shutdown()
 
 
+def test_trials_import_the_user_code_the_search_shipped_not_what_sits_at_the_drivers_path(
+        example_config, tmp_path, monkeypatch):
+    """Ray puts the driver's working directory first on every worker's ``sys.path``. On
+    another node that path may hold other code of the same name (an older copy baked into
+    the nodes' image); here the file at that path changes once the search has shipped it."""
+    import sys
+
+    import ray
+
+    from hpsearch.search.components import shipped_code_first
+    from hpsearch.search.tuner import start_ray
+
+    package = tmp_path / "shippedpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "parts.py").write_text("from hpsearch.models.mlp import MLPClassifier as Model\nWHICH = 'shipped'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the driver's own cwd entry goes with the test
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    example_config["model"] = {"class_path": "shippedpkg.parts:Model"}
+    assert not ray.is_initialized()
+    start_ray(load_config(example_config), None, verbose=False)
+    try:
+        (package / "parts.py").write_text("WHICH = 'what sits at the path'\n")
+
+        @ray.remote(num_cpus=1, max_calls=1)  # a new worker process for each call
+        def imported(put_shipped_first: bool) -> str:
+            if put_shipped_first:
+                shipped_code_first()
+            from shippedpkg import parts
+
+            return parts.WHICH
+
+        assert ray.get(imported.remote(False)) == "what sits at the path"  # Ray's order, which the trials fix
+        assert ray.get(imported.remote(True)) == "shipped"
+    finally:
+        ray.shutdown()
+        sys.modules.pop("shippedpkg", None)
+
+
 def test_trainers_still_get_entry_point_callbacks_once_the_lookup_is_remembered(tmp_path, monkeypatch):
     import pytorch_lightning as pl
     from lightning_fabric.utilities import registry
