@@ -211,6 +211,10 @@ class TrainerConfig(StrictModel):
     @classmethod
     def _fraction_or_count(cls, value: Any) -> Any:
         """Lightning's rule: a float is a fraction of the batches, an int a number of them."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            # said once here: each member of the union said "greater than 0", joined by "or"
+            raise ValueError("must be above 0: a fraction of the batches (a float, at most 1.0) or a number of "
+                             "them (an int)")
         if isinstance(value, float) and value > 1.0:
             raise ValueError(f"a float is a fraction of the batches and must be at most 1.0 (got {value:g}); "
                              "give a whole number (an int) for a count of batches")

@@ -352,6 +352,14 @@ def test_limit_batches_take_a_fraction_up_to_one_or_a_whole_count(example_config
     with pytest.raises(ConfigError, match="must be at most 1.0") as caught:
         load_config(example_config)
     assert caught.value.problems[0].field == "trainer.limit_train_batches"
+    # Zero or less is said once, not once per member of the union ("greater than 0 or greater than 0").
+    for value in (0, -0.5):
+        example_config["trainer"]["limit_train_batches"] = value
+        with pytest.raises(ConfigError) as caught:
+            load_config(example_config)
+        [problem] = caught.value.problems
+        assert problem.field == "trainer.limit_train_batches" and problem.message.count("above 0") == 1, problem
+        assert " or greater than 0" not in problem.message
     # A float range that crosses 1.0 is caught at its top.
     example_config["trainer"]["limit_train_batches"] = 1.0
     example_config["space"]["trainer.limit_val_batches"] = {"type": "float", "low": 0.5, "high": 2.0}
