@@ -461,9 +461,10 @@ class FreeRankReservations(Callback):
     Ray Train reserves them in a placement group, which its controller removes when the
     training ends by itself. A trial that Tune stops (ASHA pruning it, say) ends its
     controller with it, and the reservation then lives as long as the driver's job. Ray
-    Train's own cleaner would free it, but it asks Ray's dashboard whether the controller
-    died, and a local Ray started by hpsearch runs none: on 2 CPUs, the trial after the
-    first pruned one waited for CPUs forever. Each rank reports its placement group
+    Train's own cleaner (which hpsearch does not start: ``distributed.lean_torch_trainer``)
+    asks Ray's dashboard whether the controller died, and a local Ray started by hpsearch
+    runs none: on 2 CPUs, the trial after the first pruned one waited for CPUs forever
+    before this callback. Each rank reports its placement group
     (``PLACEMENT_GROUP``); here it is removed when the trial completes, fails or is
     retried. One that Ray Train already removed is left alone."""
 

@@ -98,3 +98,25 @@ def test_only_rank_zero_wrote_logs_and_checkpoints(ddp_search):
         assert len(tensorboard_steps(run, "val_loss")) == int(row["epochs"]), (number, row["state"])
     best = json.loads((exp_dir / "best.json").read_text())
     assert best["state"] == "COMPLETE" and best["checkpoint"].endswith("best.ckpt")
+
+
+def test_a_distributed_trial_starts_no_helper_actors_it_does_not_use():
+    """Ray Train starts a Ray Data shard manager and a placement-group cleaner for every
+    run, each a new process that competed with the ranks' start on a small machine; the
+    trials use neither (no Ray Datasets; the driver frees each trial's placement group)."""
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.backend_setup import BackendSetupCallback
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    from hpsearch.search.distributed import lean_torch_trainer
+
+    def callbacks(trainer_class) -> set[type]:
+        trainer = trainer_class(lambda config: None, scaling_config=ScalingConfig(num_workers=2))
+        return {type(callback) for callback in trainer._create_default_callbacks()}
+
+    unused = {DatasetsCallback, PlacementGroupCleanerCallback}
+    assert unused <= callbacks(TorchTrainer)  # what Ray Train starts: still the two this drops
+    lean = callbacks(lean_torch_trainer())
+    assert not unused & lean and BackendSetupCallback in lean  # the process group is still set up
