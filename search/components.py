@@ -84,15 +84,25 @@ def _make_cwd_importable() -> None:
         sys.path.insert(0, cwd)
 
 
+# The driver's host name, which every Ray process of a search gets (``tuner.ray_settings``).
+DRIVER_HOST_ENV = "HPSEARCH_DRIVER_HOST"
+
+
 def shipped_code_first() -> None:
-    """In a Ray worker, the user's modules as the search shipped them (``py_modules``, see
-    ``user_code_roots``) come first on ``sys.path``. Ray puts the driver's working directory
-    ahead of them, and that path on another node may hold an older copy of the same code
-    (a project baked into the nodes' image, say), which would shadow the code the driver
-    checked. No-op outside Ray and where nothing was shipped."""
+    """In a Ray worker on another machine than the driver's, the user's modules as the
+    search shipped them (``py_modules``, see ``user_code_roots``) come first on ``sys.path``.
+    Ray puts the driver's working directory ahead of them, and that path on another machine
+    may hold an older copy of the same code (a project baked into the nodes' image, say),
+    which would shadow the code the driver checked. On the driver's machine that path holds
+    the user's code itself, as a notebook's next search sees it after an edit (a local Ray
+    stays up between searches, with what its first search shipped), so Ray's order stays.
+    No-op outside Ray, where nothing was shipped, and where the driver's host is unknown
+    (a Ray the user started, which ships nothing)."""
+    import socket
+
     import ray
 
-    if not ray.is_initialized():
+    if os.environ.get(DRIVER_HOST_ENV) in (None, socket.gethostname()) or not ray.is_initialized():
         return
     uris = ray.get_runtime_context().runtime_env.get("py_modules") or []
     names = {Path(uri.partition("://")[2]).stem for uri in uris}  # gcs://_ray_pkg_<hash>.zip, unpacked by name

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from contextlib import contextmanager
 from functools import partial
 from typing import Iterator
 
 from .cluster_join import cluster_address, ensure_cluster_answers, join_error
-from .components import user_code_roots
+from .components import DRIVER_HOST_ENV, user_code_roots
 from .config import ExperimentConfig
 from .errors import counted, warn_user
 from .experiment import ExperimentDir
@@ -59,7 +60,8 @@ def ray_settings() -> dict[str, str]:
     defaults = dict(RAY_DEFAULTS)
     if addable_nodes():
         defaults["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(WORKER_GROUP_START_TIMEOUT_S)
-    return {**{name: os.environ.get(name, value) for name, value in defaults.items()}, **RAY_ENV}
+    return {**{name: os.environ.get(name, value) for name, value in defaults.items()}, **RAY_ENV,
+            DRIVER_HOST_ENV: socket.gethostname()}  # see components.shipped_code_first
 
 
 @contextmanager

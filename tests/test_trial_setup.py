@@ -492,16 +492,20 @@ def test_a_local_rays_workers_inherit_the_ray_settings(example_config, monkeypat
         ray.shutdown()
 
 
-def test_trials_import_the_user_code_the_search_shipped_not_what_sits_at_the_drivers_path(
+def test_trials_on_another_machine_import_the_user_code_the_search_shipped_not_what_sits_at_the_drivers_path(
         example_config, tmp_path, monkeypatch):
     """Ray puts the driver's working directory first on every worker's ``sys.path``. On
-    another node that path may hold other code of the same name (an older copy baked into
-    the nodes' image); here the file at that path changes once the search has shipped it."""
+    another machine that path may hold other code of the same name (an older copy baked
+    into the nodes' image); here the file at that path changes once the search has shipped
+    it, and a worker is told it runs on another machine than the driver. On the driver's
+    machine, the path holds the user's code itself (a notebook's edit before its next
+    search, on the Ray its first search started): Ray's order stays there."""
+    import socket
     import sys
 
     import ray
 
-    from hpsearch.search.components import shipped_code_first
+    from hpsearch.search.components import DRIVER_HOST_ENV, shipped_code_first
     from hpsearch.search.tuner import start_ray
 
     package = tmp_path / "shippedpkg"
@@ -518,15 +522,21 @@ def test_trials_import_the_user_code_the_search_shipped_not_what_sits_at_the_dri
         (package / "parts.py").write_text("WHICH = 'what sits at the path'\n")
 
         @ray.remote(num_cpus=1, max_calls=1)  # a new worker process for each call
-        def imported(put_shipped_first: bool) -> str:
+        def imported(put_shipped_first: bool, driver_host: str | None = None) -> tuple[str, str]:
+            import os
+
+            if driver_host is not None:
+                os.environ[DRIVER_HOST_ENV] = driver_host
+            seen_host = os.environ.get(DRIVER_HOST_ENV)
             if put_shipped_first:
                 shipped_code_first()
             from shippedpkg import parts
 
-            return parts.WHICH
+            return parts.WHICH, seen_host
 
-        assert ray.get(imported.remote(False)) == "what sits at the path"  # Ray's order, which the trials fix
-        assert ray.get(imported.remote(True)) == "shipped"
+        assert ray.get(imported.remote(False)) == ("what sits at the path", socket.gethostname())  # Ray's order
+        assert ray.get(imported.remote(True))[0] == "what sits at the path"  # on the driver's machine
+        assert ray.get(imported.remote(True, "another-machine"))[0] == "shipped"
     finally:
         ray.shutdown()
         sys.modules.pop("shippedpkg", None)
