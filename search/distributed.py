@@ -28,7 +28,7 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .errors import ConfigError
-from .outcome import EPOCH, FINISHED, PLACEMENT_GROUP, RESTORED, TRIAL_NUMBER
+from .outcome import EPOCH, FINISHED, GIVE_UP, PLACEMENT_GROUP, RESTORED, TRIAL_NUMBER
 from .rung_decisions import WAIT_LIMIT_S, RungDecisions
 from .storage import study_root
 from .trial import Parallelism, fit_trial, load_training_stack
@@ -114,7 +114,10 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     # (the nodes' clocks are assumed to agree, as NTP keeps them).
     workers_start_s = max(0.0, time.time() - loop_config["trial_started_at"])
     config = ExperimentConfig.model_validate(loop_config["experiment"])
-    load_training_stack(config)  # before the strategy's Lightning import (see trial.load_training_stack)
+    # Before the strategy's Lightning import (see trial.load_training_stack); not for a trial
+    # out of retries, which fit_trial ends at once: its tries may have failed in these imports.
+    if not loop_config["trial_config"].get(GIVE_UP):
+        load_training_stack(config)
     context = ray.train.get_context()
     parallel = Parallelism(
         world_size=context.get_world_size(),

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import FIXTURES, run_cli, tensorboard_run, tensorboard_steps, write_yaml
+from conftest import FIXTURES, run_cli, shrunk_example, tensorboard_run, tensorboard_steps, write_yaml
 
 pytestmark = pytest.mark.e2e
 
@@ -120,3 +120,34 @@ def test_a_distributed_trial_starts_no_helper_actors_it_does_not_use():
     assert unused <= callbacks(TorchTrainer)  # what Ray Train starts: still the two this drops
     lean = callbacks(lean_torch_trainer())
     assert not unused & lean and BackendSetupCallback in lean  # the process group is still set up
+
+
+def test_a_distributed_trial_out_of_retries_ends_before_importing_the_classes_its_tries_failed_on(monkeypatch):
+    """The retry policy ends a trial that keeps failing the same way by marking its config;
+    a rank imported the user's classes before looking, so a trial whose tries failed in that
+    import failed again there, twice more than the rule allows, with no reason shown."""
+    import types
+
+    import ray.train
+
+    from hpsearch.search import distributed
+    from hpsearch.search.outcome import FAILURE, FINISHED, GIVE_UP, TRIAL_NUMBER
+
+    def import_fails(config):
+        raise ImportError("cannot import name 'Model' from 'apkg.models'")
+
+    reports = []
+    monkeypatch.setattr(distributed, "load_training_stack", import_fails)
+    monkeypatch.setattr(distributed, "make_strategy", lambda config: "ddp")
+    monkeypatch.setattr(ray.train, "get_context", lambda: types.SimpleNamespace(get_world_size=lambda: 2))
+    monkeypatch.setattr(ray.train, "report", reports.append)
+    monkeypatch.setattr(ray.util, "get_current_placement_group", lambda: None)
+    experiment = shrunk_example(FIXTURES, **{"resources/workers_per_trial": 2})
+    reason = "failed 2 times the same way, at the same point: ImportError: cannot import name 'Model'"
+    trial_config = {TRIAL_NUMBER: 3, "params": {}, GIVE_UP: reason}
+    distributed._train_rank({"trial_config": trial_config, "experiment": experiment, "experiment_dir": "unused",
+                             "trial_started_at": 0.0, "decisions": None})
+    assert reports == [{TRIAL_NUMBER: 3, FAILURE: reason, FINISHED: True}]
+    with pytest.raises(ImportError):  # a trial with retries left still imports them first
+        distributed._train_rank({"trial_config": {TRIAL_NUMBER: 3, "params": {}}, "experiment": experiment,
+                                 "experiment_dir": "unused", "trial_started_at": 0.0, "decisions": None})
