@@ -425,7 +425,8 @@ def user_code_roots(config: ExperimentConfig) -> list[str]:
     A module found outside any installed location (site-packages) is user code living
     beside the experiment; it is shipped to workers with Ray's ``py_modules`` so that
     imports resolve on every node and a stray module of the same name in a worker's
-    directory cannot shadow it.
+    directory cannot shadow it. So are the current directory's other packages that the
+    classes imported (``_imported_from``).
     """
     roots: list[str] = []
     _make_cwd_importable()
@@ -442,7 +443,25 @@ def user_code_roots(config: ExperimentConfig) -> list[str]:
             continue
         if str(location) not in roots:
             roots.append(str(location))
-    return roots
+    return roots + [root for root in _imported_from(Path.cwd()) if root not in roots]
+
+
+def _imported_from(directory: Path) -> list[str]:
+    """The top-level packages and modules of ``directory`` that this process has imported:
+    besides the classes' own packages, those they import (a helper package beside them),
+    which a worker on another machine would not find either. Called once the classes are
+    imported (``check_components``); hpsearch itself is not user code."""
+    directory = directory.resolve()
+    found = []
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if "." in name or name in ("hpsearch", "__main__") or not origin:
+            continue
+        location = Path(origin).resolve()
+        location = location.parent if location.name == "__init__.py" else location
+        if location.parent == directory:
+            found.append(str(location))
+    return sorted(found)
 
 
 def raised_by(exc: BaseException, *classes: type) -> type | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import re
+import sys
 import warnings
 
 import pytest
@@ -418,7 +419,30 @@ def test_user_code_outside_site_packages_is_shipped_to_workers(example_config, m
     example_config["model"] = {"class_path": "userpkg.regression:LinearRegressor", "init_args": {"in_features": 4}}
     config = load_config(example_config | {"space": {"model.lr": {"type": "float", "low": 0.01, "high": 0.1}}})
     assert user_code_roots(config) == [str(FIXTURES / "userpkg")]
+    for name in [name for name in sys.modules if name.partition(".")[0] == "userpkg"]:  # other tests import it
+        monkeypatch.delitem(sys.modules, name)
     assert user_code_roots(load_config(example_config | {"model": {"class_path": "cnn"}})) == []
+
+
+def test_the_current_directorys_packages_that_the_classes_import_are_shipped_too(example_config, tmp_path,
+                                                                                 monkeypatch):
+    """Only the classes' own package was shipped: a helper package beside it, which the
+    model imports, came on another machine from whatever sat at the driver's path there."""
+    for name, text in {"apkg/__init__.py": "", "apkg/models.py": "import ahelper\nfrom ahelper.layers import Net\n",
+                       "ahelper/__init__.py": "", "ahelper/layers.py": "from hpsearch.models.cnn import CNNClassifier"
+                       " as Net\n", "unrelated/__init__.py": "", "script.py": ""}.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    example_config["model"] = {"class_path": "apkg.models:Net"}
+    config = load_config(example_config)
+    try:
+        check_components(config)  # the driver imports the classes before it ships them
+        assert user_code_roots(config) == [str(tmp_path / "apkg"), str(tmp_path / "ahelper")]
+    finally:
+        for name in [name for name in sys.modules if name.partition(".")[0] in ("apkg", "ahelper")]:
+            del sys.modules[name]
 
 
 def test_hpsearch_imported_from_the_checkout_finds_its_subpackages():
@@ -450,12 +474,17 @@ def test_a_required_argument_nobody_provides_is_an_error(example_config, monkeyp
 
 
 def test_only_a_cluster_started_elsewhere_gets_the_ray_settings_through_a_runtime_env(monkeypatch):
+    import socket
+
+    from hpsearch.search.components import DRIVER_HOST_ENV
     from hpsearch.search.tuner import RAY_DEFAULTS, RAY_ENV, worker_runtime_env
 
     for name in RAY_DEFAULTS:
         monkeypatch.delenv(name, raising=False)
     assert worker_runtime_env([], joins_cluster=False) == {}
-    assert worker_runtime_env([], joins_cluster=True) == {"env_vars": {**RAY_DEFAULTS, **RAY_ENV}}
+    # the driver's host too: a worker on another machine puts the shipped code first (shipped_code_first)
+    assert worker_runtime_env([], joins_cluster=True) == {"env_vars": {**RAY_DEFAULTS, **RAY_ENV,
+                                                                       DRIVER_HOST_ENV: socket.gethostname()}}
     assert worker_runtime_env(["/code/userpkg"], joins_cluster=False) == {"py_modules": ["/code/userpkg"]}
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "5")  # the user's own setting wins
     assert worker_runtime_env([], joins_cluster=True)["env_vars"]["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "5"
