@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Callable
 
 from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class, shipped_code_first
 from .config import ExperimentConfig
-from .errors import first_line
+from .errors import ConfigError, first_line
 from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_name, write_json
 from .checkpoints import first_logging_step_after, latest_good_checkpoint
 from .gc_pause import collector_paused
@@ -51,12 +52,17 @@ def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:
     and, the first time, the survivors frozen (see ``gc_pause``): a worker's first trial
     starts sooner, and later full collections skip the half-million objects the imports
     leave. Later calls cost next to nothing. Only for Ray worker processes, which
-    hpsearch owns, and for the driver inside a search (``api`` thaws it at the end)."""
+    hpsearch owns, and for the driver inside a search (``api`` thaws it at the end).
+    A class that the driver imported but this machine cannot is an ``ImportError`` naming
+    the machine (retried, as such errors are), not an "invalid experiment config"."""
     with collector_paused(freeze_survivors=True):
         from . import devices, lightning_trainer, reporting  # noqa: F401  (torch, Lightning)
 
         shipped_code_first()
-        return resolve_class("data", config.data.class_path), resolve_class("model", config.model.class_path)
+        try:
+            return resolve_class("data", config.data.class_path), resolve_class("model", config.model.class_path)
+        except ConfigError as exc:  # the driver imported them: what fails is this machine's
+            raise ImportError(f"on {socket.gethostname()}: {'; '.join(map(str, exc.problems))}") from None
 
 
 def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,

@@ -850,3 +850,18 @@ def test_one_annotation_that_does_not_evaluate_leaves_the_others_checked():
     assert set(hints) == {"hidden", "lr"}
     assert "use type: int" in _sampled_wrong_type(net, "hidden", hints["hidden"],
                                                  FloatParam(type="float", low=16, high=64))
+
+
+def test_a_class_this_machine_cannot_import_is_an_import_error_naming_the_machine(example_config):
+    """The driver imported the classes before the search: a worker that cannot has a
+    machine at fault, and said "invalid experiment config, 1 problem" on the console."""
+    import socket
+
+    from hpsearch.search.trial import load_training_stack
+
+    config = load_config(example_config)
+    missing = config.model_copy(update={"data": config.data.model_copy(update={"class_path": "nosuchpkg.data:Data"})})
+    with pytest.raises(ImportError) as caught:
+        load_training_stack(missing)
+    assert str(caught.value).startswith(f"on {socket.gethostname()}: data.class_path: cannot import module "
+                                        f"'nosuchpkg.data'"), caught.value
