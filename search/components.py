@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import socket
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -98,8 +99,6 @@ def shipped_code_first() -> None:
     stays up between searches, with what its first search shipped), so Ray's order stays.
     No-op outside Ray, where nothing was shipped, and where the driver's host is unknown
     (a Ray the user started, which ships nothing)."""
-    import socket
-
     import ray
 
     if os.environ.get(DRIVER_HOST_ENV) in (None, socket.gethostname()) or not ray.is_initialized():

@@ -530,7 +530,6 @@ def test_trials_on_another_machine_import_the_user_code_the_search_shipped_not_w
     machine, the path holds the user's code itself (a notebook's edit before its next
     search, on the Ray its first search started): Ray's order stays there."""
     import socket
-    import sys
 
     import ray
 
