@@ -132,40 +132,51 @@ def test_a_worker_node_dies_mid_search_and_its_trials_finish_elsewhere(tmp_path,
 
 
 def test_a_search_submitted_as_a_ray_job_joins_the_cluster(tmp_path):
-    """``ray job submit -- hpsearch run ...`` through the job API of a cluster whose
-    dashboard listens on localhost only (the documented set-up, reached over SSH)."""
+    """The README's laptop-to-cluster command, ``ray job submit --working-dir . --
+    hpsearch run ...``, through the job API of a cluster whose dashboard listens on
+    localhost only (the documented set-up, reached over SSH). The model is the user's
+    own, in a package that only the job's upload holds: the driver, on the head, imports it
+    from the unpacked upload, and the trials import it on the other node."""
     pytest.importorskip("aiohttp_cors", reason="the job API needs ray[default] (hpsearch[cluster])")
     import subprocess
     import sys
+    import tempfile
 
     from ray.cluster_utils import Cluster
 
+    job_dir = tmp_path / "job"
+    (job_dir / "jobpkg").mkdir(parents=True)
+    (job_dir / "jobpkg" / "__init__.py").write_text("")
+    (job_dir / "jobpkg" / "model.py").write_text(
+        "from hpsearch.models.cnn import CNNClassifier\n\n\n"
+        "class JobCNN(CNNClassifier):\n    \"\"\"The built-in CNN, under a name only the job's upload holds.\"\"\"\n")
+    config = shrunk_example(tmp_path / "runs", **{"name": "as-a-job", "search/num_trials": 2,
+                                                  "scheduler/type": "none", "scheduler/max_epochs": 1,
+                                                  "model/class_path": "jobpkg.model:JobCNN"})
+    write_yaml(job_dir / "exp.yaml", config)
     port = free_port()
     # The job agent's port too: Ray's default (52365) is taken by any other Ray on this
     # machine (another search), and the job API then has no agent ("No available agent").
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
         "dashboard_agent_listen_port": free_port()})
+    # The worker node keeps its files apart, as another machine does. Sharing the head's
+    # (Ray's default on one machine), it unpacked and later removed the job's upload in the
+    # very folder the job's driver ran in, which failed in os.getcwd(). A short path: Ray's
+    # socket paths under it must fit in 107 characters.
+    worker_files = tempfile.mkdtemp(prefix="hps-node-")
     try:
-        worker = cluster.add_node(num_cpus=2)
+        worker = cluster.add_node(num_cpus=2, temp_dir=worker_files)
         cluster.wait_for_nodes()
         wait_for(lambda: _answers(f"http://127.0.0.1:{port}/api/version"), timeout=120,
                  what="the job API (the dashboard starts after the nodes)")
-        config = shrunk_example(tmp_path / "runs", **{"name": "as-a-job", "search/num_trials": 2,
-                                                      "scheduler/type": "none", "scheduler/max_epochs": 1})
-        job_dir = tmp_path / "job"
-        job_dir.mkdir()
-        write_yaml(job_dir / "exp.yaml", config)
         ray_cli = Path(sys.executable).parent / "ray"
-        submit = [str(ray_cli), "job", "submit", "--address", f"http://127.0.0.1:{port}", "--",
-                  sys.executable, "-m", "hpsearch.search.cli", "run", str(job_dir / "exp.yaml")]
-        # No --working-dir here: with it, the job driver's working directory (the upload,
-        # unpacked under /tmp/ray, which these loopback "nodes" share) vanished mid-run
-        # and Tune failed in os.getcwd(). Most likely a worker node cleaning up its copy
-        # of the shared path, which separate machines would not share; not seen on one.
+        submit = [str(ray_cli), "job", "submit", "--address", f"http://127.0.0.1:{port}",
+                  "--working-dir", str(job_dir), "--",
+                  sys.executable, "-m", "hpsearch.search.cli", "run", "exp.yaml"]
         deadline = time.monotonic() + 120
         while True:
-            result = subprocess.run(submit, capture_output=True, text=True, timeout=400)
+            result = subprocess.run(submit, capture_output=True, text=True, timeout=400, cwd=tmp_path)
             # The head's job agent starts after the dashboard; Ray says to try again.
             if "No available agent" not in result.stderr or time.monotonic() > deadline:
                 break
@@ -173,8 +184,9 @@ def test_a_search_submitted_as_a_ray_job_joins_the_cluster(tmp_path):
         assert result.returncode == 0 and "succeeded" in result.stdout, result.stdout + result.stderr
     finally:
         cluster.shutdown()
+        shutil.rmtree(worker_files, ignore_errors=True)
     table = rows(tmp_path / "runs" / "as-a-job")
-    assert len(table) == 2 and all(r["state"] == "COMPLETE" for r in table.values())
+    assert len(table) == 2 and all(r["state"] == "COMPLETE" for r in table.values()), table
     assert {r["node_id"] for r in table.values()} == {worker.node_id}  # trials ran on the cluster's worker
 
 
