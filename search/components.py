@@ -57,6 +57,10 @@ def resolve_class(section: str, class_path: str) -> type:
         raise ConfigError.single(field, f"{class_path!r} is neither a built-in ({known}) nor 'package.module:Class'"
                                         f"{hint}")
     module_name, _, attr = path.partition(":")
+    if module_name.partition(".")[0] in ("__main__", "__mp_main__"):
+        raise ConfigError.single(field, f"{class_path!r} is defined in the running script or notebook, which trial "
+                                        f"processes cannot import: move {attr} into a module file beside it "
+                                        f"(say my_models.py) and name it 'my_models:{attr}'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

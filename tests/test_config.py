@@ -199,6 +199,25 @@ def test_a_class_given_for_a_class_path_is_told_to_be_an_import_path():
         "CNNClassifier itself"), problem
 
 
+def test_a_class_of_the_running_script_is_refused_with_where_to_move_it(monkeypatch):
+    """A class defined in the script (or notebook) that calls hpsearch passed the checks,
+    then the search died in a raw ValueError: trial processes cannot import ``__main__``."""
+    import sys
+
+    from hpsearch.models.cnn import CNNClassifier
+
+    class Net(CNNClassifier):
+        pass
+
+    monkeypatch.setattr(sys.modules["__main__"], "Net", Net, raising=False)
+    config = example_dict()
+    config["model"]["class_path"] = "__main__:Net"
+    with pytest.raises(ConfigError) as caught:
+        check_components(load_config(config))
+    [problem] = caught.value.problems
+    assert problem.field == "model.class_path" and "move Net into a module file" in problem.message, problem
+
+
 def test_exponent_notation_is_a_number_in_the_file_and_in_set(tmp_path):
     """YAML 1.1 (PyYAML) reads ``1e-4`` as a string; the model then got '1e-4' as its
     weight decay and failed in the preflight, blamed on its class."""
