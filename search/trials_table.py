@@ -127,10 +127,16 @@ class TrialsTable:
         return table
 
 
+# Counts that trials.csv leaves empty while nothing happened: read back as 0.
+COUNT_COLUMNS = ("node_losses",)
+
+
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """trials.csv as typed rows, in trial order."""
     with path.open(newline="") as handle:
         rows = [{k: _parse(v) for k, v in raw.items()} for raw in csv.DictReader(handle)]
+    for row in rows:
+        row.update({name: 0 for name in COUNT_COLUMNS if row.get(name) == ""})
     return sorted(rows, key=lambda r: r["trial"])
 
 

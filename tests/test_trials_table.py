@@ -38,6 +38,16 @@ def test_csv_round_trip_keeps_types(tmp_path):
     assert not list(tmp_path.glob(".trials.csv.*"))  # no temp file left behind
 
 
+def test_a_trial_that_lost_no_node_reads_back_zero_node_losses(tmp_path):
+    """The column stays empty until a node is lost; ``result.trials`` gave '' next to int
+    ``attempts``, and summing it raised TypeError."""
+    t = table()
+    t.rows[1]["node_losses"] = 1
+    path = tmp_path / "trials.csv"
+    t.save(path)
+    assert [r["node_losses"] for r in read_rows(path)] == [0, 1, 0, 0]
+
+
 def test_every_change_to_a_row_reaches_the_next_save(tmp_path):
     # Rows are rendered once and reused while unchanged; any change, however made, shows.
     t = table()
