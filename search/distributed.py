@@ -79,8 +79,10 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
             name=f"trial_{int(trial_config['hps_trial_number']):04d}",
             storage_path=str(study_root(experiment_dir) / "tune" / "train"),
             callbacks=[TuneReportCallback()],
-            # Retries belong to Tune's FailureConfig (failure.max_retries), once, not twice.
-            failure_config=FailureConfig(max_failures=0),
+            # Retries belong to Tune's FailureConfig (failure.max_retries), once, not twice;
+            # a rank's pre-empted node too, which Ray Train would otherwise restart within
+            # the trial, without end and unseen: the driver counts it as a node loss.
+            failure_config=FailureConfig(max_failures=0, max_preemption_failures=0),
         ),
     )
     trainer.fit()

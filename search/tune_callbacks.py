@@ -197,11 +197,15 @@ def node_was_lost(trial) -> bool:
 def _a_rank_lost_its_node(error) -> bool:
     """A distributed trial's rank whose node died: the trial's own task fails with Ray
     Train's ``WorkerGroupError``, which holds, per rank, the failed health check of that
-    rank's actor (the worker's node is named only in its text)."""
+    rank's actor (the worker's node is named only in its text); or with its
+    ``PreemptionError``, for a node that Ray was told would be reclaimed, when Ray Train's
+    preemption watcher runs (off by default, see ``tuner.RAY_DEFAULTS``)."""
     from ray.exceptions import RayActorError
-    from ray.train import WorkerGroupError
+    from ray.train import PreemptionError, WorkerGroupError
 
     cause = getattr(error, "cause", None)
+    if isinstance(cause, PreemptionError):
+        return True
     if not isinstance(cause, WorkerGroupError):
         return False
     for failure in cause.worker_failures.values():

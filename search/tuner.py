@@ -41,7 +41,12 @@ PAUSE_REASONS = {SESSION_TIME_BUDGET: "time budget reached", SESSION_INTERRUPTED
 # trial's workers this often (its default: every 2 s), and only then sees that they
 # finished: each DDP trial here ended 5.1-6.6 s after its last report at 2 s, and
 # 0.6-1.5 s after it at 0.25 s (README, Performance). A check is one small task per worker.
-RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
+#
+# Ray Train's preemption watcher is off: a new process for every distributed trial, which
+# polls for draining nodes only to tell a training function that asks
+# (``ray.train.get_preemption_info``); hpsearch's does not, and retries a trial whose node
+# was lost on its own. Its start competed with the ranks' imports for the CPUs.
+RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 # Starting a local Ray, Ray warns at every start that token authentication is on (its
 # default, which hpsearch keeps; nothing else connects to that private Ray). Joining a
 # cluster, what it logs there is left as is.

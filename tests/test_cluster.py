@@ -131,6 +131,49 @@ def test_a_worker_node_dies_mid_search_and_its_trials_finish_elsewhere(tmp_path,
           f"all resumed on the surviving node; search finished {recovered_s:.0f}s after the loss")
 
 
+def test_a_distributed_trials_pre_empted_node_is_a_node_loss_and_the_trial_resumes_elsewhere(tmp_path):
+    """A node that Ray is told will be reclaimed (a spot instance's notice: the autoscaler
+    drains it), then removed, under a two-rank trial. Ray Train restarted such a trial's
+    ranks within the trial, as often as it happened, and the study never knew: no node
+    loss counted, nothing said. The driver's node-loss retry must own it, as it owns a
+    node that dies without notice."""
+    import subprocess
+    import sys
+
+    cluster, (first, second) = start_cluster({"num_cpus": 2}, {"num_cpus": 2})
+    try:
+        path = experiment(tmp_path, "pre-empted", epoch_sleep=1.0)
+        config = yaml.safe_load(path.read_text())
+        config["search"].update(num_trials=1, max_concurrent=1)
+        config["scheduler"]["max_epochs"] = 8
+        config["failure"]["max_retries"] = 0  # the loss must not count as the trial's fault
+        config["resources"] = {"workers_per_trial": 2, "cpus_per_worker": 1}
+        path.write_text(yaml.safe_dump(config))
+        exp_dir = tmp_path / "runs" / "pre-empted"
+        driver = start("run", path.name, "--address", cluster.address, cwd=tmp_path)
+        wait_for(lambda: any(r["state"] == "RUNNING" and int(r["epochs"] or 0) >= 1 for r in rows(exp_dir).values()),
+                 what="the trial past its first epoch")
+        node_id = rows(exp_dir)[0]["node_id"]
+        doomed = first if first.node_id == node_id else second
+        notice_s = 2
+        drain = subprocess.run([str(Path(sys.executable).parent / "ray"), "drain-node", "--address", cluster.address,
+                                "--node-id", node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
+                                "--reason-message", "spot instance reclaimed",
+                                "--deadline-remaining-seconds", str(notice_s)], capture_output=True, text=True)
+        assert drain.returncode == 0, drain.stderr
+        time.sleep(notice_s)
+        cluster.remove_node(doomed, allow_graceful=False)
+        code, output = finish(driver, timeout=400)
+        assert code == 0, output
+        assert "its node was lost; retrying from its last checkpoint on another node" in output, output
+    finally:
+        cluster.shutdown()
+    row = rows(exp_dir)[0]
+    assert row["state"] == "COMPLETE" and int(row["epochs"]) == 8, row
+    assert row["node_losses"] == "1" and row["attempts"] == "1" and row["resumed"] == "True", row
+    assert row["node_id"] != doomed.node_id, row
+
+
 def test_a_search_submitted_as_a_ray_job_joins_the_cluster(tmp_path):
     """The README's laptop-to-cluster command, ``ray job submit --working-dir . --
     hpsearch run ...``, through the job API of a cluster whose dashboard listens on

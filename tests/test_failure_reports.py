@@ -95,6 +95,20 @@ def test_a_distributed_trial_whose_rank_lost_its_node_is_a_node_loss(tmp_path):
     assert not node_was_lost(pickled(tmp_path, RayTaskError("f", "Traceback ...", ValueError("x")).as_instanceof_cause()))
 
 
+def test_a_distributed_trial_ended_by_ray_trains_preemption_error_is_a_node_loss(tmp_path):
+    """With Ray Train's preemption watcher on (a user may turn it on), a rank's node that Ray
+    was told would be reclaimed ends the trial with ``PreemptionError``, not a
+    ``WorkerGroupError``: it was counted as the trial's own fault."""
+    from ray.exceptions import RayTaskError
+    from ray.train import PreemptionError
+    from ray.train.v2.api.preemption import PreemptionInfo
+
+    reclaimed = PreemptionError(PreemptionInfo(deadline_ms=None, preempted_node_to_ranks={"8439446321d8": [0, 1]}),
+                                drain_timed_out=True)
+    assert node_was_lost(pickled(tmp_path, RayTaskError("ImplicitFunc.train", "Traceback ...",
+                                                        reclaimed).as_instanceof_cause()))
+
+
 PROCESS_DIED = (  # Ray 2.60's account of a trial process killed with SIGKILL, on a node that stayed up
     "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
     "Worker unexpectedly exits with a connection error code 2. End of file. Some common causes include: (1) the "
