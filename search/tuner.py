@@ -108,7 +108,8 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> b
     runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
     with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose), \
             _message_dropped(RAY_NO_SIGTERM_HANDLER_NOTICE, quiet=not verbose), \
-            _inherited_by_local_ray({"RAY_ADDRESS": "local"} if target == "local" else {}):
+            _inherited_by_local_ray({"RAY_ADDRESS": "local"} if target == "local" else {}), \
+            _local_ray_in_its_own_session(target == "local"):
         try:
             ray.init(
                 address=target,
@@ -124,6 +125,34 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> b
             raise join_error(target, exc) from exc
     _quiet_tune_logs(verbose)
     return True
+
+
+@contextmanager
+def _local_ray_in_its_own_session(local: bool) -> Iterator[None]:
+    """While ``ray.init`` starts a local Ray, its processes (GCS, raylet, and through the
+    raylet the agents and workers) start in a session of their own, out of this process's
+    group. A stop sent to the group (``timeout``, ``kill -- -PGID``, a job script's
+    ``kill 0``) then reaches only the driver, which stops the search gracefully and shuts
+    its Ray down. In the driver's group, that SIGTERM killed the GCS under the driver: the
+    search hung 60 s and died with its session left "running". Ray's processes still die
+    with the driver (Ray sets them to on Linux) and ignore Ctrl+C as before."""
+    if not local:
+        yield
+        return
+    from ray._private import services
+
+    ray_popen = services.ConsolePopen
+
+    class OwnSessionPopen(ray_popen):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSessionPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = ray_popen
 
 
 @contextmanager

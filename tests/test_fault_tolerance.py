@@ -43,7 +43,7 @@ def experiment(root: Path, name: str, **model_args) -> Path:
     return write_yaml(root / f"{name}.yaml", config)
 
 
-def start(*args: str, cwd: Path, sigint=signal.default_int_handler) -> subprocess.Popen:
+def start(*args: str, cwd: Path, sigint=signal.default_int_handler, own_group: bool = False) -> subprocess.Popen:
     """The CLI as a terminal starts it, with Ctrl+C at its default; ``sigint=signal.SIG_IGN``
     starts it as a job script's background ``hpsearch run ... &`` does, with SIGINT ignored.
     (A child inherits an ignored signal, and exec resets a handled one to its default; this
@@ -53,7 +53,7 @@ def start(*args: str, cwd: Path, sigint=signal.default_int_handler) -> subproces
     try:
         return subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", *args], cwd=cwd,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=own_group)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
@@ -179,15 +179,19 @@ def test_sigkill_then_resume_loses_nothing_and_falls_back_from_a_damaged_checkpo
 
 
 def interrupt_after_a_trial(tmp_path: Path, name: str, stop_signal=signal.SIGINT, press_again_once=None,
-                            sigint=signal.default_int_handler, **model_args) -> Path:
+                            sigint=signal.default_int_handler, to_group: bool = False, **model_args) -> Path:
     """Start a search (with ``sigint`` as ``start`` takes it), send ``stop_signal`` once its
-    first trial finished (and Ctrl+C once ``press_again_once(tmp_path)`` holds), and check
-    it stopped with exit status 130 and the resume command; returns the experiment directory."""
+    first trial finished (to its whole process group with ``to_group``, as ``timeout`` or a
+    job scheduler does; and Ctrl+C once ``press_again_once(tmp_path)`` holds), and check it
+    stopped with exit status 130 and the resume command; returns the experiment directory."""
     path = experiment(tmp_path, name, epoch_sleep=1.0, **model_args)
     exp_dir = tmp_path / "runs" / name
-    driver = start("run", path.name, cwd=tmp_path, sigint=sigint)
+    driver = start("run", path.name, cwd=tmp_path, sigint=sigint, own_group=to_group)
     wait_for(lambda: len(finished(exp_dir)) >= 1, what="a finished trial")
-    driver.send_signal(stop_signal)
+    if to_group:
+        os.killpg(driver.pid, stop_signal)
+    else:
+        driver.send_signal(stop_signal)
     if press_again_once is not None:
         wait_for(lambda: press_again_once(tmp_path), what="the moment for a second Ctrl+C")
         driver.send_signal(signal.SIGINT)
@@ -200,8 +204,11 @@ def interrupt_after_a_trial(tmp_path: Path, name: str, stop_signal=signal.SIGINT
 
 
 def test_sigterm_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
-    # A scheduler's or a pre-emption's stop; Ctrl+C's first press is the twice test's.
-    exp_dir = interrupt_after_a_trial(tmp_path, "interrupted", stop_signal=signal.SIGTERM)
+    """A scheduler's or a pre-emption's stop; Ctrl+C's first press is the twice test's.
+    Sent to the driver's whole process group, as ``timeout`` and ``kill -- -PGID`` send it:
+    there it also killed the local Ray's GCS, which sat in that group, and the search hung
+    60 s, then died with its session left "running"."""
+    exp_dir = interrupt_after_a_trial(tmp_path, "interrupted", stop_signal=signal.SIGTERM, to_group=True)
     assert 1 <= len(finished(exp_dir)) < NUM_TRIALS
 
     first = start("resume", str(exp_dir), cwd=tmp_path)
