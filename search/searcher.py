@@ -178,6 +178,7 @@ class OptunaSearcher(Searcher):
             number = self._to_resume.pop(0)
             self._numbers[trial_id] = number
             study._storage.set_trial_user_attr(self._trial_key(number), RAY_TRIAL_ID, trial_id)
+            self._sample_what_is_missing(number)
         if trial_id not in self._numbers:
             if len(study.get_trials(deepcopy=False)) >= self.trial_limit:
                 return Searcher.FINISHED
@@ -188,6 +189,18 @@ class OptunaSearcher(Searcher):
         # A resumed trial sends again the epochs its checkpoint holds beyond these
         return {"params": dict(frozen.params), TRIAL_NUMBER: frozen.number,
                 KNOWN_EPOCHS: max(frozen.intermediate_values, default=0)}
+
+    def _sample_what_is_missing(self, number: int) -> None:
+        """An interrupted trial gets the values of the space it lacks before it resumes.
+        Each sampled value is its own journal record, so a driver killed while a trial was
+        being sampled left it with some of them; it then trained with the model's defaults
+        for the rest, values outside the search, and could be reported as the best."""
+        missing = {name: dist for name, dist in self.distributions.items()
+                   if name not in self.study.get_trials(deepcopy=False)[number].params}
+        if missing:
+            trial = optuna.Trial(self.study, self._trial_key(number))
+            for name, distribution in missing.items():
+                _suggest(trial, name, distribution)
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         number = self._numbers.get(trial_id)
@@ -242,3 +255,13 @@ class OptunaSearcher(Searcher):
         self._told = set()
 
 
+
+
+def _suggest(trial: optuna.Trial, name: str, distribution: optuna.distributions.BaseDistribution) -> None:
+    """Sample one value of ``distribution`` into ``trial``, through the study's sampler."""
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        trial.suggest_categorical(name, distribution.choices)
+    elif isinstance(distribution, optuna.distributions.IntDistribution):
+        trial.suggest_int(name, distribution.low, distribution.high, step=distribution.step, log=distribution.log)
+    else:
+        trial.suggest_float(name, distribution.low, distribution.high, step=distribution.step, log=distribution.log)

@@ -89,6 +89,23 @@ def test_a_fresh_searcher_resumes_interrupted_trials_first_and_keeps_the_limit(t
     assert len(open_study(tmp_path, config.name, config.mode).trials) == 3
 
 
+def test_a_trial_interrupted_while_being_sampled_resumes_with_every_value_of_the_space(tmp_path, config):
+    """Each sampled value is a journal record of its own: a driver killed between them left
+    a RUNNING trial with some values, which resumed with the model's defaults for the rest
+    and could become the best trial, its best.json naming only the values it had."""
+    space = OptunaSearcher(config, tmp_path, PruneLog()).distributions
+    first = next(iter(space))
+    partial = open_study(tmp_path, config.name, config.mode).ask()  # RUNNING, as the kill left it
+    partial.suggest_float(first, space[first].low, space[first].high, log=space[first].log)
+    given = partial.params[first]
+
+    resumed = OptunaSearcher(config, tmp_path, PruneLog()).suggest("b")
+    assert resumed["hps_trial_number"] == partial.number and set(resumed["params"]) == set(space), resumed
+    assert resumed["params"][first] == given  # what it had stays
+    stored = open_study(tmp_path, config.name, config.mode).trials[partial.number]
+    assert set(stored.params) == set(space) and stored.state.name == "RUNNING"
+
+
 def test_random_sampler_does_not_replay_its_samples_after_resume(tmp_path, example_config):
     example_config["search"].update(num_trials=4, sampler="random")
     config = load_config(example_config)
