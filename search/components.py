@@ -12,6 +12,7 @@ takes them and the user did not set them:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -139,6 +140,7 @@ class Signature:
 def check_components(config: ExperimentConfig) -> tuple[type, type]:
     """Resolve both classes and check every argument the file gives them; raise all problems at once."""
     _make_cwd_importable()
+    _forget_user_modules(Path.cwd())
     problems: list[Problem] = []
     classes: dict[str, type] = {}
     for section in ("model", "data"):
@@ -155,6 +157,7 @@ def check_components(config: ExperimentConfig) -> tuple[type, type]:
         problems += _argument_problems(config, section, classes[section])
     if not problems:
         problems += _loader_problems(config, classes["model"], classes["data"])
+    _remember_user_sources(Path.cwd())
     if problems:
         raise ConfigError(problems)
     _warn_of_loader_settings_not_taken(config, classes["data"])
@@ -454,8 +457,14 @@ def _imported_from(directory: Path) -> list[str]:
     besides the classes' own packages, those they import (a helper package beside them),
     which a worker on another machine would not find either. Called once the classes are
     imported (``check_components``); hpsearch itself is not user code."""
+    return sorted(_user_modules_of(directory).values())
+
+
+def _user_modules_of(directory: Path) -> dict[str, str]:
+    """The names of the top-level modules this process imported from ``directory``, with
+    where each lives (the package's folder, or the module's file)."""
     directory = directory.resolve()
-    found = []
+    found = {}
     for name, module in list(sys.modules.items()):
         origin = getattr(module, "__file__", None)
         if "." in name or name in ("hpsearch", "__main__") or not origin:
@@ -463,8 +472,48 @@ def _imported_from(directory: Path) -> list[str]:
         location = Path(origin).resolve()
         location = location.parent if location.name == "__init__.py" else location
         if location.parent == directory:
-            found.append(str(location))
-    return sorted(found)
+            found[name] = str(location)
+    return found
+
+
+# The user's module files as the driver's last check imported them: path -> mtime (ns).
+_checked_sources: dict[str, int] = {}
+
+
+def _forget_user_modules(directory: Path) -> None:
+    """Before a search checks the user's classes: a package or module of ``directory`` (see
+    ``_imported_from``) whose files changed since this process last checked them is
+    imported anew, as the search's trials import it. A Python session's second search
+    otherwise checked, and evaluated on the test split, the classes as they were at its
+    first, while its trials ran the edited files (wrong test metrics, or a checkpoint that
+    did not fit the old class). Unchanged ones stay, so a module that registers itself
+    somewhere at import is not imported twice for nothing."""
+    tops = set(_user_modules_of(directory))
+    modules = {name: module for name, module in sys.modules.items() if name.partition(".")[0] in tops}
+    changed = {name.partition(".")[0] for name, module in modules.items()
+               if _source_changed(getattr(module, "__file__", None))}
+    for name in [name for name in modules if name.partition(".")[0] in changed]:
+        del sys.modules[name]
+    if changed:
+        importlib.invalidate_caches()
+
+
+def _source_changed(path: str | None) -> bool:
+    if path is None or path not in _checked_sources:
+        return False
+    try:
+        return os.stat(path).st_mtime_ns != _checked_sources[path]
+    except OSError:
+        return True
+
+
+def _remember_user_sources(directory: Path) -> None:
+    tops = set(_user_modules_of(directory))
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and name.partition(".")[0] in tops:
+            with contextlib.suppress(OSError):
+                _checked_sources[path] = os.stat(path).st_mtime_ns
 
 
 def raised_by(exc: BaseException, *classes: type) -> type | None:

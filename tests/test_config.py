@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import inspect
+import os
 import sys
 import types
 import warnings
@@ -216,6 +218,33 @@ def test_a_class_of_the_running_script_is_refused_with_where_to_move_it(monkeypa
         check_components(load_config(config))
     [problem] = caught.value.problems
     assert problem.field == "model.class_path" and "move Net into a module file" in problem.message, problem
+
+
+def test_a_second_check_in_one_session_sees_the_edited_model_file(tmp_path, monkeypatch):
+    """A notebook's second search checked (and evaluated) the classes as its first had
+    imported them, while its trials ran the edited file: a new argument was refused."""
+    package = tmp_path / "editpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    model_file = package / "models.py"
+    model_file.write_text("from hpsearch.models.cnn import CNNClassifier\n\n\nclass Net(CNNClassifier):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("editpkg", "editpkg.models"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    config = example_dict()
+    config["model"]["class_path"] = "editpkg.models:Net"
+    first, _ = check_components(load_config(config))
+    again, _ = check_components(load_config(config))
+    assert again is first  # an unchanged module is not imported again
+
+    model_file.write_text(model_file.read_text().replace(
+        "    pass\n", "    def __init__(self, dropout: float = 0.0, **kwargs):\n        super().__init__(**kwargs)\n"))
+    stat = model_file.stat()
+    os.utime(model_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a later edit, however fast
+    config["space"]["model.dropout"] = {"type": "float", "low": 0.0, "high": 0.5}
+    edited, _ = check_components(load_config(config))
+    assert edited is not first and "dropout" in inspect.signature(edited.__init__).parameters
 
 
 def test_exponent_notation_is_a_number_in_the_file_and_in_set(tmp_path):
