@@ -230,7 +230,10 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         raise ConfigError([config.problem(config.overridden_under(k) or k,
                                           f"{k} cannot change on resume (the study's history depends on it); "
                                           "start a new experiment instead") for k in changed])
-    started = len(read_rows(exp.trials_csv)) if exp.trials_csv.is_file() else 0
+    from .searcher import trials_in_study
+
+    started = max(len(read_rows(exp.trials_csv)) if exp.trials_csv.is_file() else 0,
+                  trials_in_study(exp.root, config.name))
     if config.search.num_trials < started:
         raise ConfigError([config.problem("search.num_trials", f"{config.search.num_trials} is fewer than the "
                                                                f"{started} trials the study already has; give at "

@@ -60,6 +60,21 @@ def open_study(experiment_dir: Path, study_name: str, mode: str, sampler=None) -
     )
 
 
+def trials_in_study(experiment_dir: Path, study_name: str) -> int:
+    """How many trials the study has handed out, finished or not, without creating it.
+    trials.csv lags behind: a trial gets its row only once it starts."""
+    path = experiment_dir / STUDY_FILE
+    if not path.is_file():
+        return 0
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    repair_journal(path)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=JournalStorage(JournalFileBackend(str(path))))
+    except KeyError:  # the journal holds no such study
+        return 0
+    return len(study.get_trials(deepcopy=False))
+
+
 def make_sampler(config: ExperimentConfig, seed_offset: int = 0,
                  grid_seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``seed_offset`` (trials already in the study) keeps a resumed

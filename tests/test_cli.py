@@ -161,6 +161,24 @@ def test_resume_refuses_a_new_name_or_fewer_trials_than_the_study_has(tmp_path, 
     assert "name: " + config.name in exp.config_file.read_text()
 
 
+def test_resume_counts_the_trials_the_study_handed_out_before_they_had_a_row(tmp_path, capsys):
+    """Interrupted just as trials were handed out, a study has them in its journal and
+    none in trials.csv (a row comes when a trial starts); a smaller num_trials was taken,
+    and the study ended with more trials than its file said ("2/1 done")."""
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.searcher import open_study
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    config = load_config(shrunk_example(tmp_path))
+    write_config(exp, config.model_dump(mode="json"))
+    study = open_study(exp.root, config.name, config.mode)
+    study.ask(), study.ask()  # RUNNING, as the interruption left them
+    assert not exp.trials_csv.is_file()
+    assert main(["resume", str(exp.root), "--set", "search.num_trials=1"]) == EXIT_CONFIG_ERROR
+    assert "fewer than the 2 trials the study already has" in capsys.readouterr().err
+
+
 def _study_with(tmp_path, states, **overrides):
     from hpsearch.search.experiment import ExperimentDir, write_config
     from hpsearch.search.config_loading import load_config
