@@ -324,7 +324,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_best(args) -> int:
-    from .errors import ExperimentError
+    from .errors import ExperimentError, resume_command
     from .status_view import print_best
 
     exp = _experiment(args.experiment_dir)
@@ -338,7 +338,7 @@ def cmd_best(args) -> int:
     if best.get("test_error"):
         # The best trial is known, but the evaluation asked for failed: as ``run`` exits.
         print(f"the best trial's test evaluation failed; once it is fixed, run it again with:\n"
-              f"  hpsearch resume {exp.root}", file=sys.stderr)
+              f"  {resume_command(exp.root)}", file=sys.stderr)
         return 1
     return 0
 
@@ -346,7 +346,7 @@ def cmd_best(args) -> int:
 def _why_no_best(exp) -> str:
     """Why a study has no best.json, from its trials: none has scored yet, or its last
     session ended before writing it (the best trial is evaluated once the search ends)."""
-    from .errors import counted
+    from .errors import counted, resume_command
     from .trials_table import read_rows
 
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
@@ -363,7 +363,7 @@ def _why_no_best(exp) -> str:
                 f"hpsearch status {exp.root} shows them")
     have = "has a result" if len(scored) == 1 else "have results"
     return (f"{counted(len(scored), 'trial')} {have}, but the search has not finished or ended before its "
-            f"evaluation of the best trial; if no search is running, hpsearch resume {exp.root} writes it")
+            f"evaluation of the best trial; if no search is running, {resume_command(exp.root)} writes it")
 
 
 def cmd_tensorboard(args) -> int:

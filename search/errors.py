@@ -7,6 +7,7 @@ The CLI prints them and exits non-zero; the Python API raises them.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import warnings
 from dataclasses import dataclass
@@ -117,7 +118,7 @@ def resume_command(experiment_dir, address: str | None = None) -> str:
     from .cluster_join import cluster_address
 
     address = cluster_address(address)
-    return f"hpsearch resume {experiment_dir}" + (f" --address {address}" if address else "")
+    return f"hpsearch resume {shlex.quote(str(experiment_dir))}" + (f" --address {address}" if address else "")
 
 
 class CallbackError(HpsearchError):

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ExperimentError, HpsearchError, first_line
+from .errors import ExperimentError, HpsearchError, first_line, resume_command
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class ExperimentDir:
                                   f"(`hpsearch run` prints it as it starts)")
         if root.is_file() and root.name == "experiment.yaml" and (root.parent / "trials.csv").exists():
             raise ExperimentError(f"{str(path)!r} is the saved config of the study in {root.parent}; "
-                                  f"continue that study with: hpsearch resume {root.parent}")
+                                  f"continue that study with: {resume_command(root.parent)}")
         if root.is_file() and root.suffix in (".yaml", ".yml"):
             raise ExperimentError(f"{str(path)!r} is an experiment file, not an experiment directory; "
                                   f"start a search from it with: hpsearch run {path}")

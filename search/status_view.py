@@ -57,7 +57,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
     test_error = (exp.stored_best() or {}).get("test_error")
     if test_error:
         console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "
-                      f"`hpsearch resume {exp.root}` evaluates it again.", markup=False, soft_wrap=True)
+                      f"`{resume_command(exp.root)}` evaluates it again.", markup=False, soft_wrap=True)
 
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:
@@ -70,7 +70,7 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
         console.print(f"  test: {key} = {_fmt(value)}", markup=False)
     if best.get("test_error"):
         console.print(f"  test evaluation failed: {best['test_error']}", markup=False, soft_wrap=True)
-        console.print(f"  once it is fixed, evaluate again with: hpsearch resume {best['experiment_dir']}",
+        console.print(f"  once it is fixed, evaluate again with: {resume_command(best['experiment_dir'])}",
                       markup=False, soft_wrap=True)
     if best.get("checkpoint"):
         console.print(f"  checkpoint: {best['checkpoint']}", markup=False)

@@ -665,6 +665,19 @@ def test_the_resume_hints_name_the_cluster_the_study_ran_on(tmp_path, monkeypatc
     assert resume_command(exp.root) == f"hpsearch resume {exp.root} --address 10.0.0.5:6379"
 
 
+def test_the_resume_command_pastes_into_a_shell_whatever_the_studys_path(monkeypatch):
+    """A study under a folder with a space: the printed command, pasted, failed with
+    "unrecognized arguments"."""
+    import shlex
+
+    from hpsearch.search.errors import resume_command
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    command = resume_command("/data/my runs/it's here/study")
+    assert shlex.split(command) == ["hpsearch", "resume", "/data/my runs/it's here/study"], command
+
+
 def test_status_at_80_columns_fits_the_screen(tmp_path):
     """At 80 columns the table ran past the screen's edge: the last column was cut to
     "why it s" and a failed trial's reason lost a character a line. Telemetry columns
