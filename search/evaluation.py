@@ -36,6 +36,7 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     data_class, model_class = load_training_stack(config)
     import pytorch_lightning as pl
     import torch
+    from pytorch_lightning.loggers import TensorBoardLogger
 
     from .devices import trial_device
     from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
@@ -49,8 +50,14 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     model = build_model(config, model_class, params, datamodule)
     if not has_test_split(model, datamodule):
         return {}
-    trainer = pl.Trainer(accelerator=device.accelerator, devices=1, precision=device.precision, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    # A logger, as the trials and the preflight have: a test_step that logs through
+    # ``self.logger`` (sample predictions, images) passed the preflight and then failed here
+    # after the whole search. What it logs lands beside the checkpoint's trial: test/.
+    test_logs = Path(checkpoint).parent.parent / "test"
+    trainer = pl.Trainer(accelerator=device.accelerator, devices=1, precision=device.precision,
+                         logger=TensorBoardLogger(str(test_logs), name="", version="", default_hp_metric=False),
+                         default_root_dir=str(test_logs), enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
     with torch.inference_mode(), ctrl_c_interrupts():
         outputs = trainer.test(model, datamodule=datamodule, ckpt_path=checkpoint, verbose=False)
     return {k: float(v) for k, v in (outputs[0] if outputs else {}).items()}

@@ -372,6 +372,12 @@ def test_evaluation_keeps_no_autograd_graph_and_the_final_test_runs_in_inference
     seen = {(r["step"], r["grad"], r["inference"]) for r in map(json.loads, log.read_text().splitlines())}
     assert seen == {("validation", False, False), ("test", False, True)}, seen
 
+    # A test_step that logs through self.logger, as the preflight lets it: the evaluation
+    # had no logger, and failed after the whole search.
+    config.model.class_path = "userpkg.grad_probe:LogsAtTest"
+    assert "test_acc" in evaluate_checkpoint(config.model_dump(mode="json"), {"model.lr": 0.05}, str(checkpoint))
+    assert list((checkpoint.parent.parent / "test").glob("events.out.tfevents.*"))
+
 
 class ScriptedScoreWithItsOwnEarlyStopping(MLPClassifier):
     """Logs ``scores[epoch]`` as ``score``; its configure_callbacks adds an EarlyStopping
