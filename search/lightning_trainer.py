@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import warnings
 from collections.abc import Iterator
@@ -90,6 +91,22 @@ class SearchEarlyStopping(EarlyStopping):
         state_from_plain_key(checkpoint, self.state_key, self._plain_state_key())
 
 
+# Lightning writes step-logged metrics (``self.log`` in ``training_step``'s default) to
+# TensorBoard every this many optimizer steps ...
+LOG_EVERY_N_STEPS = 10
+
+
+class StepLogsEveryEpoch(pl.Callback):
+    """... or every epoch's steps when an epoch has fewer, so each epoch has its points: a
+    trial of 8 batches an epoch, pruned after its first, had no ``train_loss`` at all."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        batches = trainer.num_training_batches
+        if math.isfinite(batches):
+            steps = max(1, int(batches) // max(1, trainer.accumulate_grad_batches))
+            trainer.log_every_n_steps = min(LOG_EVERY_N_STEPS, steps)
+
+
 class PlateauStepOnResume(pl.Callback):
     """The ReduceLROnPlateau step a resumed trial would lose. Lightning steps such a
     scheduler at the epoch's end, after validation, when the epoch's checkpoint is already
@@ -174,6 +191,7 @@ def build_trainer(
         ))
     all_callbacks.append(LearningRateMonitor(logging_interval="epoch"))
     all_callbacks.append(PlateauStepOnResume())
+    all_callbacks.append(StepLogsEveryEpoch())
     # A resumed trial redoes what came after its checkpoint: purge_step hides the events
     # an earlier attempt wrote from that step on, so each curve keeps one point per step.
     purge = {"purge_step": resume_step} if resume_step is not None else {}
@@ -198,6 +216,6 @@ def build_trainer(
         inference_mode=True,
         enable_progress_bar=False,
         enable_model_summary=False,
-        log_every_n_steps=10,
+        log_every_n_steps=LOG_EVERY_N_STEPS,
         profiler=profiler,
     )

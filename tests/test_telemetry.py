@@ -91,6 +91,26 @@ def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_
     return reports
 
 
+class LogsEachStep(MLPClassifier):
+    """Logs a value in training_step with Lightning's default there (every step, not the
+    epoch's mean), as most models log their training loss."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("step_loss", loss)
+        return loss
+
+
+def test_a_metric_logged_at_steps_has_a_point_every_epoch_when_epochs_are_short(tmp_path):
+    """Lightning writes such values every 10 steps: a trial of 6 batches an epoch had a
+    point at step 10 only, and one pruned after its first epoch none at all."""
+    from conftest import tensorboard_scalars
+
+    data = SlowLoadingData(item_seconds=0.0)  # 6 training batches an epoch
+    reports_of(tmp_path, mlp_for(data, LogsEachStep), data, epochs=2)
+    assert len(tensorboard_scalars(tmp_path / "tb" / "run")["step_loss"]) == 2
+
+
 def mlp_for(datamodule, model_class=MLPClassifier):
     return model_class(input_shape=datamodule.input_shape, num_classes=datamodule.num_classes)
 
