@@ -38,22 +38,28 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
     console = console or table_console()
     config = exp.stored_config()
     metric, params = config["metric"], list(config["space"])
-    if not exp.trials_csv.is_file():
+    rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
+    if rows:
+        title = f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']})"
+        params_width, left_out = _layout(console, title, rows, params, metric)
+        console.print(_trials_table(title, rows, params, metric, params_width, left_out))
+    else:
         console.print(f"{exp.root}: no trial has started yet", markup=False)
-        return
-    rows = read_rows(exp.trials_csv)
-    title = f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']})"
-    params_width, left_out = _layout(console, title, rows, params, metric)
-    console.print(_trials_table(title, rows, params, metric, params_width, left_out))
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
-    gone = dead_holder(exp) if running else None
+    last_session = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
+    # A session still "running" whose driver is gone was killed (before any trial had a
+    # row, say, or during the test evaluation): say so even with no trial left RUNNING.
+    gone = dead_holder(exp) if running or last_session.get("outcome") == "running" else None
     if gone is not None:
-        which, them = (f"trial {running[0]} is", "it") if len(running) == 1 else (f"trials {', '.join(running)} are",
-                                                                                  "them")
-        last_session = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
-        console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) is gone, so "
-                      f"{which} not running; `{resume_command(exp.root, last_session.get('address'))}` continues "
-                      f"{them}.", soft_wrap=True)
+        resume = resume_command(exp.root, last_session.get("address"))
+        if running:
+            which, them = (f"trial {running[0]} is", "it") if len(running) == 1 else (
+                f"trials {', '.join(running)} are", "them")
+            console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) is gone, "
+                          f"so {which} not running; `{resume}` continues {them}.", soft_wrap=True)
+        else:
+            console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) ended "
+                          f"before its session did; `{resume}` continues the study.", soft_wrap=True)
     test_error = (exp.stored_best() or {}).get("test_error")
     if test_error:
         console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "

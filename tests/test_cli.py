@@ -665,6 +665,36 @@ def test_the_resume_hints_name_the_cluster_the_study_ran_on(tmp_path, monkeypatc
     assert resume_command(exp.root) == f"hpsearch resume {exp.root} --address 10.0.0.5:6379"
 
 
+def test_status_says_a_killed_driver_is_gone_even_before_any_trial_had_a_row(tmp_path, monkeypatch):
+    """Killed as its first trials were handed out (or during the test evaluation), a study
+    has no RUNNING row: status said only "no trial has started yet", as if a search were
+    still starting."""
+    import socket
+
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, record_session, write_config
+    from hpsearch.search.status_view import print_status
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk_example(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (exp.root / "driver.json").write_text(json.dumps({"pid": int(gone.stdout), "host": socket.gethostname(),
+                                                      "since": "then", "command": "hpsearch run"}))
+
+    def status() -> str:
+        console = Console(width=300, record=True)
+        print_status(exp, console)
+        return console.export_text()
+
+    record_session(exp, 100.0, None, "running")
+    said = status()
+    assert "no trial has started yet" in said and f"`hpsearch resume {exp.root}` continues the study" in said, said
+    record_session(exp, 100.0, 200.0, "complete")  # a driver that ended its session is not news
+    assert "No search is running" not in status()
+
+
 def test_the_resume_command_pastes_into_a_shell_whatever_the_studys_path(monkeypatch):
     """A study under a folder with a space: the printed command, pasted, failed with
     "unrecognized arguments"."""
