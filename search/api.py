@@ -11,6 +11,7 @@ directory -> search session (Optuna + ASHA over Lightning trials) -> best.json.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -223,6 +224,8 @@ def resume(
 
 def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool, callbacks,
                    mirror: Mirror | None, interrupted: _HeardInterrupt) -> SearchResult:
+    from .searcher import recorded_settings, trials_in_study
+
     stored = load_config(exp.config_file)
     config = load_config(exp.config_file, overrides)
     changed = [k for k in FROZEN_ON_RESUME if getattr(stored, k) != getattr(config, k)]
@@ -230,7 +233,13 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         raise ConfigError([config.problem(config.overridden_under(k) or k,
                                           f"{k} cannot change on resume (the study's history depends on it); "
                                           "start a new experiment instead") for k in changed])
-    from .searcher import trials_in_study
+    recorded, dumped = recorded_settings(exp.root, config.name) or {}, config.model_dump(mode="json")
+    edited = [k for k in FROZEN_ON_RESUME if k in recorded and _differs(recorded[k], dumped[k], k == "space")]
+    if edited:
+        raise ConfigError([config.problem(k, f"{k} differs from what the study was searched with "
+                                             f"({json.dumps(recorded[k])[:200]}): was {exp.config_file} edited? "
+                                             f"{k} cannot change on resume; put it back, or start a new experiment")
+                           for k in edited])
 
     started = max(len(read_rows(exp.trials_csv)) if exp.trials_csv.is_file() else 0,
                   trials_in_study(exp.root, config.name))
@@ -310,6 +319,18 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
                   + f": trials from now on use {'it' if len(changed) == 1 else 'them'}, paused trials included")
     if before.get("storage") != after.get("storage"):
         warn_user(f"storage is ignored on resume: the study stays in {root}")
+
+
+def _differs(recorded: Any, current: Any, user_keyed: bool = False) -> bool:
+    """A setting as the study recorded it against the same now. Keys that the user writes
+    (the space's parameters, a class's ``init_args``) must match both ways; a key that a
+    later version of hpsearch added to a section is no difference."""
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        if user_keyed and set(recorded) != set(current):
+            return True
+        return any(key not in current or _differs(value, current[key], key == "init_args")
+                   for key, value in recorded.items())
+    return recorded != current
 
 
 def _search_complete(exp: ExperimentDir, config: ExperimentConfig) -> bool:
@@ -399,11 +420,13 @@ def _plan(config: ExperimentConfig) -> int:
 def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int,
             callbacks: Iterable[Any] = (), mirror: Mirror | None = None, address: str | None = None) -> SearchResult:
     from .results import finalize
+    from .searcher import keep_settings
     from .tuner import run_session
 
     started, started_at = time.monotonic(), time.time()
     close_killed_sessions(exp)
     record_session(exp, started_at, None, "running", address=cluster_address(address))
+    keep_settings(exp.root, config, FROZEN_ON_RESUME)
     if mirror is not None:
         mirror.push_study_files()
     outcome, search_complete = "crashed", False

@@ -27,6 +27,7 @@ from .space import grid_values, to_distributions, trial_limit
 
 STUDY_FILE = "optuna.journal"
 RAY_TRIAL_ID = "ray_trial_id"
+SETTINGS = "hps_settings"  # the study's: what it was searched with, that a resume may not change
 GRID_SEED = "hps_grid_seed"  # the study's: the seed its grid was shuffled with, kept across resumes
 
 
@@ -63,16 +64,35 @@ def open_study(experiment_dir: Path, study_name: str, mode: str, sampler=None) -
 def trials_in_study(experiment_dir: Path, study_name: str) -> int:
     """How many trials the study has handed out, finished or not, without creating it.
     trials.csv lags behind: a trial gets its row only once it starts."""
+    study = _existing_study(experiment_dir, study_name)
+    return 0 if study is None else len(study.get_trials(deepcopy=False))
+
+
+def recorded_settings(experiment_dir: Path, study_name: str) -> dict[str, Any] | None:
+    """The settings the study was searched with (``keep_settings``), None if it holds none."""
+    study = _existing_study(experiment_dir, study_name)
+    return None if study is None else study.user_attrs.get(SETTINGS)
+
+
+def keep_settings(experiment_dir: Path, config: ExperimentConfig, keys: tuple[str, ...]) -> None:
+    """Record in the study the settings a resume may not change, once: experiment.yaml can
+    be edited, so it cannot be what a resume checks itself against."""
+    study = open_study(experiment_dir, config.name, config.mode)
+    if SETTINGS not in study.user_attrs:
+        dumped = config.model_dump(mode="json")
+        study.set_user_attr(SETTINGS, {key: dumped[key] for key in keys})
+
+
+def _existing_study(experiment_dir: Path, study_name: str) -> optuna.Study | None:
     path = experiment_dir / STUDY_FILE
     if not path.is_file():
-        return 0
+        return None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     repair_journal(path)
     try:
-        study = optuna.load_study(study_name=study_name, storage=JournalStorage(JournalFileBackend(str(path))))
+        return optuna.load_study(study_name=study_name, storage=JournalStorage(JournalFileBackend(str(path))))
     except KeyError:  # the journal holds no such study
-        return 0
-    return len(study.get_trials(deepcopy=False))
+        return None
 
 
 def make_sampler(config: ExperimentConfig, seed_offset: int = 0,

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from conftest import run_cli, shrunk_example, write_yaml
 from hpsearch.search.cli import EXIT_CONFIG_ERROR, build_parser, main
@@ -177,6 +178,32 @@ def test_resume_counts_the_trials_the_study_handed_out_before_they_had_a_row(tmp
     assert not exp.trials_csv.is_file()
     assert main(["resume", str(exp.root), "--set", "search.num_trials=1"]) == EXIT_CONFIG_ERROR
     assert "fewer than the 2 trials the study already has" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_study_whose_saved_file_was_edited(tmp_path, capsys):
+    """Resume compared experiment.yaml with itself: an edited space, scheduler or mode in
+    it was taken silently (or crashed Optuna), where --set the same was refused."""
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.searcher import keep_settings
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    config = load_config(shrunk_example(tmp_path))
+    write_config(exp, config.model_dump(mode="json"))
+    keep_settings(exp.root, config, ("name", "model", "data", "space", "metric", "mode", "scheduler"))
+    saved = yaml.safe_load(exp.config_file.read_text())
+    saved["space"]["model.lr"]["high"] = 0.5
+    saved["mode"] = "min"
+    exp.config_file.write_text(yaml.safe_dump(saved))
+    assert main(["resume", str(exp.root)]) == EXIT_CONFIG_ERROR
+    err = capsys.readouterr().err
+    assert "space differs from what the study was searched with" in err and "mode differs" in err, err
+
+    from hpsearch.search.api import _differs
+
+    assert not _differs({"type": "asha"}, {"type": "asha", "added_by_a_later_hpsearch": 1})
+    assert _differs({"model.lr": {"low": 0.1}}, {"model.lr": {"low": 0.1}, "model.wd": {"low": 0.0}}, True)
+    assert _differs({"class_path": "cnn", "init_args": {}}, {"class_path": "cnn", "init_args": {"channels": 8}})
 
 
 def _study_with(tmp_path, states, **overrides):
