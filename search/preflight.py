@@ -68,12 +68,14 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
         raise ConfigError([config.problem(_argument_named(config, "model", exc, params),
                                           f"{model_built} raised {type(exc).__name__}: {exc}{_at(exc)}")]) from None
     quiet_lightning()
-    logged = _a_few_batches(config, params, model, datamodule, model_class, data_class)
+    logged, in_training = _a_few_batches(config, params, model, datamodule, model_class, data_class)
     if config.metric not in logged:
         raise ConfigError([config.problem(
             "metric",
-            f"{config.metric!r} is never logged at validation; {model_class.__name__} logs: "
-            f"{', '.join(logged) or 'nothing'}",
+            f"{config.metric!r} is never logged at validation; {model_class.__name__} logs there: "
+            f"{', '.join(logged) or 'nothing'}"
+            + (f" ({config.metric!r} only in training, whose value validation would not change)"
+               if config.metric in in_training else ""),
         )])
     problems = _manual_optimization_problems(config, model_class, model)
     problems += _values_the_classes_refuse(config, model_class, data_class, params, model, datamodule, loader)
@@ -136,21 +138,25 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
     from pytorch_lightning.loggers import TensorBoardLogger
 
     from .evaluation import has_test_split
+    from .reporting import logged_since
 
     class Watch(pl.Callback):
         """Which phase runs, and what was logged by validation's end (where a trial's
         reporter looks for the metric)."""
 
-        phase, logged = "the set-up before the first batch", []
+        phase, logged, in_training = "the set-up before the first batch", [], []
+        before_validation: dict = {}
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.phase = f"training batch {batch_idx + 1}"
 
         def on_validation_start(self, trainer, pl_module) -> None:
             self.phase = "one validation batch"
+            self.before_validation = dict(trainer.callback_metrics)
 
         def on_validation_end(self, trainer, pl_module) -> None:
-            self.logged = sorted(trainer.callback_metrics)
+            self.logged = sorted(logged_since(trainer, self.before_validation))
+            self.in_training = sorted(set(trainer.callback_metrics) - set(self.logged))
             self.phase = "the epoch's end, after validation (LR schedulers, epoch-end hooks)"
 
         def on_test_start(self, trainer, pl_module) -> None:
@@ -179,7 +185,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             raise ConfigError([config.problem(_field_at_fault(config, exc, params, model_class, data_class),
                                               f"{watch.phase} failed: {type(exc).__name__}: {exc}"
                                               f"{_relative_path_note(exc)}{_at(exc)}")]) from None
-    return watch.logged
+    return watch.logged, watch.in_training
 
 
 # Trainer settings Lightning refuses for a model that optimizes manually, and their "off" values.

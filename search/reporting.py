@@ -121,6 +121,7 @@ class TuneReporter(pl.Callback):
         self.stopped_by_tune = False  # Tune stopped the trial at a report inside fit
         self._restored_at = 0.0  # when a resumed trial began again from its checkpoint
         self._validated = False
+        self._before_validation: dict[str, Any] = {}  # callback_metrics as validation began
         self.started = started if started is not None else time.perf_counter()  # the trial's start
         self._startup_s: float | None = None
         self._report_s = 0.0
@@ -250,6 +251,7 @@ class TuneReporter(pl.Callback):
         self._losses_finite, self._unchecked_from_step = None, trainer.global_step
 
     def on_validation_start(self, trainer, pl_module) -> None:
+        self._before_validation = dict(trainer.callback_metrics)
         if not trainer.sanity_checking:
             waiting_from = time.perf_counter()
             _wait_for_device(pl_module)
@@ -271,6 +273,7 @@ class TuneReporter(pl.Callback):
             # Checked here, before the checkpoint callbacks, so that a metric the model never
             # logs is named by hpsearch (with what was logged) and not by ModelCheckpoint;
             # and kept for this epoch's checkpoint, which they write next.
+            self._check_logged_now(trainer)
             checked = self._checked(trainer, trainer.callback_metrics)
             self._compare_ranks_metric(trainer, pl_module, math.nan if checked is None else checked[self.metric])
             # Its time and telemetry so far go in the checkpoint too: a resumed trial
@@ -360,6 +363,18 @@ class TuneReporter(pl.Callback):
             restored = self._compose(trainer, metrics, trainer.current_epoch, True, 0.0)
             self._log_and_publish(trainer, restored)
             self._send(trainer, restored, inside_fit=False)
+
+    def _check_logged_now(self, trainer: pl.Trainer) -> None:
+        """The search metric must come from this validation: Lightning keeps a metric's
+        last value, so one logged only in training, or only at some epochs' validation, was
+        reported (to ASHA, Optuna and TensorBoard) with a value this epoch never logged."""
+        value = trainer.callback_metrics.get(self.metric)
+        if value is not None and self.metric not in logged_since(trainer, self._before_validation) \
+                and trainer.global_rank == 0:
+            raise MetricNotLoggedError(
+                f"metric {self.metric!r} was not logged in epoch {trainer.current_epoch + 1}'s validation: its value "
+                f"there was an earlier one, from training or an earlier validation. Log it with "
+                f"self.log({self.metric!r}, ...) at every validation (validation_step or on_validation_epoch_end).")
 
     def _checked(self, trainer: pl.Trainer, logged) -> dict[str, float] | None:
         """The logged scalars, after checking the search metric is there and finite."""
@@ -510,3 +525,9 @@ def _batch_size(batch: Any) -> int:
     if isinstance(batch, dict) and batch:
         return _batch_size(next(iter(batch.values())))
     return 0
+
+
+def logged_since(trainer: pl.Trainer, before: dict[str, Any]) -> set[str]:
+    """The metrics logged since ``before`` (a copy of ``callback_metrics``): Lightning
+    replaces a metric's value when it is logged again, and keeps it otherwise."""
+    return {name for name, value in trainer.callback_metrics.items() if before.get(name) is not value}

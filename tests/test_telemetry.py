@@ -180,6 +180,27 @@ def test_a_metric_the_model_never_logs_is_named_by_hpsearch_and_fails_the_trial_
     assert _failure_reason(caught.value) == str(caught.value)
 
 
+class ValidatesAccuracyEveryOtherEpoch(MLPClassifier):
+    """Logs val_acc at the first epoch's validation and not the second's."""
+
+    def validation_step(self, batch, batch_idx):
+        if self.current_epoch % 2 == 0:
+            return super().validation_step(batch, batch_idx)
+
+
+def test_a_search_metric_missing_from_one_epochs_validation_fails_the_trial(tmp_path):
+    """Lightning keeps a metric's last value: the second epoch's report carried the first
+    epoch's val_acc to ASHA, Optuna and TensorBoard, as if that epoch had logged it; and a
+    metric logged only in training passed for one logged at validation."""
+    from hpsearch.search.reporting import MetricNotLoggedError
+
+    data = SlowLoadingData(item_seconds=0.0)
+    with pytest.raises(MetricNotLoggedError, match="'val_acc' was not logged in epoch 2's validation"):
+        reports_of(tmp_path / "every-other", mlp_for(data, ValidatesAccuracyEveryOtherEpoch), data)
+    with pytest.raises(MetricNotLoggedError, match="'step_loss' was not logged in epoch 1's validation"):
+        reports_of(tmp_path / "training-only", mlp_for(data, LogsEachStep), data, metric="step_loss")
+
+
 def test_a_nan_loss_under_manual_optimization_fails_the_trial(tmp_path):
     # The accuracy stays finite (at chance) while the weights are NaN: only the logged
     # losses show it, and the trial must not end COMPLETE with a diverged model.
@@ -328,11 +349,13 @@ def test_gpu_work_still_queued_at_a_phase_end_is_counted_in_that_phase(monkeypat
     assert waited == []  # no wait at every step
     reporter.on_validation_start(trainer, gpu_module)
     assert waited == [gpu_module.device] and reporter._train_seconds >= 0.2
+    trainer.callback_metrics = {"val_acc": torch.tensor(0.5)}  # logged by the validation
     reporter.on_validation_end(trainer, gpu_module)
     assert waited == [gpu_module.device] * 2 and reporter._val_seconds >= 0.2
 
     cpu_module = SimpleNamespace(device=torch.device("cpu"))
     reporter.on_validation_start(trainer, cpu_module)
+    trainer.callback_metrics = {"val_acc": torch.tensor(0.5)}
     reporter.on_validation_end(trainer, cpu_module)
     assert len(waited) == 2
 
@@ -358,6 +381,7 @@ def test_ddp_ranks_that_disagree_on_the_search_metric_get_a_note(rank_values, no
     module = SimpleNamespace(device=torch.device("cpu"))
     for _ in range(2):
         reporter.on_validation_start(trainer, module)
+        trainer.callback_metrics = {"val_acc": torch.tensor(rank_values[0])}  # logged by the validation
         reporter.on_validation_end(trainer, module)
     assert gathered == [rank_values[0]]  # compared once a trial, not every epoch
     notes = reporter.static_fields["hps_notes"]

@@ -169,6 +169,20 @@ def test_preflight_names_a_metric_the_model_never_logs(example_config):
     assert "val_acc" in problem.message
 
 
+def test_preflight_refuses_a_metric_logged_only_in_training(example_config, monkeypatch):
+    """A loss logged at training steps passed for a metric logged at validation, and
+    trials then reported the last training batch's value as each epoch's result."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["model"]["class_path"] = "userpkg.step_logged:StepLoggedCNN"
+    example_config["metric"], example_config["mode"] = "step_loss", "min"
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "metric" and "'step_loss' is never logged at validation" in problem.message
+    assert "only in training" in problem.message and "val_acc" in problem.message
+
+
 def test_preflight_reports_a_constructor_that_raises(example_config):
     # The message names the argument with its value, so the argument is named, not init_args.
     example_config["model"]["init_args"]["optimizer"] = "lbfgs"
