@@ -150,6 +150,10 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.phase = f"training batch {batch_idx + 1}"
 
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx + 1 >= trainer.num_training_batches:  # Lightning sets validation up next
+                self.phase = "the validation's set-up (val_dataloader, validation_step's arguments)"
+
         def on_validation_start(self, trainer, pl_module) -> None:
             self.phase = "one validation batch"
             self.before_validation = dict(trainer.callback_metrics)

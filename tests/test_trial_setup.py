@@ -304,10 +304,17 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
                 raise FileNotFoundError("test split not downloaded")
             super().setup(stage)
 
+    class TwoValidationLoaders(DigitsDataModule):  # the model's validation_step takes no dataloader_idx
+        def val_dataloader(self):
+            return [super().val_dataloader(), super().val_dataloader()]
+
     config = load_config(example_config)
     model_class, data_class = check_components(config)
     for model, data, field, said in (
             (model_class, BrokenSetup, "data.class_path", "the set-up before the first batch failed: RuntimeError: setup"),
+            (model_class, TwoValidationLoaders, "model.class_path",
+             "the validation's set-up (val_dataloader, validation_step's arguments) failed: RuntimeError: You "
+             "provided multiple `val_dataloader`"),
             (BrokenValidation, data_class, "model.class_path", "one validation batch failed: RuntimeError: validation"),
             (BrokenTraining, data_class, "model.class_path", "training batch 1 failed: RuntimeError: training exploded"),
             (model_class, BrokenTrainLoader, "data.class_path", "before the first batch failed: RuntimeError: train loader"),
