@@ -233,7 +233,23 @@ def _field_at_fault(config: ExperimentConfig, exc: Exception, params: dict[str, 
     mentioned = _arguments_mentioned(config, exc, params)
     if len(mentioned) == 1:
         return mentioned[0]
+    by_value = _searched_fractions_quoted(config, exc, params)
+    if len(by_value) == 1:
+        return by_value[0]
     return "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
+
+
+def _searched_fractions_quoted(config: ExperimentConfig, exc: Exception, params: dict[str, Any]) -> list[str]:
+    """The searched values with a fractional part that an error's message quotes without
+    naming them: torch's optimizers say "Invalid learning rate: -0.1" of an ``lr``. Whole
+    numbers are left out: they show up in shapes and sizes of any error."""
+    message, fields = str(exc), []
+    for section in ("model", "data"):
+        for name, value in config.params_for(section, params).items():
+            if isinstance(value, float) and not value.is_integer() \
+                    and re.search(rf"(?<![\w.]){re.escape(str(value))}(?![\w.])", message):
+                fields.append(f"space.{section}.{name}")
+    return fields
 
 
 def _at(exc: Exception) -> str:

@@ -394,6 +394,17 @@ def test_ctrl_c_during_the_preflight_batch_is_an_interrupt_not_an_exit(example_c
         signal.signal(signal.SIGINT, previous)
 
 
+def test_preflight_blames_a_searched_value_an_error_quotes_without_its_name(example_config):
+    """torch's optimizers refuse a learning rate as "Invalid learning rate: -0.1": the
+    problem was pinned on model.class_path, not on the searched model.lr."""
+    example_config["space"]["model.lr"] = {"type": "float", "low": -0.1, "high": 0.1}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "space.model.lr" and "Invalid learning rate: -0.1" in problem.message, problem
+
+
 def test_preflight_names_every_sampleable_value_a_constructor_refuses(example_config, tmp_path):
     from conftest import write_yaml
 
