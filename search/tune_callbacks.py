@@ -209,7 +209,8 @@ def _a_rank_lost_its_node(error) -> bool:
     if not isinstance(cause, WorkerGroupError):
         return False
     for failure in cause.worker_failures.values():
-        unreachable = getattr(failure, "health_check_failure", None)
+        # the failed health check's cause, or the actor's own death as Ray Train may hold it
+        unreachable = failure if isinstance(failure, RayActorError) else getattr(failure, "health_check_failure", None)
         node = re.search(r"node_id='([0-9a-f]+)'", str(failure))
         if isinstance(unreachable, RayActorError) and _actor_lost_its_node(unreachable, node and node.group(1)):
             return True

@@ -131,6 +131,13 @@ def dead_actor(account: str):
     return error
 
 
+def test_a_rank_whose_death_ray_train_holds_as_is_lost_its_node(tmp_path):
+    """A rank's actor death held as such in Ray Train's WorkerGroupError (not wrapped in a
+    failed health check) was the trial's own fault, with its node gone."""
+    assert node_was_lost(pickled(tmp_path, distributed_trial_error(dead_actor(NODE_DIED))))
+    assert not node_was_lost(pickled(tmp_path, distributed_trial_error(dead_actor(PROCESS_DIED))))
+
+
 def test_a_trial_process_killed_on_a_live_node_is_the_trials_own_fault_and_said_so(tmp_path):
     """Ray's account of a killed process speaks of nodes ("the OOMing node", "node deaths"),
     and it was taken for a node loss: a trial killed by the OOM killer at every try was
