@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import sys
 import warnings
 from collections.abc import Iterator
@@ -107,6 +108,47 @@ class StepLogsEveryEpoch(pl.Callback):
             trainer.log_every_n_steps = min(LOG_EVERY_N_STEPS, steps)
 
 
+class RandomStateInCheckpoint(pl.Callback):
+    """A trial resumed from a checkpoint trains on as it would have without the stop: the
+    random state of Python, numpy and torch (CPU and CUDA) is saved with the checkpoint and
+    set again just before training goes on, after the trial's start has seeded it and
+    built the model. Without it the resumed trial shuffled its batches (and drew its
+    dropout) otherwise, and its later epochs' results differed from the uninterrupted
+    trial's. Kept as plain lists and tensors, which a weights-only load reads."""
+
+    def __init__(self) -> None:
+        self._restored: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        import numpy as np
+        import torch
+
+        version, state, gauss = random.getstate()
+        kind, keys, position, has_gauss, cached_gauss = np.random.get_state()
+        return {"python": [version, list(state), gauss],
+                "numpy": [kind, keys.tolist(), position, has_gauss, cached_gauss],
+                "torch": torch.get_rng_state(),
+                "torch.cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = state_dict
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._restored is None:
+            return
+        import numpy as np
+        import torch
+
+        state, self._restored = self._restored, None
+        version, python_state, gauss = state["python"]
+        random.setstate((version, tuple(python_state), gauss))
+        kind, keys, position, has_gauss, cached_gauss = state["numpy"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached_gauss))
+        torch.set_rng_state(state["torch"])
+        if state["torch.cuda"] and torch.cuda.is_available() and len(state["torch.cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["torch.cuda"])
+
+
 class PlateauStepOnResume(pl.Callback):
     """The ReduceLROnPlateau step a resumed trial would lose. Lightning steps such a
     scheduler at the epoch's end, after validation, when the epoch's checkpoint is already
@@ -192,6 +234,7 @@ def build_trainer(
     all_callbacks.append(LearningRateMonitor(logging_interval="epoch"))
     all_callbacks.append(PlateauStepOnResume())
     all_callbacks.append(StepLogsEveryEpoch())
+    all_callbacks.append(RandomStateInCheckpoint())
     # A resumed trial redoes what came after its checkpoint: purge_step hides the events
     # an earlier attempt wrote from that step on, so each curve keeps one point per step.
     purge = {"purge_step": resume_step} if resume_step is not None else {}
