@@ -173,6 +173,33 @@ class OptunaSearcher(Searcher):
                     self._to_resume.append(trial.number)
         return self._study
 
+    def settle_finished(self, rows: dict[int, dict[str, Any]]) -> list[int]:
+        """Tell the study how the trials ended that trials.csv has as finished and the study
+        still has as running: the journal's record of that end was lost (torn by a kill
+        mid-append and dropped), and such a trial was trained again, over its best.ckpt.
+        Returns their numbers."""
+        ends = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAILED: TrialState.FAIL}
+        settled = []
+        for trial in self.study.get_trials(deepcopy=False):
+            row = rows.get(trial.number) or {}
+            state = ends.get(row.get("state"))
+            if trial.state != TrialState.RUNNING or state is None:
+                continue
+            key = self._trial_key(trial.number)
+            self.study._storage.set_trial_user_attr(key, STOP_REASON, row.get("reason") or "")
+            if str(row.get("epochs", "")).isdigit():
+                self.study._storage.set_trial_user_attr(key, EPOCH, int(row["epochs"]))
+            value = self._best_intermediate(trial.intermediate_values)
+            if value is None and row.get("best") not in (None, ""):
+                value = float(row["best"])
+            if state == TrialState.COMPLETE and value is not None:
+                self.study.tell(trial.number, value, state=state)
+            else:
+                self.study.tell(trial.number, state=TrialState.FAIL if state == TrialState.COMPLETE else state)
+            self._to_resume = [number for number in self._to_resume if number != trial.number]
+            settled.append(trial.number)
+        return settled
+
     def finished_trials(self) -> list[dict[str, Any]]:
         """Finished trials as trials-table fields: the study is the source of truth for them."""
         states = {TrialState.COMPLETE: COMPLETE, TrialState.PRUNED: PRUNED, TrialState.FAIL: FAILED}

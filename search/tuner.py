@@ -303,7 +303,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
         scheduler.seed_rungs(searcher.history())
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
     # trials.csv may lag the study (a crash or full disk between the two writes): the
-    # study's finished trials win.
+    # study's finished trials win. The study may lag trials.csv too, by a torn last record.
+    searcher.settle_finished(table.rows)
     finished = searcher.finished_trials()
     for fields in finished:
         table.row(fields["trial"]).update(fields)

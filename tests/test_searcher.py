@@ -106,6 +106,23 @@ def test_a_trial_interrupted_while_being_sampled_resumes_with_every_value_of_the
     assert set(stored.params) == set(space) and stored.state.name == "RUNNING"
 
 
+def test_a_trial_the_table_has_finished_and_the_study_lost_the_end_of_is_not_trained_again(tmp_path, config):
+    """A kill mid-append tore the journal's record of a trial's end, and resume dropped it:
+    the study had the trial RUNNING, trials.csv had it COMPLETE, and a later resume trained
+    it again, over its best.ckpt."""
+    first = OptunaSearcher(config, tmp_path, PruneLog())
+    first.suggest("a")
+    for epoch, value in ((1, 0.6), (2, 0.8), (3, 0.7)):
+        first.on_trial_result("a", result(epoch, value))  # its end, never recorded
+
+    second = OptunaSearcher(config, tmp_path, PruneLog())
+    assert second.settle_finished({0: {"trial": 0, "state": "COMPLETE", "reason": "max_epochs", "epochs": 3,
+                                       "best": 0.8}}) == [0]
+    [trial] = open_study(tmp_path, config.name, config.mode).trials
+    assert (trial.state.name, trial.value, trial.user_attrs["hps_stop_reason"]) == ("COMPLETE", 0.8, "max_epochs")
+    assert second.suggest("b")["hps_trial_number"] == 1  # a new trial, not trial 0 again
+
+
 def test_random_sampler_does_not_replay_its_samples_after_resume(tmp_path, example_config):
     example_config["search"].update(num_trials=4, sampler="random")
     config = load_config(example_config)
