@@ -27,7 +27,8 @@ def quiet_lightning() -> None:
     for name in ("pytorch_lightning", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     for message in (".*does not have many workers.*", ".*LeafSpec.*", ".*litlogger.*", ".*litmodels.*",
-                    ".*callbacks used to create the checkpoint.*"):
+                    ".*callbacks used to create the checkpoint.*",
+                    ".*smaller than the logging interval.*"):  # StepLogsEveryEpoch adapts it
         warnings.filterwarnings("ignore", message=message)
 
 
