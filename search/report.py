@@ -67,17 +67,16 @@ def write_report(exp: ExperimentDir, out_dir: Path | None = None) -> Path:
 
 
 def _open_study(exp: ExperimentDir, summary: StudySummary):
-    from .searcher import STUDY_FILE, open_study
+    """The study, read as it is: a report may run beside the search that writes it."""
+    from .searcher import STUDY_FILE, existing_study
 
-    if not (exp.root / STUDY_FILE).is_file():
-        return None
     try:
-        return open_study(exp.root, summary.name, summary.mode)
+        return existing_study(exp.root, summary.name, repair=False)
     except ValueError as exc:  # json's errors among them: a line edited into something else
         from .errors import ExperimentError
 
         raise ExperimentError(f"{exp.root / STUDY_FILE} cannot be read ({type(exc).__name__}: {exc}); a line of it "
-                              "was damaged or edited (a torn last line, as a crash leaves, is repaired)") from None
+                              "was damaged or edited (a torn last line, as a crash leaves, is skipped)") from None
 
 
 def _learning_curves(study, summary: StudySummary):

@@ -64,13 +64,13 @@ def open_study(experiment_dir: Path, study_name: str, mode: str, sampler=None) -
 def trials_in_study(experiment_dir: Path, study_name: str) -> int:
     """How many trials the study has handed out, finished or not, without creating it.
     trials.csv lags behind: a trial gets its row only once it starts."""
-    study = _existing_study(experiment_dir, study_name)
+    study = existing_study(experiment_dir, study_name)
     return 0 if study is None else len(study.get_trials(deepcopy=False))
 
 
 def recorded_settings(experiment_dir: Path, study_name: str) -> dict[str, Any] | None:
     """The settings the study was searched with (``keep_settings``), None if it holds none."""
-    study = _existing_study(experiment_dir, study_name)
+    study = existing_study(experiment_dir, study_name)
     return None if study is None else study.user_attrs.get(SETTINGS)
 
 
@@ -83,12 +83,17 @@ def keep_settings(experiment_dir: Path, config: ExperimentConfig, keys: tuple[st
         study.set_user_attr(SETTINGS, {key: dumped[key] for key in keys})
 
 
-def _existing_study(experiment_dir: Path, study_name: str) -> optuna.Study | None:
+def existing_study(experiment_dir: Path, study_name: str, repair: bool = True) -> optuna.Study | None:
+    """The study as its journal holds it, None if it has none; nothing is appended.
+    ``repair=False`` for readers, which do not hold the study (``study_lock``): cutting a
+    torn-looking last record there could cut the record a running driver is writing
+    (Optuna itself skips a torn last line when it reads)."""
     path = experiment_dir / STUDY_FILE
     if not path.is_file():
         return None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    repair_journal(path)
+    if repair:
+        repair_journal(path)
     try:
         return optuna.load_study(study_name=study_name, storage=JournalStorage(JournalFileBackend(str(path))))
     except KeyError:  # the journal holds no such study

@@ -84,6 +84,24 @@ def test_report_renders_in_headless_chromium_and_agrees_with_trials_csv(finished
     assert float(best["test test_acc"]) == pytest.approx(stored_best["test_metrics"]["test_acc"])
 
 
+def test_the_report_reads_the_study_without_writing_to_it(finished_search, tmp_path):
+    """A report may run while the search writes its journal: it appended a record of its
+    own, and cut what looked like a torn last record, which may be the driver's, being
+    written."""
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.report import write_report
+
+    exp_dir, _, _ = finished_search
+    copy = tmp_path / "study"
+    shutil.copytree(exp_dir, copy)
+    journal = copy / "optuna.journal"
+    with journal.open("ab") as handle:
+        handle.write(b'{"op_code": 6, "worker_id": "a-driver-mid-write", "tri')
+    before = journal.read_bytes()
+    write_report(ExperimentDir(copy), tmp_path / "report")
+    assert journal.read_bytes() == before
+
+
 def test_compare_puts_two_studies_side_by_side(finished_search, tmp_path):
     exp_dir, _, _ = finished_search
     other = shrunk_example(tmp_path / "runs", **{"name": "random-2", "search/num_trials": 2,
