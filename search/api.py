@@ -224,7 +224,7 @@ def resume(
 
 def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool, callbacks,
                    mirror: Mirror | None, interrupted: _HeardInterrupt) -> SearchResult:
-    from .searcher import recorded_settings, trials_in_study
+    from .searcher import SETTINGS, existing_study
 
     stored = load_config(exp.config_file)
     config = load_config(exp.config_file, overrides)
@@ -233,16 +233,17 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         raise ConfigError([config.problem(config.overridden_under(k) or k,
                                           f"{k} cannot change on resume (the study's history depends on it); "
                                           "start a new experiment instead") for k in changed])
-    recorded, dumped = recorded_settings(exp.root, config.name) or {}, config.model_dump(mode="json")
+    study = existing_study(exp.root, config.name)  # the study's own record, which experiment.yaml may not match
+    recorded, dumped = (study.user_attrs.get(SETTINGS) if study else None) or {}, config.model_dump(mode="json")
     edited = [k for k in FROZEN_ON_RESUME if k in recorded and _differs(recorded[k], dumped[k], k == "space")]
     if edited:
         raise ConfigError([config.problem(k, f"{k} differs from what the study was searched with "
                                              f"({json.dumps(recorded[k])[:200]}): was {exp.config_file} edited? "
                                              f"{k} cannot change on resume; put it back, or start a new experiment")
                            for k in edited])
-
+    # trials.csv lags the study: a trial gets its row only once it starts
     started = max(len(read_rows(exp.trials_csv)) if exp.trials_csv.is_file() else 0,
-                  trials_in_study(exp.root, config.name))
+                  len(study.get_trials(deepcopy=False)) if study else 0)
     if config.search.num_trials < started:
         raise ConfigError([config.problem("search.num_trials", f"{config.search.num_trials} is fewer than the "
                                                                f"{started} trials the study already has; give at "

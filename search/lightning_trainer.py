@@ -12,7 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor
 from pytorch_lightning.loggers import TensorBoardLogger
 
@@ -121,9 +123,6 @@ class RandomStateInCheckpoint(pl.Callback):
         self._restored: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        import numpy as np
-        import torch
-
         version, state, gauss = random.getstate()
         kind, keys, position, has_gauss, cached_gauss = np.random.get_state()
         return {"python": [version, list(state), gauss],
@@ -137,9 +136,6 @@ class RandomStateInCheckpoint(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._restored is None:
             return
-        import numpy as np
-        import torch
-
         state, self._restored = self._restored, None
         version, python_state, gauss = state["python"]
         random.setstate((version, tuple(python_state), gauss))

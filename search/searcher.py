@@ -61,19 +61,6 @@ def open_study(experiment_dir: Path, study_name: str, mode: str, sampler=None) -
     )
 
 
-def trials_in_study(experiment_dir: Path, study_name: str) -> int:
-    """How many trials the study has handed out, finished or not, without creating it.
-    trials.csv lags behind: a trial gets its row only once it starts."""
-    study = existing_study(experiment_dir, study_name)
-    return 0 if study is None else len(study.get_trials(deepcopy=False))
-
-
-def recorded_settings(experiment_dir: Path, study_name: str) -> dict[str, Any] | None:
-    """The settings the study was searched with (``keep_settings``), None if it holds none."""
-    study = existing_study(experiment_dir, study_name)
-    return None if study is None else study.user_attrs.get(SETTINGS)
-
-
 def keep_settings(experiment_dir: Path, config: ExperimentConfig, keys: tuple[str, ...]) -> None:
     """Record in the study the settings a resume may not change, once: experiment.yaml can
     be edited, so it cannot be what a resume checks itself against."""
@@ -320,8 +307,6 @@ class OptunaSearcher(Searcher):
         self._numbers = {}
         self._to_resume = []
         self._told = set()
-
-
 
 
 def _suggest(trial: optuna.Trial, name: str, distribution: optuna.distributions.BaseDistribution) -> None:
