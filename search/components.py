@@ -488,8 +488,7 @@ def _forget_user_modules(directory: Path) -> None:
     first, while its trials ran the edited files (wrong test metrics, or a checkpoint that
     did not fit the old class). Unchanged ones stay, so a module that registers itself
     somewhere at import is not imported twice for nothing."""
-    tops = set(_user_modules_of(directory))
-    modules = {name: module for name, module in sys.modules.items() if name.partition(".")[0] in tops}
+    modules = _user_modules_with_submodules(directory)
     changed = {name.partition(".")[0] for name, module in modules.items()
                if _source_changed(getattr(module, "__file__", None))}
     for name in [name for name in modules if name.partition(".")[0] in changed]:
@@ -508,12 +507,17 @@ def _source_changed(path: str | None) -> bool:
 
 
 def _remember_user_sources(directory: Path) -> None:
-    tops = set(_user_modules_of(directory))
-    for name, module in list(sys.modules.items()):
+    for module in _user_modules_with_submodules(directory).values():
         path = getattr(module, "__file__", None)
-        if path and name.partition(".")[0] in tops:
+        if path:
             with contextlib.suppress(OSError):
                 _checked_sources[path] = os.stat(path).st_mtime_ns
+
+
+def _user_modules_with_submodules(directory: Path) -> dict[str, Any]:
+    """Every imported module of the top-level ones ``_user_modules_of`` finds, by name."""
+    tops = set(_user_modules_of(directory))
+    return {name: module for name, module in list(sys.modules.items()) if name.partition(".")[0] in tops}
 
 
 def raised_by(exc: BaseException, *classes: type) -> type | None:
