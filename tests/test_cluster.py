@@ -79,6 +79,21 @@ def test_trials_spread_over_nodes_and_gpu_trials_run_only_on_the_gpu_node(two_no
     assert {r["node_id"] for r in gpu_rows.values()} == {gpu_node.node_id}  # never the CPU-only node
 
 
+def node_loss_experiment(root: Path, name: str, epoch_sleep: float, num_trials: int, max_concurrent: int,
+                         max_epochs: int, **sections) -> Path:
+    """``experiment``'s search, slowed and sized for a node to be lost under it, with
+    ``max_retries: 0``: the loss must not count as the trial's fault, or the trial on the
+    lost node would end FAILED."""
+    path = experiment(root, name, epoch_sleep=epoch_sleep)
+    config = yaml.safe_load(path.read_text())
+    config["search"].update(num_trials=num_trials, max_concurrent=max_concurrent)
+    config["scheduler"]["max_epochs"] = max_epochs
+    config["failure"]["max_retries"] = 0
+    config.update(sections)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_a_worker_node_dies_mid_search_and_its_trials_finish_elsewhere(tmp_path, monkeypatch):
     """``max_retries: 0``: the node loss must not count as the trial's fault, or the
     trial on the lost node would end FAILED. The nodes run in a folder that holds a stray,
@@ -89,12 +104,8 @@ def test_a_worker_node_dies_mid_search_and_its_trials_finish_elsewhere(tmp_path,
     monkeypatch.chdir(stray.parent)  # where the nodes' processes start, and so their workers
     cluster, (survivor, doomed) = start_cluster({"num_cpus": 2}, {"num_cpus": 1})
     try:
-        path = experiment(tmp_path, "node-loss", epoch_sleep=1.5)
-        config = yaml.safe_load(path.read_text())
-        config["search"].update(num_trials=4, max_concurrent=3)
-        config["scheduler"]["max_epochs"] = 4
-        config["failure"]["max_retries"] = 0
-        path.write_text(yaml.safe_dump(config))
+        path = node_loss_experiment(tmp_path, "node-loss", epoch_sleep=1.5, num_trials=4, max_concurrent=3,
+                                    max_epochs=4)
         exp_dir = tmp_path / "runs" / "node-loss"
         driver = start("run", path.name, "--address", cluster.address, cwd=tmp_path)
 
@@ -142,13 +153,8 @@ def test_a_distributed_trials_pre_empted_node_is_a_node_loss_and_the_trial_resum
 
     cluster, (first, second) = start_cluster({"num_cpus": 2}, {"num_cpus": 2})
     try:
-        path = experiment(tmp_path, "pre-empted", epoch_sleep=1.0)
-        config = yaml.safe_load(path.read_text())
-        config["search"].update(num_trials=1, max_concurrent=1)
-        config["scheduler"]["max_epochs"] = 8
-        config["failure"]["max_retries"] = 0  # the loss must not count as the trial's fault
-        config["resources"] = {"workers_per_trial": 2, "cpus_per_worker": 1}
-        path.write_text(yaml.safe_dump(config))
+        path = node_loss_experiment(tmp_path, "pre-empted", epoch_sleep=1.0, num_trials=1, max_concurrent=1,
+                                    max_epochs=8, resources={"workers_per_trial": 2, "cpus_per_worker": 1})
         exp_dir = tmp_path / "runs" / "pre-empted"
         driver = start("run", path.name, "--address", cluster.address, cwd=tmp_path)
         wait_for(lambda: any(r["state"] == "RUNNING" and int(r["epochs"] or 0) >= 1 for r in rows(exp_dir).values()),
