@@ -18,6 +18,7 @@ import pytest
 
 from conftest import FIXTURES, tensorboard_run, tensorboard_scalars, tensorboard_steps, write_yaml
 from hpsearch.search.api import GRACEFUL_STOP_MESSAGE
+from hpsearch.search.errors import counted
 
 pytestmark = pytest.mark.e2e
 NUM_TRIALS = 8
@@ -234,7 +235,7 @@ def test_a_time_budget_ends_the_session_cleanly_and_pauses_the_running_trials(tm
     paused = [r for r in rows(exp_dir) if r not in finished(exp_dir)]
     assert paused and len(finished(exp_dir)) < NUM_TRIALS, rows(exp_dir)
     assert all((r["state"], r["reason"]) == ("PAUSED", "time budget reached") for r in paused), paused
-    assert f"{len(finished(exp_dir))} trials finished and {len(paused)} paused" in output, output
+    assert f"{counted(len(finished(exp_dir)), 'trial')} finished and {len(paused)} paused" in output, output
     assert {t.state.name for t in study(exp_dir, "budget").trials if t.number in
             {int(r["trial"]) for r in paused}} == {"RUNNING"}  # what makes resume continue them
 
