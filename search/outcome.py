@@ -31,6 +31,7 @@ KNOWN_EPOCHS = "hps_known_epochs"  # in a trial's config: the epochs the study h
 FAILURE = "hps_failure"  # set by a trial that ended on a fault a retry cannot fix (NaN, OOM)
 GIVE_UP = "hps_give_up"  # set in a trial's config by RetryPolicy when its retries are spent
 PLACEMENT_GROUP = "hps_placement_group"  # a distributed trial's ranks' reservation (see FreeRankReservations)
+RANK_NODES = "hps_rank_nodes"  # the Ray nodes a distributed trial's ranks run on, comma-separated
 
 
 def best_of(values, mode: str, key=None):

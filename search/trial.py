@@ -23,7 +23,7 @@ from .errors import ConfigError, first_line
 from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_name, write_json
 from .checkpoints import first_logging_step_after, latest_good_checkpoint
 from .gc_pause import collector_paused
-from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RESTORED, TRIAL_NUMBER
+from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RANK_NODES, RESTORED, TRIAL_NUMBER
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
 from .worker_data import IN_TRIAL_ENV, WORKER_DATA
@@ -155,7 +155,8 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
                             # by the training's start, the DataModule's setup has asked for its data
                             fields_at_train_start=lambda trainer: {
                                 "hps_data_reused": WORKER_DATA.reuses > reuses_before,
-                                **loader_in_use(trainer.train_dataloader)})
+                                **loader_in_use(trainer.train_dataloader),
+                                **(_ranks_placement() if parallel.world_size > 1 else {})})
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
                             tensorboard_run=tensorboard_run, callbacks=[reporter],
@@ -188,6 +189,21 @@ def _placement() -> dict[str, str]:
     if not ray.is_initialized():
         return {}
     return {"hps_node_id": ray.get_runtime_context().get_node_id(), "hps_node_ip": ray.util.get_node_ip_address()}
+
+
+def _ranks_placement() -> dict[str, str]:
+    """The Ray nodes that a distributed trial's ranks run on, gathered from every rank (a
+    collective: each rank calls it at the training's start). When one of them is lost, the
+    other ranks often fail first, on the broken connection to it, and the driver tells
+    that from a fault of the trial's own only by these nodes (``tune_callbacks.node_was_lost``)."""
+    import ray
+    import torch.distributed as dist
+
+    if not (ray.is_initialized() and dist.is_available() and dist.is_initialized()):
+        return {}
+    nodes: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
+    return {RANK_NODES: ",".join(sorted({node for node in nodes if node}))}
 
 
 def _timed(report: Callable[[dict], None], started: float) -> Callable[[dict], None]:

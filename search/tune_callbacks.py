@@ -18,8 +18,8 @@ from ray.tune.stopper import Stopper, TimeoutStopper
 
 from .config import ExperimentConfig
 from .errors import counted
-from .outcome import (EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP, RESTORED,
-                      RUNNING, TRIAL_NUMBER, PruneLog, classify)
+from .outcome import (EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP, RANK_NODES,
+                      RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
 
@@ -185,13 +185,46 @@ class RetryPolicy(Callback):
 def node_was_lost(trial) -> bool:
     """True when the trial's worker, or one rank of a distributed trial, died with its
     node (not of an error of its own): the actor is gone or unreachable and, by Ray's
-    message or by the cluster's view, the node it last ran on is dead."""
+    message or by the cluster's view, the node it last ran on is dead; or, for a
+    distributed trial, a rank failed while a node that held one of its ranks is gone."""
     from ray.exceptions import RayActorError, RayTaskError
 
     error = _pickled_error(trial)
     if isinstance(error, RayTaskError):
-        return _a_rank_lost_its_node(error)
+        return _a_rank_lost_its_node(error) or _a_rank_failed_beside_a_lost_node(error, trial)
     return isinstance(error, RayActorError) and _actor_lost_its_node(error, (trial.last_result or {}).get("hps_node_id"))
+
+
+def _a_rank_failed_beside_a_lost_node(error, trial) -> bool:
+    """A distributed trial over several nodes, one of which is lost: the ranks on the
+    others often fail first, on their broken connection to its ranks (gloo's "Connection
+    reset by peer", NCCL's errors), before Ray Train hears of the lost ranks themselves.
+    Whether one of the nodes that held the trial's ranks (rank 0 reports them, see
+    ``trial._ranks_placement``) is gone tells that from a fault of the trial's own, which
+    leaves every node up. A node lost before the trial's first report is not seen so."""
+    from ray.train import WorkerGroupError
+
+    nodes = str((trial.last_result or {}).get(RANK_NODES) or "")
+    return isinstance(getattr(error, "cause", None), WorkerGroupError) and any(
+        _node_is_gone(node) for node in nodes.split(",") if node)
+
+
+def _node_is_gone(node: str) -> bool:
+    """Dead by the cluster's view, or its raylet not answering: the survivors' errors come
+    as soon as the node's processes die, and Ray declares a node dead only after several
+    missed health checks (half a minute by default)."""
+    import socket
+
+    import ray
+
+    known = next((n for n in ray.nodes() if n["NodeID"] == node), None)
+    if known is None or not known.get("Alive"):
+        return True
+    try:
+        socket.create_connection((known["NodeManagerAddress"], known["NodeManagerPort"]), timeout=2).close()
+    except OSError:
+        return True
+    return False
 
 
 def _a_rank_lost_its_node(error) -> bool:

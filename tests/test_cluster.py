@@ -142,19 +142,39 @@ def test_a_worker_node_dies_mid_search_and_its_trials_finish_elsewhere(tmp_path,
           f"all resumed on the surviving node; search finished {recovered_s:.0f}s after the loss")
 
 
+def kill_ranks_on(node) -> int:
+    """SIGKILLs the Ray Train ranks that run on ``node`` (its raylet's child processes);
+    how many there were."""
+    import signal
+
+    from ray import ray_constants
+
+    raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    killed = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            title = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if parent == raylet and b"RayTrainWorker" in title:
+            os.kill(int(stat.parent.name), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
 def test_a_distributed_trials_pre_empted_node_is_a_node_loss_and_the_trial_resumes_elsewhere(tmp_path):
     """A node that Ray is told will be reclaimed (a spot instance's notice: the autoscaler
-    drains it), then removed, under a two-rank trial. Ray Train restarted such a trial's
-    ranks within the trial, as often as it happened, and the study never knew: no node
-    loss counted, nothing said. The driver's node-loss retry must own it, as it owns a
-    node that dies without notice."""
+    drains it), then removed, under a two-rank trial whose ranks it shares with another
+    node. Ray Train restarted such a trial's ranks within the trial, as often as it
+    happened, and the study never knew: no node loss counted, nothing said. And when the
+    rank on the other node failed first, on its broken gloo connection, the driver
+    counted that as the trial's own fault. The driver's node-loss retry must own both."""
     import subprocess
     import sys
 
-    # One node at first, so that both ranks run on the one that goes; the other node joins
-    # before it goes. (With both up from the start, the ranks were once split over them: the
-    # survivor then failed on the broken gloo connection: README, Clusters, Node loss.)
-    cluster, (doomed,) = start_cluster({"num_cpus": 2})
+    # One CPU a node: the two ranks must go one to each.
+    cluster, nodes = start_cluster({"num_cpus": 1}, {"num_cpus": 1})
     try:
         path = node_loss_experiment(tmp_path, "pre-empted", epoch_sleep=1.0, num_trials=1, max_concurrent=1,
                                     max_epochs=8, resources={"workers_per_trial": 2, "cpus_per_worker": 1})
@@ -162,8 +182,9 @@ def test_a_distributed_trials_pre_empted_node_is_a_node_loss_and_the_trial_resum
         driver = start("run", path.name, "--address", cluster.address, cwd=tmp_path)
         wait_for(lambda: any(r["state"] == "RUNNING" and int(r["epochs"] or 0) >= 1 for r in rows(exp_dir).values()),
                  what="the trial past its first epoch")
-        assert rows(exp_dir)[0]["node_id"] == doomed.node_id
-        survivor = cluster.add_node(num_cpus=2)
+        # the node of rank 1: rank 0, on the other, lives on to fail on its link to rank 1
+        doomed = next(node for node in nodes if node.node_id != rows(exp_dir)[0]["node_id"])
+        survivor = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         notice_s = 2
         drain = subprocess.run([str(Path(sys.executable).parent / "ray"), "drain-node", "--address", cluster.address,
@@ -172,6 +193,9 @@ def test_a_distributed_trials_pre_empted_node_is_a_node_loss_and_the_trial_resum
                                 "--deadline-remaining-seconds", str(notice_s)], capture_output=True, text=True)
         assert drain.returncode == 0, drain.stderr
         time.sleep(notice_s)
+        # The reclaimed machine shuts down: its processes die (rank 1 first, so rank 0's
+        # broken link fails the trial before Ray hears of rank 1), then the node goes.
+        assert kill_ranks_on(doomed) == 1
         cluster.remove_node(doomed, allow_graceful=False)
         code, output = finish(driver, timeout=400)
         assert code == 0, output
@@ -181,7 +205,8 @@ def test_a_distributed_trials_pre_empted_node_is_a_node_loss_and_the_trial_resum
     row = rows(exp_dir)[0]
     assert row["state"] == "COMPLETE" and int(row["epochs"]) == 8, row
     assert row["node_losses"] == "1" and row["attempts"] == "1" and row["resumed"] == "True", row
-    assert row["node_id"] == survivor.node_id, row
+    # the retry's ranks, one a node again, on the node that stayed and the one that joined
+    assert set(row["rank_nodes"].split(",")) == {node.node_id for node in (*nodes, survivor)} - {doomed.node_id}, row
 
 
 def test_a_search_submitted_as_a_ray_job_joins_the_cluster(tmp_path):

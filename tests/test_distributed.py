@@ -44,6 +44,8 @@ def test_each_trial_ran_two_ddp_ranks_in_bf16(ddp_search):
     rows = list(csv.DictReader((exp_dir / "trials.csv").open()))
     assert {(r["world_size"], r["strategy"], r["precision"], r["device"]) for r in rows} == {
         ("2", "ddp", "bf16-mixed", "cpu")}
+    # every rank's node, gathered at the training's start: here the one node (rank 0's)
+    assert all(r["rank_nodes"] == r["node_id"] != "" for r in rows), rows
     assert float(rows[0]["samples_per_s"]) > 0
     # The model logs val_loss with sync_dist=True: its ranks agree, and no trial has a note saying otherwise.
     assert [r["notes"] for r in rows] == [""] * 3

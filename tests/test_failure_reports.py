@@ -95,6 +95,44 @@ def test_a_distributed_trial_whose_rank_lost_its_node_is_a_node_loss(tmp_path):
     assert not node_was_lost(pickled(tmp_path, RayTaskError("f", "Traceback ...", ValueError("x")).as_instanceof_cause()))
 
 
+def test_a_rank_that_failed_on_its_link_to_a_lost_nodes_rank_is_a_node_loss(tmp_path, monkeypatch):
+    """A trial's ranks on two nodes, one lost: the rank on the other node failed first, on
+    the broken gloo connection, and the trial was counted as failing of its own fault.
+    The nodes its rank 0 reported are asked: by the cluster's view, then their raylets."""
+    import socket
+
+    import ray
+
+    from hpsearch.search.outcome import RANK_NODES
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    closed = socket.create_server(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    nodes = {"a": ("127.0.0.1", listening.getsockname()[1], True), "b": ("127.0.0.1", listening.getsockname()[1], True)}
+    monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": node, "NodeManagerAddress": address, "NodeManagerPort": port,
+                                                "Alive": alive} for node, (address, port, alive) in nodes.items()])
+    reset = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:35242: Connection reset by peer.")
+
+    def trial(ranks_on: str):
+        failed = pickled(tmp_path, distributed_trial_error(reset))
+        failed.last_result = {RANK_NODES: ranks_on}
+        return failed
+
+    try:
+        assert not node_was_lost(trial("a,b"))  # both nodes up: the trial's own fault
+        nodes["b"] = ("127.0.0.1", listening.getsockname()[1], False)  # dead by the cluster's view
+        assert node_was_lost(trial("a,b"))
+        assert not node_was_lost(trial("a"))  # the lost node held none of its ranks
+        nodes["b"] = ("127.0.0.1", closed_port, True)  # the cluster has not noticed yet; its raylet is gone
+        assert node_was_lost(trial("a,b"))
+        del nodes["b"]  # and removed from the cluster
+        assert node_was_lost(trial("a,b"))
+        assert not node_was_lost(trial(""))  # failed before its first report: not known
+    finally:
+        listening.close()
+
+
 def test_a_distributed_trial_ended_by_ray_trains_preemption_error_is_a_node_loss(tmp_path):
     """With Ray Train's preemption watcher on (a user may turn it on), a rank's node that Ray
     was told would be reclaimed ends the trial with ``PreemptionError``, not a
