@@ -114,3 +114,22 @@ def replace_with_copy(source: str, target: str) -> None:
     partial = f"{target}.partial"
     shutil.copyfile(source, partial)
     os.replace(partial, target)
+
+
+class ModelCheckpointsInTrialDir(pl.Callback):
+    """Gives a ModelCheckpoint of the user's model (``configure_callbacks``) that names no
+    ``dirpath`` the trial's ``model_checkpoints/`` folder. Lightning's default is beside the
+    logger's files, so its checkpoints sat inside the study's ``tensorboard/`` folder; and
+    the final evaluation's trainer, which logs elsewhere, resolved another folder, so
+    restoring the callback's state from the best checkpoint made Lightning warn that its
+    folder had changed. Runs in ``setup``, before the checkpoint callbacks' own (Lightning
+    puts checkpoint callbacks last), once the model's callbacks are attached."""
+
+    def __init__(self, dirpath: Path) -> None:
+        self.dirpath = dirpath
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint) and not isinstance(callback, _OwnStateKey) \
+                    and callback.dirpath is None:
+                callback.dirpath = str(self.dirpath)

@@ -21,6 +21,12 @@ def checkpoint_dir(trial_dir: Path) -> Path:
     return trial_dir / "checkpoints"
 
 
+def model_checkpoint_dir(trial_dir: Path) -> Path:
+    """Where a ModelCheckpoint of the user's own model writes when it names no folder: its
+    files are the user's, and the disk rules (``drop_resume_checkpoints``) leave them be."""
+    return trial_dir / "model_checkpoints"
+
+
 def epoch_checkpoints(trial_dir: Path) -> list[Path]:
     """Epoch checkpoints, newest first (names sort by their zero-padded epoch)."""
     return sorted(checkpoint_dir(trial_dir).glob(EPOCH_PATTERN), reverse=True)

@@ -39,6 +39,8 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     from pytorch_lightning.loggers import TensorBoardLogger
 
     from .devices import trial_device
+    from .checkpoint_callbacks import ModelCheckpointsInTrialDir
+    from .checkpoints import model_checkpoint_dir
     from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
 
     if study_uri is not None and not Path(checkpoint).is_file():
@@ -57,7 +59,9 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     trainer = pl.Trainer(accelerator=device.accelerator, devices=1, precision=device.precision,
                          logger=TensorBoardLogger(str(test_logs), name="", version="", default_hp_metric=False),
                          default_root_dir=str(test_logs), enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+                         enable_model_summary=False,
+                         # the folder the model's own ModelCheckpoint had in training, as its restored state says
+                         callbacks=[ModelCheckpointsInTrialDir(model_checkpoint_dir(Path(checkpoint).parent.parent))])
     with torch.inference_mode(), ctrl_c_interrupts():
         outputs = trainer.test(model, datamodule=datamodule, ckpt_path=checkpoint, verbose=False)
     return {k: float(v) for k, v in (outputs[0] if outputs else {}).items()}

@@ -18,8 +18,8 @@ import torch
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor
 from pytorch_lightning.loggers import TensorBoardLogger
 
-from .checkpoint_callbacks import BestCheckpoint, EpochCheckpoints, state_from_plain_key
-from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
+from .checkpoint_callbacks import BestCheckpoint, EpochCheckpoints, ModelCheckpointsInTrialDir, state_from_plain_key
+from .checkpoints import BEST_CHECKPOINT, checkpoint_dir, model_checkpoint_dir
 from .config import TrainerConfig
 from .devices import TrialDevice
 
@@ -232,6 +232,7 @@ def build_trainer(
     all_callbacks.append(PlateauStepOnResume())
     all_callbacks.append(StepLogsEveryEpoch())
     all_callbacks.append(RandomStateInCheckpoint())
+    all_callbacks.append(ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir)))
     # A resumed trial redoes what came after its checkpoint: purge_step hides the events
     # an earlier attempt wrote from that step on, so each curve keeps one point per step.
     purge = {"purge_step": resume_step} if resume_step is not None else {}

@@ -442,6 +442,38 @@ def test_evaluation_keeps_no_autograd_graph_and_the_final_test_runs_in_inference
     assert list((checkpoint.parent.parent / "test").glob("events.out.tfevents.*"))
 
 
+def test_a_models_own_checkpoints_go_to_the_trials_folder_and_its_evaluation_restores_them_quietly(tmp_path,
+                                                                                                    monkeypatch):
+    # Lightning put them beside the logger's files, inside the study's tensorboard/ folder,
+    # and the evaluation, which logs elsewhere, warned that their folder had changed.
+    import warnings
+
+    from conftest import FIXTURES
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.evaluation import evaluate_checkpoint
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    from userpkg.grad_probe import KeepsItsOwnCheckpoints
+
+    data = SlowLoadingData(item_seconds=0.0)
+    reports_of(tmp_path, KeepsItsOwnCheckpoints(log_to=str(tmp_path / "modes.jsonl"), channels=4,
+                                                input_shape=data.input_shape, num_classes=data.num_classes), data)
+    assert [p.parent.name for p in (tmp_path / "trial" / "model_checkpoints").glob("*.ckpt")] == ["model_checkpoints"]
+    assert not list((tmp_path / "tb").rglob("*.ckpt"))
+    config = load_config({
+        "name": "own", "metric": "val_acc", "mode": "max",
+        "model": {"class_path": "userpkg.grad_probe:KeepsItsOwnCheckpoints",
+                  "init_args": {"log_to": str(tmp_path / "modes.jsonl"), "channels": 4}},
+        "data": {"class_path": "synthetic-images", "init_args": {"num_samples": 80, "image_size": 4, "channels": 1,
+                                                                 "batch_size": 8, "test_fraction": 0.2}},
+        "space": {"model.lr": {"type": "float", "low": 0.01, "high": 0.1}}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert "test_acc" in evaluate_checkpoint(config.model_dump(mode="json"), {"model.lr": 0.05},
+                                                 str(tmp_path / "trial" / "checkpoints" / "best.ckpt"))
+    assert not [w for w in caught if "dirpath has changed" in str(w.message)], [str(w.message) for w in caught]
+
+
 class ScriptedScoreWithItsOwnEarlyStopping(MLPClassifier):
     """Logs ``scores[epoch]`` as ``score``; its configure_callbacks adds an EarlyStopping
     of the user's own, as Lightning writes it by default (deciding at the epoch's end)."""
