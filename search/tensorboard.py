@@ -17,12 +17,10 @@ class StudiesSideBySide:
     """Several studies in one TensorBoard: a directory with one folder per study, holding
     its trials' runs as links to their event files, and one set of HParams columns
     covering every study (TensorBoard shows the columns of one study only). Each trial's
-    HParams record is a copy that makes it a row of its own. Runs and files that appear
-    later are added by ``link_new_runs``."""
+    HParams record is a copy that makes it a row of its own. Runs, files and columns that
+    appear later are added by ``link_new_runs``."""
 
     def __init__(self, directory: Path, experiments: list[ExperimentDir]) -> None:
-        from .tensorboard_layout import merge_hparams_columns
-
         self.directory, self.studies = directory, {}
         for exp in experiments:
             label, copy = exp.root.name, 1
@@ -30,12 +28,32 @@ class StudiesSideBySide:
                 copy += 1
                 label = f"{exp.root.name}-{copy}"
             self.studies[label] = exp.tensorboard_dir
-        merge_hparams_columns(list(self.studies.values()), directory)
+        self._merged_from: tuple | None = None  # the studies' column files the merged set was made of
         self.link_new_runs()
+
+    def _merge_columns_when_changed(self) -> None:
+        """The merged columns again whenever a study's own set changed: merged once, at the
+        start, a study that had no ended trial yet (a new search shown beside a finished
+        one) never had its parameters' columns, for as long as TensorBoard ran."""
+        from .tensorboard_layout import merge_hparams_columns
+
+        try:
+            sources = tuple((str(path), path.stat().st_mtime_ns) for folder in self.studies.values()
+                            for path in sorted(folder.glob("events.out.tfevents.*")))
+        except FileNotFoundError:  # a study's set replaced while we looked: next time
+            return
+        if sources == self._merged_from:
+            return
+        earlier = sorted(self.directory.glob("events.out.tfevents.*"))
+        if merge_hparams_columns(list(self.studies.values()), self.directory):
+            for path in earlier:  # TensorBoard reads one set: the newest only
+                path.unlink(missing_ok=True)
+        self._merged_from = sources
 
     def link_new_runs(self) -> None:
         from .tensorboard_layout import copy_as_own_group
 
+        self._merge_columns_when_changed()
         for label, tensorboard_dir in self.studies.items():
             runs = sorted(run for run in tensorboard_dir.iterdir() if run.is_dir()) if tensorboard_dir.is_dir() else []
             for run in runs:

@@ -527,6 +527,17 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     # serve() removes its directory at the end: the studies' own files stay.
     shutil.rmtree(combined)
     assert (runs[1] / "events.out.tfevents.1.host").is_file() and original.is_file()
+    # A study whose first trial ends after TensorBoard started: its own columns come then
+    # (they were merged once, at the start, and its parameters never got a column).
+    shown_later = tmp_path / "shown-later"
+    third = _study_with(tmp_path / "new", ["COMPLETE"])
+    studies = StudiesSideBySide(shown_later, [first, third])
+    assert "model.momentum" not in {info.name for info in _stored_columns(shown_later)[0].hparam_infos}
+    config["space"]["model.momentum"] = {"type": "float", "low": 0.5, "high": 0.99}
+    write_hparams_columns(third.tensorboard_dir, load_config(config), ["val_acc"])
+    studies.link_new_runs()
+    [columns] = _stored_columns(shown_later)  # one set: the earlier one removed
+    assert "model.momentum" in {info.name for info in columns.hparam_infos}
 
 
 def _session_group(record):
