@@ -23,9 +23,11 @@ from typing import Any
 
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .outcome import FINISHED_STATES
+
 STATE_HPARAM, EPOCHS_HPARAM = "state", "epochs"
 # Speed series every trial writes (see reporting.SPEED_KEYS), offered as HParams metrics.
 SPEED_METRICS = ("speed/samples_per_s", "speed/epoch_time_s")
+VALIDATION_NAME = re.compile(r"(^|[/_.-])val", re.IGNORECASE)  # val_loss, val/acc, valid_f1, epoch/val-acc
 _RUN_NAME_LIMIT = 96
 
 
@@ -79,7 +81,12 @@ def _uniform_choice_type(choices: list[Any]) -> bool:
 
 def hparams_columns(config: ExperimentConfig, logged_metrics: list[str]) -> Any:
     """The experiment-level HParams summary: typed parameters with their ranges, the
-    state and epochs columns, and the metrics (best and last search metric first)."""
+    state and epochs columns, and the metrics: best and last search metric first, then
+    the other validation metrics and the speed, then the rest (training metrics, the
+    learning rate). TensorBoard shows five parameter columns and the first five metric
+    columns until the user ticks more: with four parameters searched, ``state`` (they sort
+    by name) and ``val_loss`` and the speed (behind ``lr-AdamW`` and ``train_*``) were
+    hidden, and pruned trials looked like complete ones."""
     from tensorboard.plugins.hparams import summary_v2 as hp
 
     hparams = []
@@ -94,11 +101,29 @@ def hparams_columns(config: ExperimentConfig, logged_metrics: list[str]) -> Any:
     hparams.append(hp.HParam(STATE_HPARAM, hp.Discrete(list(FINISHED_STATES))))
     hparams.append(hp.HParam(EPOCHS_HPARAM, hp.IntInterval(0, config.scheduler.max_epochs)))
     metric = config.metric
+    own = sorted(_own_metric_columns(config, logged_metrics))
+    validation = [name for name in own if VALIDATION_NAME.search(name)]
     metrics = [hp.Metric(f"hp/{metric}", display_name=f"best {metric}"),
                hp.Metric(metric, display_name=f"last {metric}")]
-    metrics += [hp.Metric(name) for name in sorted(_own_metric_columns(config, logged_metrics))]
-    metrics += [hp.Metric(name) for name in SPEED_METRICS]
-    return hp.hparams_config_pb(hparams=hparams, metrics=metrics, time_created_secs=time.time())
+    metrics += [hp.Metric(name) for name in (*validation, *SPEED_METRICS)]
+    metrics += [hp.Metric(name) for name in sorted(set(own) - set(validation), key=lambda n: n.startswith("lr-"))]
+    summary = hp.hparams_config_pb(hparams=hparams, metrics=metrics, time_created_secs=time.time())
+    _state_column_first(summary)
+    return summary
+
+
+def _state_column_first(summary: Any) -> None:
+    """Marks the ``state`` column as one whose values differ between trials (the HParams
+    field TensorBoard orders its columns by: those first, then by name), so it is among
+    the five shown. The searched parameters' own columns keep TensorBoard's order."""
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    for value in summary.value:
+        experiment = metadata.parse_experiment_plugin_data(value.metadata.plugin_data.content)
+        for info in experiment.hparam_infos:
+            info.differs = info.name == STATE_HPARAM
+        value.metadata.plugin_data.content = plugin_data_pb2.HParamsPluginData(
+            version=metadata.PLUGIN_DATA_VERSION, experiment=experiment).SerializeToString()
 
 
 def _own_metric_columns(config: ExperimentConfig, logged_metrics: list[str]) -> set[str]:

@@ -389,6 +389,29 @@ def test_hparams_columns_gain_the_metrics_a_later_trial_logged(tmp_path):
     assert {"val_loss", "train_loss", "lr-AdamW"} <= columns()
 
 
+def test_the_hparams_columns_tensorboard_shows_first_hold_the_state_the_validation_metrics_and_the_speed(tmp_path):
+    """TensorBoard shows the first five parameter columns (by its own order) and the first
+    five metric columns until the user ticks more: with four parameters searched, the
+    state was hidden, and pruned trials looked complete; val_loss and the speed were
+    hidden behind lr-AdamW and train_*."""
+    from tensorboard.plugins.hparams.backend_context import _sort_and_reduce_to_hparams_limit
+
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.tensorboard_layout import _stored_columns, write_hparams_columns
+
+    config = load_config(shrunk_example(tmp_path, **{
+        "space/model.dropout": {"type": "float", "low": 0.0, "high": 0.5},
+        "space/model.weight_decay": {"type": "float", "low": 1e-5, "high": 1e-3, "log": True}}))
+    assert len(config.space) >= 4
+    write_hparams_columns(tmp_path / "tb", config, ["lr-AdamW", "train_acc", "train_loss", "val_loss"])
+    [columns] = _stored_columns(tmp_path / "tb")
+    _sort_and_reduce_to_hparams_limit(columns)  # what TensorBoard's server does before the page shows five
+    assert [info.name for info in columns.hparam_infos][0] == "state"
+    assert [metric.name.tag for metric in columns.metric_infos][:5] == [
+        "hp/val_acc", "val_acc", "val_loss", "speed/samples_per_s", "speed/epoch_time_s"]
+    assert [metric.name.tag for metric in columns.metric_infos][5:] == ["train_acc", "train_loss", "lr-AdamW"]
+
+
 def test_tensorboard_started_as_a_background_job_stops_at_ctrl_c_and_leaves_no_directory(tmp_path):
     """A script's ``hpsearch tensorboard ... &`` starts with SIGINT ignored: it ran on."""
     import signal
