@@ -70,8 +70,17 @@ class ExperimentDir:
         return _readable(self.config_file, yaml.safe_load, "YAML mapping")
 
     def stored_best(self) -> dict[str, Any] | None:
-        """best.json, or None before a search has written it (same errors as ``stored_config``)."""
-        return _readable(self.best_json, json.loads, "JSON object") if self.best_json.is_file() else None
+        """best.json, or None before a search has written it (same errors as ``stored_config``).
+        Its paths are this directory's: a study copied or moved elsewhere (from a cluster to
+        a laptop) named the checkpoint where the study was written, gone once that is."""
+        best = _readable(self.best_json, json.loads, "JSON object") if self.best_json.is_file() else None
+        written_in = best.get("experiment_dir") if isinstance(best, dict) else None
+        if written_in and Path(written_in) != self.root:
+            best["experiment_dir"] = str(self.root)
+            checkpoint = best.get("checkpoint")
+            if checkpoint and Path(written_in) in Path(checkpoint).parents:
+                best["checkpoint"] = str(self.root / Path(checkpoint).relative_to(written_in))
+        return best
 
     @classmethod
     def existing(cls, path: str | Path) -> "ExperimentDir":

@@ -289,6 +289,27 @@ def test_best_says_why_a_study_has_no_best_json(tmp_path, capsys):
         in capsys.readouterr().err
 
 
+def test_best_of_a_study_moved_elsewhere_names_its_own_checkpoint(tmp_path, capsys):
+    """best.json keeps the paths where the study was written: a study copied from a
+    cluster named the cluster's checkpoint, gone once that is."""
+    import json
+
+    exp = _study_with(tmp_path / "here", ["COMPLETE"])
+    written_in = tmp_path / "cluster" / "study"
+    checkpoint = exp.root / "trials" / "trial_0000" / "checkpoints" / "best.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"weights")
+    exp.best_json.write_text(json.dumps({
+        "experiment": "study", "experiment_dir": str(written_in), "metric": "val_acc", "mode": "max", "value": 0.5,
+        "trial": 0, "state": "COMPLETE", "epochs": 1, "params": {}, "test_metrics": {},
+        "checkpoint": str(written_in / "trials" / "trial_0000" / "checkpoints" / "best.ckpt")}))
+    assert main(["best", str(exp.root)]) == 0
+    assert f"checkpoint: {checkpoint}" in capsys.readouterr().out
+    assert main(["best", str(exp.root), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["checkpoint"], shown["experiment_dir"]) == (str(checkpoint), str(exp.root))
+
+
 def test_resuming_a_complete_study_whose_every_trial_failed_runs_nothing_and_says_so(tmp_path, capsys):
     """It said the best trial's test evaluation ran again (there is no best trial), and
     warned that a changed setting applied to trials from now on (none would run)."""
