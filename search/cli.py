@@ -374,9 +374,19 @@ def cmd_tensorboard(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from .errors import HpsearchError
     from .report import write_report
 
-    page = write_report(_experiment(args.experiment_dir), Path(args.out) if args.out else None)
+    exp = _experiment(args.experiment_dir)
+    out = Path(args.out).expanduser() if args.out else exp.root / "report"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        page = write_report(exp, out)
+    except OSError as exc:
+        written = Path(exc.filename).resolve() if exc.filename else None
+        if written is None or out.resolve() not in (written, *written.parents):
+            raise  # reading the study
+        raise HpsearchError(f"cannot write the report in {out}: {exc.strerror or exc}") from exc
     print(f"report: {page}")
     return 0
 

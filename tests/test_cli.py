@@ -289,6 +289,14 @@ def test_best_says_why_a_study_has_no_best_json(tmp_path, capsys):
         in capsys.readouterr().err
 
 
+def test_a_report_to_a_folder_that_cannot_be_made_is_one_error_line(tmp_path, capsys):
+    exp = _study_with(tmp_path, ["COMPLETE"])
+    (tmp_path / "a-file").write_text("")
+    assert main(["report", str(exp.root), "--out", str(tmp_path / "a-file" / "report")]) == 1
+    err = capsys.readouterr().err
+    assert f"error: cannot write the report in {tmp_path / 'a-file' / 'report'}: Not a directory" in err, err
+
+
 def test_best_of_a_study_moved_elsewhere_names_its_own_checkpoint(tmp_path, capsys):
     """best.json keeps the paths where the study was written: a study copied from a
     cluster named the cluster's checkpoint, gone once that is."""
