@@ -76,13 +76,17 @@ class TrialsTable:
         return self.rows.setdefault(number, {"trial": number, "state": "PENDING", "reason": ""})
 
     def best_row(self) -> dict[str, Any] | None:
-        """The best finished trial; pruned trials count only when none completed."""
+        """The best finished trial; pruned trials count only when none completed. Of trials
+        tied on the value, the lowest numbered: the rows' order is the order trials started
+        in (not their numbers) while a search runs, and the live summary named another of
+        two tied trials than the result did."""
         def finite(row):
             value = _as_float(row.get("best"))
             return value is not None and math.isfinite(value)
 
         for states in (("COMPLETE",), ("COMPLETE", "PRUNED")):
-            candidates = [r for r in self.rows.values() if r.get("state") in states and finite(r)]
+            candidates = sorted((r for r in self.rows.values() if r.get("state") in states and finite(r)),
+                                key=lambda row: int(row["trial"]))
             if candidates:
                 return best_of(candidates, self.mode, key=lambda row: _as_float(row["best"]))
         return None

@@ -18,6 +18,15 @@ def test_best_prefers_completed_trials():
     assert table("min").best_row()["trial"] == 0
 
 
+def test_of_tied_trials_the_lowest_numbered_is_best_in_whatever_order_they_started():
+    # While a search runs, rows are in the order trials started: the live summary said
+    # "best val_acc=1 (trial 1)" and the result "best trial 0".
+    t = TrialsTable("val_acc", "max", [])
+    for number in (1, 0):
+        t.row(number).update(state="COMPLETE", best=1.0)
+    assert t.best_row()["trial"] == 0
+
+
 def test_pruned_trials_count_when_none_completed():
     t = table()
     for number in (0, 2):
