@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .errors import counted
+from .errors import counted, resume_command
 from .experiment import ExperimentDir
 from .study_summary import StudySummary, summarize
 
@@ -253,8 +253,10 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
         f'<b>{html.escape(summary.metric)}</b> ({summary.mode}) · written {time.strftime("%Y-%m-%d %H:%M:%S")}</p>',
         "<h2>Best configuration</h2>",
         _table("best", ["", "value"], best_rows) if best else "<p>No trial has a result yet.</p>",
-        *([f"<p>The best trial so far: the search ended before evaluating it on the test split; "
-           f"<code>hpsearch resume {html.escape(summary.experiment_dir)}</code> does.</p>"]
+        *(["<p>The best trial so far: the search is running, and evaluates its best trial on the test split "
+           "when it ends.</p>"] if best.get("evaluated") is False and summary.search_running else
+          [f"<p>The best trial so far: the search ended before evaluating it on the test split; "
+           f"<code>{html.escape(resume_command(summary.experiment_dir))}</code> does.</p>"]
           if best.get("evaluated") is False else []),
         "<h2>Trials</h2>", _table("counts", ["state", "trials"], counts),
         *(["<h3>Failed trials</h3>", _table("failed", ["trial", "epochs", "reason"], failed)] if failed else []),

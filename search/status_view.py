@@ -222,7 +222,7 @@ def _compared(s: StudySummary, label: str, differs: dict[str, Any]) -> dict[str,
     best = s.best or {}
     tests = ", ".join(f"{k}={v:.4g}" for k, v in (best.get("test_metrics") or {}).items())
     if best.get("evaluated") is False:
-        tests = "not evaluated yet (resume)"
+        tests = "not evaluated yet (search running)" if s.search_running else "not evaluated yet (resume)"
     cells = {
         "experiment": label, "metric": f"{s.metric} ({s.mode})",
         "best": f"{best['value']:.4g}" if best.get("value") is not None else "-",

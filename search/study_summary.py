@@ -15,6 +15,7 @@ from .config import SchedulerConfig
 from .config_loading import flat_settings
 from .experiment import ExperimentDir, read_sessions
 from .outcome import FINISHED_STATES, PAUSED, RUNNING
+from .study_lock import dead_holder
 from .trials_table import TrialsTable, read_rows
 
 
@@ -41,6 +42,7 @@ class StudySummary:
     saved_by_early_stopping_s: float
     rungs: list[RungCount] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)  # experiment.yaml, by dotted key
+    search_running: bool = False  # its last session has not ended, and its driver is not known to be gone
 
     @property
     def trials(self) -> int:
@@ -77,7 +79,15 @@ def summarize(exp: ExperimentDir) -> StudySummary:
         # parameter differs by that parameter, not by each of its fields
         settings={**flat_settings({k: v for k, v in config.items() if k != "space"}),
                   **{f"space.{param}": spec for param, spec in config.get("space", {}).items()}},
+        search_running=_search_running(exp),
     )
+
+
+def _search_running(exp: ExperimentDir) -> bool:
+    """The report and ``compare`` of a study being searched said that its search had ended
+    before evaluating the best trial, and that ``resume`` would (the lock refuses it)."""
+    last = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
+    return last.get("outcome") == "running" and dead_holder(exp) is None
 
 
 def _best_not_yet_evaluated(exp: ExperimentDir, config: dict[str, Any]) -> dict[str, Any] | None:

@@ -241,7 +241,20 @@ def test_compare_and_report_show_the_best_trial_before_best_json_is_written(tmp_
     assert summary.rungs[0].epoch == 1 and summary.rungs[0].reached == 2
     page = _html(summary, {})
     assert "No trial has a result yet" not in page and f"hpsearch resume {exp.root}" in page
-    assert main(["compare", str(exp.root)]) == 0 and "not evaluated yet" in capsys.readouterr().out
+    assert main(["compare", str(exp.root)]) == 0 and "not evaluated yet (resume)" in capsys.readouterr().out
+    # While its search runs: it had not ended, and resume would be refused.
+    import os
+    import socket
+    import time
+
+    from hpsearch.search.experiment import record_session, write_json
+
+    record_session(exp, time.time() - 5, None, "running")
+    write_json(exp.root / "driver.json", {"pid": os.getpid(), "host": socket.gethostname(), "since": "now",
+                                          "command": "hpsearch run"})
+    page = _html(summarize(exp), {})
+    assert "the search is running" in page and "hpsearch resume" not in page
+    assert main(["compare", str(exp.root)]) == 0 and "not evaluated yet (search running)" in capsys.readouterr().out
 
 
 def test_a_user_package_that_does_not_import_says_where_to_run_from(tmp_path, monkeypatch, capsys):
