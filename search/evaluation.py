@@ -56,6 +56,10 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     # ``self.logger`` (sample predictions, images) passed the preflight and then failed here
     # after the whole search. What it logs lands beside the checkpoint's trial: test/.
     test_logs = Path(checkpoint).parent.parent / "test"
+    # One evaluation's events: each session that evaluated the best trial again (a resume)
+    # added a file, and TensorBoard showed its test metrics once per evaluation, all at step 0.
+    for earlier in test_logs.glob("events.out.tfevents.*"):
+        earlier.unlink(missing_ok=True)
     trainer = pl.Trainer(accelerator=device.accelerator, devices=1, precision=device.precision,
                          logger=TensorBoardLogger(str(test_logs), name="", version="", default_hp_metric=False),
                          default_root_dir=str(test_logs), enable_checkpointing=False, enable_progress_bar=False,

@@ -440,6 +440,10 @@ def test_evaluation_keeps_no_autograd_graph_and_the_final_test_runs_in_inference
     config.model.class_path = "userpkg.grad_probe:LogsAtTest"
     assert "test_acc" in evaluate_checkpoint(config.model_dump(mode="json"), {"model.lr": 0.05}, str(checkpoint))
     assert list((checkpoint.parent.parent / "test").glob("events.out.tfevents.*"))
+    # evaluated again (a resume does): one evaluation's events, not one more file each time
+    time.sleep(1)  # event files are named by the second they were opened in
+    assert "test_acc" in evaluate_checkpoint(config.model_dump(mode="json"), {"model.lr": 0.05}, str(checkpoint))
+    assert len(list((checkpoint.parent.parent / "test").glob("events.out.tfevents.*"))) == 1
 
 
 def test_a_models_own_checkpoints_go_to_the_trials_folder_and_its_evaluation_restores_them_quietly(tmp_path,
