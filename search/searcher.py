@@ -135,6 +135,7 @@ class OptunaSearcher(Searcher):
         self._numbers: dict[str, int] = {}
         self._to_resume: list[int] = []
         self._told: set[int] = set()  # trials this searcher ended in the study
+        self._epochs_recorded: dict[int, int] = {}  # trials.csv's epochs of each trial (see epochs_recorded)
 
     # The study holds an open file; it is reopened lazily after unpickling (Tune pickles
     # the searcher with the Tuner), never pickled itself.
@@ -241,8 +242,17 @@ class OptunaSearcher(Searcher):
             self._numbers[trial_id] = trial.number
         frozen = study.get_trials(deepcopy=False)[self._numbers[trial_id]]
         # A resumed trial sends again the epochs its checkpoint holds beyond these
+        known = max(frozen.intermediate_values, default=0)
         return {"params": dict(frozen.params), TRIAL_NUMBER: frozen.number,
-                KNOWN_EPOCHS: max(frozen.intermediate_values, default=0)}
+                KNOWN_EPOCHS: min(known, self._epochs_recorded.get(frozen.number, known))}
+
+    def epochs_recorded(self, rows: dict[int, dict[str, Any]]) -> None:
+        """The epochs trials.csv has of each trial: a resumed trial sends again those its
+        checkpoint holds beyond the fewer of these and the study's. trials.csv is written
+        at most every few seconds while trials report, so at a kill it may lag the study;
+        the epochs it missed were in the study, not sent again, and their time never
+        reached the trial's ``compute_s``. The study and ASHA take an epoch sent twice once."""
+        self._epochs_recorded = {number: int(float(row.get("epochs") or 0)) for number, row in rows.items()}
 
     def _sample_what_is_missing(self, number: int) -> None:
         """An interrupted trial gets the values of the space it lacks before it resumes.

@@ -305,6 +305,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     # trials.csv may lag the study (a crash or full disk between the two writes): the
     # study's finished trials win. The study may lag trials.csv too, by a torn last record.
     searcher.settle_finished(table.rows)
+    searcher.epochs_recorded(table.rows)
     finished = searcher.finished_trials()
     for fields in finished:
         table.row(fields["trial"]).update(fields)

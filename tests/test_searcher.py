@@ -87,6 +87,11 @@ def test_a_fresh_searcher_resumes_interrupted_trials_first_and_keeps_the_limit(t
     assert new["hps_trial_number"] == 2
     assert second.suggest("d2") == Searcher.FINISHED
     assert len(open_study(tmp_path, config.name, config.mode).trials) == 3
+    # trials.csv, written every few seconds, had only the first of them at a kill: the
+    # second is sent again, or its time would never reach the trial's compute_s
+    third = OptunaSearcher(config, tmp_path, PruneLog())
+    third.epochs_recorded({1: {"trial": 1, "epochs": 1}})
+    assert third.suggest("b3") == {**interrupted, "hps_known_epochs": 1}
 
 
 def test_a_trial_interrupted_while_being_sampled_resumes_with_every_value_of_the_space(tmp_path, config):
