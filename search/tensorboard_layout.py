@@ -106,7 +106,7 @@ def hparams_columns(config: ExperimentConfig, logged_metrics: list[str]) -> Any:
     metrics = [hp.Metric(f"hp/{metric}", display_name=f"best {metric}"),
                hp.Metric(metric, display_name=f"last {metric}")]
     metrics += [hp.Metric(name) for name in (*validation, *SPEED_METRICS)]
-    metrics += [hp.Metric(name) for name in sorted(set(own) - set(validation), key=lambda n: n.startswith("lr-"))]
+    metrics += [hp.Metric(name) for name in sorted(set(own) - set(validation), key=lambda n: (n.startswith("lr-"), n))]
     summary = hp.hparams_config_pb(hparams=hparams, metrics=metrics, time_created_secs=time.time())
     _state_column_first(summary)
     return summary
