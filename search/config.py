@@ -256,6 +256,26 @@ class ResourcesConfig(StrictModel):
         return self.workers_per_trial > 1
 
     @model_validator(mode="after")
+    def _a_one_process_trial_is_its_worker(self):
+        """A trial of one process is its one worker: a per-worker request given for it is the
+        trial's. Ray reserved the per-trial values while the fit check, torch's threads, the
+        loader's workers and the choice of a GPU followed the per-worker ones: trials of
+        ``cpus_per_worker: 0.5`` each held 1 CPU and used half, and ``gpus_per_worker: 1``
+        trained on a GPU that Ray had not reserved for it."""
+        if self.distributed:
+            return self
+        for kind in ("cpus", "gpus"):
+            per_worker, per_trial = getattr(self, f"{kind}_per_worker"), f"{kind}_per_trial"
+            if per_worker is None:
+                continue
+            if per_trial in self.model_fields_set and getattr(self, per_trial) != per_worker:
+                raise FieldValueError(f"{kind}_per_worker", f"a trial of one process is its one worker: "
+                                      f"{kind}_per_worker ({per_worker:g}) and {per_trial} "
+                                      f"({getattr(self, per_trial):g}) must agree (set one of them)")
+            object.__setattr__(self, per_trial, per_worker)
+        return self
+
+    @model_validator(mode="after")
     def _gpu_fractions_fit_one_device(self):
         # The field a rank's GPU request came from: its own, or the per-trial one it inherits.
         field = "gpus_per_worker" if self.gpus_per_worker is not None else "gpus_per_trial"

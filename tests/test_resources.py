@@ -56,6 +56,22 @@ def test_workers_of_one_trial_may_span_nodes_and_gpus_are_counted(example_config
     assert concurrent_trials_capacity(fractional, CLUSTER) == 8
 
 
+def test_a_one_process_trials_per_worker_request_is_the_trials_own(example_config):
+    # Ray reserved cpus_per_trial while the fit check, torch's threads and the loader used
+    # cpus_per_worker: 0.5 CPU trials held 1 each (one at a time on 2 CPUs) and used half;
+    # gpus_per_worker: 1 trained on a GPU Ray had not reserved.
+    half = resources(example_config, cpus_per_worker=0.5)
+    assert (half.cpus_per_trial, half.worker_cpus) == (0.5, 0.5)
+    assert concurrent_trials_capacity(half, TWO_CPUS) == 4
+    gpu = resources(example_config, gpus_per_worker=1)
+    assert (gpu.gpus_per_trial, gpu.worker_gpus) == (1, 1)
+    with pytest.raises(ConfigError, match=r"resources\.cpus_per_worker.*one process is its one worker"):
+        resources(example_config, cpus_per_trial=1, cpus_per_worker=4)
+    # a distributed trial's ranks keep their own request
+    ranks = resources(example_config, workers_per_trial=2, cpus_per_worker=0.5)
+    assert (ranks.cpus_per_trial, ranks.worker_cpus) == (1, 0.5)
+
+
 def test_distributed_trials_hold_no_cpu_for_their_driver():
     assert driver_resources()["cpu"] == 0 and driver_resources()["memory"] > 0
 
