@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from .components import build_datamodule, build_model, raised_at, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
-from .devices import loader_options
+from .devices import loader_options, resolve_precision
 from .errors import ConfigError, warn_user
 from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
 
@@ -69,6 +69,9 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
                                           f"{model_built} raised {type(exc).__name__}: {exc}{_at(exc)}")]) from None
     quiet_lightning()
     logged, in_training = _a_few_batches(config, params, model, datamodule, model_class, data_class)
+    for precision in _other_searched_precisions(config, params):
+        _a_few_batches(config, {**params, "trainer.precision": precision}, model, datamodule, model_class, data_class,
+                       blame="space.trainer.precision")
     if config.metric not in logged:
         raise ConfigError([config.problem(
             "metric",
@@ -126,13 +129,38 @@ def _driver_has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def preflight_precision(config: ExperimentConfig, precision: str) -> str:
+    """The precision the preflight trains in: the trials' own when they run on CPU, as the
+    preflight does (a training step that fails only in bf16 passed it, then failed every
+    trial); 32-true for GPU trials, which a CPU cannot stand in for (float16 autocast is
+    for GPUs, and some operations have no bf16 kernel on CPU)."""
+    return resolve_precision(precision, on_gpu=False) if config.resources.worker_gpus == 0 else "32-true"
+
+
+def _other_searched_precisions(config: ExperimentConfig, params: dict[str, Any]) -> list[str]:
+    """A searched precision's other choices that CPU trials would train in otherwise than
+    the one already tried."""
+    param = config.space.get("trainer.precision")
+    if not isinstance(param, CategoricalParam):
+        return []
+    tried = {preflight_precision(config, str(params["trainer.precision"]))}
+    others = []
+    for choice in param.choices:
+        if preflight_precision(config, str(choice)) not in tried:
+            tried.add(preflight_precision(config, str(choice)))
+            others.append(str(choice))
+    return others
+
+
 def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, datamodule,
-                   model_class: type, data_class: type) -> list[str]:
+                   model_class: type, data_class: type, blame: str | None = None) -> list[str]:
     """Two training steps and one validation batch in one ``fit`` (the DataModule is set
-    up once), then one test batch if there is a test split. A training_step, loader,
-    configure_optimizers, scheduler or test_step that raises would otherwise fail every
-    trial, each try after Ray started (or, for test_step, the search's final evaluation).
-    Returns the metrics logged by validation's end."""
+    up once), then one test batch if there is a test split, in the trials' precision (see
+    ``preflight_precision``). A training_step, loader, configure_optimizers, scheduler or
+    test_step that raises would otherwise fail every trial, each try after Ray started
+    (or, for test_step, the search's final evaluation). Returns the metrics logged by
+    validation's end. ``blame``: the field a failure is put on (by default, the one the
+    error points to)."""
     import pytorch_lightning as pl
     import torch
     from pytorch_lightning.loggers import TensorBoardLogger
@@ -167,11 +195,12 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             self.phase = "one test batch (the best trial's final evaluation runs test_step)"
 
     watch, settings = Watch(), config.with_trainer_params(params)
+    precision = preflight_precision(config, settings.precision)
     with tempfile.TemporaryDirectory(prefix="hpsearch-preflight-") as scratch, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # A logger, as trials have: with one, Lightning also merges and logs the model's
         # and the DataModule's saved hyperparameters, and refuses a clash between them.
-        trainer = pl.Trainer(accelerator="cpu", devices=1, enable_checkpointing=False,
+        trainer = pl.Trainer(accelerator="cpu", devices=1, enable_checkpointing=False, precision=precision,
                              logger=TensorBoardLogger(scratch, name="", version="", default_hp_metric=False),
                              enable_progress_bar=False, enable_model_summary=False, max_epochs=1,
                              limit_train_batches=2, limit_val_batches=1, limit_test_batches=1, num_sanity_val_steps=0,
@@ -186,8 +215,9 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
                     with torch.inference_mode():  # as the evaluation runs it
                         trainer.test(model, datamodule=datamodule, verbose=False)
         except Exception as exc:
-            raise ConfigError([config.problem(_field_at_fault(config, exc, params, model_class, data_class),
-                                              f"{watch.phase} failed: {type(exc).__name__}: {exc}"
+            in_precision = f" (in {precision} precision, the trials')" if precision != "32-true" else ""
+            raise ConfigError([config.problem(blame or _field_at_fault(config, exc, params, model_class, data_class),
+                                              f"{watch.phase} failed{in_precision}: {type(exc).__name__}: {exc}"
                                               f"{_relative_path_note(exc)}{_at(exc)}")]) from None
     return watch.logged, watch.in_training
 

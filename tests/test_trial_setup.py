@@ -169,6 +169,30 @@ def test_preflight_names_a_metric_the_model_never_logs(example_config):
     assert "val_acc" in problem.message
 
 
+@pytest.mark.parametrize("precision, searched", [("bf16-mixed", False), ("32-true", True)])
+def test_preflight_trains_in_the_cpu_trials_precision_and_every_searched_one(example_config, monkeypatch, precision,
+                                                                            searched):
+    """It always trained in 32-true: a training step that fails only under bf16 autocast
+    passed check, then failed every trial."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["model"]["class_path"] = "userpkg.grad_probe:Float32Tally"
+    example_config["trainer"] = {"precision": precision}
+    if searched:
+        example_config["space"]["trainer.precision"] = {"type": "categorical", "choices": ["32-true", "16-mixed"]}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == ("space.trainer.precision" if searched else "model.class_path"), problem
+    assert "training batch 1 failed (in bf16-mixed precision, the trials')" in problem.message, problem.message
+    assert "index_add_" in problem.message
+    # 32-true alone trains it fine
+    example_config["trainer"] = {"precision": "32-true"}
+    example_config["space"].pop("trainer.precision", None)
+    config = load_config(example_config)
+    assert "val_acc" in run_preflight(config, *check_components(config))
+
+
 def test_preflight_refuses_a_metric_logged_only_in_training(example_config, monkeypatch):
     """A loss logged at training steps passed for a metric logged at validation, and
     trials then reported the last training batch's value as each epoch's result."""
