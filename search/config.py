@@ -383,9 +383,14 @@ class ExperimentConfig(StrictModel):
             # would be dropped without a word.
             what = "runs one rank per worker" if strategy == "ddp" else "shards the model over a trial's ranks"
             raise FieldValueError("trainer.strategy", f"'{strategy}' {what}: it needs resources.workers_per_trial > 1")
-        if strategy == "fsdp" and self.resources.worker_gpus == 0:
-            raise FieldValueError("trainer.strategy", "'fsdp' shards over GPUs: give each rank one (resources.gpus_per_trial "
-                                                     "or gpus_per_worker >= 1)")
+        # (stage 2, the default, is in every study's frozen settings, whatever the strategy)
+        if self.trainer.deepspeed_stage != 2 and strategy != "deepspeed":
+            raise FieldValueError("trainer.deepspeed_stage", f"is DeepSpeed's ZeRO stage, and trainer.strategy is "
+                                                            f"{strategy!r}: set strategy: deepspeed, or leave it out")
+        if strategy in ("fsdp", "deepspeed") and self.resources.worker_gpus == 0:
+            # Lightning's rule for both: every trial failed on it, each after a retry.
+            raise FieldValueError("trainer.strategy", f"'{strategy}' shards over GPUs: give each rank one "
+                                                     "(resources.gpus_per_trial or gpus_per_worker >= 1)")
         return self
 
     @model_validator(mode="after")

@@ -79,6 +79,11 @@ def test_distributed_trials_hold_no_cpu_for_their_driver():
 @pytest.mark.parametrize("settings, field, message", [
     ({"trainer": {"strategy": "ddp"}}, "trainer.strategy", "needs resources.workers_per_trial > 1"),
     ({"trainer": {"strategy": "fsdp"}, "resources": {"workers_per_trial": 2}}, "trainer.strategy", "shards over GPUs"),
+    ({"trainer": {"deepspeed_stage": 3}, "resources": {"workers_per_trial": 2}}, "trainer.deepspeed_stage",
+     "is DeepSpeed's ZeRO stage, and trainer.strategy is 'auto'"),
+    # Lightning refuses DeepSpeed on CPU too: every trial failed on it, each after a retry
+    ({"trainer": {"strategy": "deepspeed"}, "resources": {"workers_per_trial": 2}}, "trainer.strategy",
+     "'deepspeed' shards over GPUs"),
     # one process: Lightning's single-device training, which would drop the strategy unsaid
     ({"trainer": {"strategy": "fsdp"}, "resources": {"gpus_per_trial": 1}}, "trainer.strategy",
      "'fsdp' shards the model over a trial's ranks: it needs resources.workers_per_trial > 1"),
