@@ -399,7 +399,7 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
     check_strategy_available(config)
     check_sampler(config)
     check_steps(config)
-    precision_fallback_warning(config.trainer, config.resources)
+    precision_fallback_warning(config.trainer, config.resources, config.space)
     loader_setting_warnings(config.loader, config.resources)
     if config.search.preflight if preflight is None else preflight:
         from .preflight import run_preflight

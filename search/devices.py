@@ -7,6 +7,7 @@ visible. Each choice is reported with the trial's results.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -37,10 +38,17 @@ def resolve_precision(requested: str, on_gpu: bool) -> str:
     return requested
 
 
-def precision_fallback_warning(trainer: TrainerConfig, resources: ResourcesConfig) -> None:
-    """One warning, in the driver, when CPU trials cannot use the requested precision."""
-    if trainer.precision == "16-mixed" and resources.worker_gpus == 0:
+def precision_fallback_warning(trainer: TrainerConfig, resources: ResourcesConfig,
+                               space: Mapping[str, Any] | None = None) -> None:
+    """One warning, in the driver, when CPU trials cannot use the requested precision, or
+    one that the search can sample (``space``)."""
+    if resources.worker_gpus > 0:
+        return
+    if trainer.precision == "16-mixed":
         warn_user("trainer.precision '16-mixed' needs a GPU and these trials run on CPU: they use 'bf16-mixed' instead")
+    if "16-mixed" in getattr((space or {}).get("trainer.precision"), "choices", ()):
+        warn_user("space.trainer.precision: '16-mixed' needs a GPU and these trials run on CPU: a trial that samples "
+                  "it uses 'bf16-mixed', so the two choices train alike")
 
 
 def loader_setting_warnings(loader: LoaderConfig, resources: ResourcesConfig) -> None:

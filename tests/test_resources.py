@@ -140,6 +140,17 @@ def test_fp16_on_cpu_trials_warns_once_in_the_driver(example_config):
         warnings.simplefilter("always")
         precision_fallback_warning(gpu.trainer, gpu.resources)
     assert caught == []
+    # a searched 16-mixed: CPU trials that sample it train as bf16-mixed ones do
+    example_config["resources"] = {}
+    example_config["trainer"]["precision"] = "32-true"
+    example_config["space"]["trainer.precision"] = {"type": "categorical", "choices": ["bf16-mixed", "16-mixed"]}
+    searched = load_config(example_config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        precision_fallback_warning(searched.trainer, searched.resources, searched.space)
+    assert [str(w.message) for w in caught] == ["space.trainer.precision: '16-mixed' needs a GPU and these trials run "
+                                                "on CPU: a trial that samples it uses 'bf16-mixed', so the two "
+                                                "choices train alike"]
 
 
 NO_RAY_START = ("import sys, ray\n"
