@@ -99,6 +99,8 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         if len(self.classes) < 2:
             raise ValueError(f"image-folder root {str(self.root)!r} needs at least two class subfolders")
         self.image_size, self.channels = int(image_size), int(channels)
+        if eval_batch_size is not None and int(eval_batch_size) < 1:
+            raise ValueError(f"eval_batch_size must be >= 1 (or left out: 4 x batch_size), got {eval_batch_size}")
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size or 4 * self.batch_size)
         self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed

@@ -54,6 +54,8 @@ class InMemoryImageDataModule(SplitLoaders, pl.LightningDataModule):
         super().__init__()
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if eval_batch_size is not None and int(eval_batch_size) < 1:
+            raise ValueError(f"eval_batch_size must be >= 1 (or left out: 4 x batch_size), got {eval_batch_size}")
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size or 4 * self.batch_size)
         self.val_fraction, self.test_fraction = float(val_fraction), float(test_fraction)

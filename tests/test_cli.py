@@ -81,6 +81,19 @@ def test_check_validates_as_run_does_with_no_ray_and_no_directory(tmp_path):
     assert str(storage / config["name"]) in out.stdout and not storage.exists()
 
 
+@pytest.mark.parametrize("setting, field", [
+    ({"data/init_args/eval_batch_size": 0}, "data.init_args.eval_batch_size"),
+    ({"space/data.eval_batch_size": {"type": "int", "low": -4, "high": 64}}, "space.data.eval_batch_size"),
+])
+def test_check_refuses_a_built_in_datas_eval_batch_below_one_naming_it(tmp_path, capsys, setting, field):
+    # 0 became 4 x the batch without a word; -5 was blamed on data.class_path, as torch's
+    # "batch_size should be a positive integer" of a loader.
+    path = write_yaml(tmp_path / "exp.yaml", shrunk_example(tmp_path / "runs", **setting))
+    assert main(["check", str(path)]) == EXIT_CONFIG_ERROR
+    err = capsys.readouterr().err
+    assert f"- {field} (" in err and "eval_batch_size must be >= 1" in err, err
+
+
 def test_check_refuses_a_distributed_trial_larger_than_this_machine(tmp_path, capsys):
     too_many = (os.cpu_count() or 1) + 1  # Ray counts no more CPUs than the OS does
     config = shrunk_example(tmp_path / "runs", **{"resources/workers_per_trial": too_many,
