@@ -58,9 +58,9 @@ def loader_setting_warnings(loader: LoaderConfig, resources: ResourcesConfig) ->
     if loader.pin_memory is True and resources.worker_gpus == 0:
         warn_user("loader.pin_memory: true does nothing for these trials: they run on CPU, and memory is "
                   "pinned only for a GPU")
-    cpus = int(resources.worker_cpus)
+    cpus = resources.worker_cpus
     if loader.num_workers != "auto" and loader.num_workers > cpus:
-        warn_user(f"loader.num_workers: {loader.num_workers} loader processes share the {cpus} CPU(s) each trial "
+        warn_user(f"loader.num_workers: {loader.num_workers} loader processes share the {cpus:g} CPU(s) each trial "
                   f"worker holds (resources.cpus_per_{'worker' if resources.workers_per_trial > 1 else 'trial'})")
 
 

@@ -122,6 +122,9 @@ def test_loader_settings_that_cannot_act_are_warned_of(example_config, monkeypat
     said = [str(w.message) for w in caught]
     assert any("loader.pin_memory: true does nothing for these trials: they run on CPU" in m for m in said), said
     assert any("loader.num_workers: 8 loader processes share the 2 CPU(s)" in m for m in said), said
+    half = load_config(example_config, ["loader.num_workers=1", "resources.cpus_per_trial=0.5"])
+    with pytest.warns(UserWarning, match=r"1 loader processes share the 0\.5 CPU\(s\)"):  # said "the 0 CPU(s)"
+        loader_setting_warnings(half.loader, half.resources)
     # The built-in digits takes the loader options; a DataModule without them does not.
     monkeypatch.syspath_prepend(str(FIXTURES))
     example_config["data"] = {"class_path": "userpkg.regression:NoisyLinearData"}
