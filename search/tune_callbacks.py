@@ -11,7 +11,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ray.tune import Callback
 from ray.tune.stopper import Stopper, TimeoutStopper
@@ -58,11 +58,17 @@ class TrialsTableRecorder(Callback):
     """Keeps ``trials.csv`` current: every trial's state, params, metric and telemetry.
 
     Results rewrite the file at most every ``min_interval_s``; trial ends always do.
+    ``planned``: a trial's columns known from its params before it reports (its device,
+    precision, strategy), filled in at its start where the row has none: a trial that
+    failed before its first report, on its precision or strategy say, showed none of them.
+    Its reports replace them with what it used.
     """
 
-    def __init__(self, table: TrialsTable, path: Path, prunes: PruneLog, min_interval_s: float = 2.0) -> None:
+    def __init__(self, table: TrialsTable, path: Path, prunes: PruneLog, min_interval_s: float = 2.0,
+                 planned: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self.table, self.path, self.prunes = table, path, prunes
         self.min_interval_s = min_interval_s
+        self.planned = planned
         self._last_write = 0.0
 
     def _row(self, trial) -> dict[str, Any]:
@@ -76,6 +82,9 @@ class TrialsTableRecorder(Callback):
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         row = self._row(trial)
         row["state"], row["reason"] = RUNNING, ""
+        for column, value in (self.planned(trial.config.get("params", {})) if self.planned else {}).items():
+            if row.get(column) in (None, ""):
+                row[column] = value
         row["attempts"] = row.get("attempts") or 1
         self._write(force=True)
 

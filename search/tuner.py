@@ -314,7 +314,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     ranks = [FreeRankReservations()] if config.resources.distributed else []
     callbacks = [*ranks, DropResumeCheckpoints(exp, mirror), KeepTracebacks(exp),
                  RetryPolicy(table, config.failure.max_retries, exp),
-                 TrialsTableRecorder(table, exp.trials_csv, prunes),
+                 TrialsTableRecorder(table, exp.trials_csv, prunes, planned=planned_columns(config)),
                  TensorBoardSessions(config, table, exp.tensorboard_dir),
                  *([PushStudyFiles(mirror)] if mirror is not None else []),
                  ProgressDisplay(table, searcher.trial_limit, exp), *(extra_callbacks or [])]
@@ -367,6 +367,24 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
         if table.pause_running(PAUSE_REASONS[outcome]):
             table.save(exp.trials_csv)
     return outcome
+
+
+def planned_columns(config: ExperimentConfig):
+    """A trial's trials.csv columns known from its params before it reports: the device,
+    precision (a CPU trial's as it will run it; a GPU without bf16 may change a GPU
+    trial's, which its reports then say), strategy and world size."""
+    from .devices import resolve_precision
+    from .distributed import strategy_name
+
+    on_gpu = config.resources.worker_gpus > 0
+    fixed = {"device": "gpu" if on_gpu else "cpu", "world_size": config.resources.workers_per_trial,
+             "strategy": strategy_name(config)}
+
+    def planned(params: dict) -> dict:
+        precision = str(params.get("trainer.precision", config.trainer.precision))
+        return {**fixed, "precision": precision if on_gpu else resolve_precision(precision, on_gpu=False)}
+
+    return planned
 
 
 def _session_outcome(complete: bool, budget_reached: bool) -> str:

@@ -92,3 +92,29 @@ def test_a_resumed_trials_checkpointed_epoch_counts_its_compute_once(tmp_path):
     # resumed from epoch 2's checkpoint, whose report the interruption lost
     recorder.on_trial_result(0, [], trial, {**epoch, "epoch": 2, "hps_restored": True})
     assert recorder.table.row(0)["compute_s"] == 8.0 and recorder.table.row(0)["epochs"] == 2
+
+
+def test_a_trials_planned_techniques_are_in_its_row_from_its_start(tmp_path, example_config):
+    """A trial that failed before its first report (on its precision or strategy, say)
+    had empty precision, strategy and world_size columns."""
+    from types import SimpleNamespace
+
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.outcome import PruneLog
+    from hpsearch.search.tune_callbacks import TrialsTableRecorder
+    from hpsearch.search.tuner import planned_columns
+
+    example_config["trainer"] = {"precision": "16-mixed"}
+    example_config["space"]["trainer.precision"] = {"type": "categorical", "choices": ["16-mixed", "64-true"]}
+    config = load_config(example_config)
+    recorder = TrialsTableRecorder(TrialsTable("val_acc", "max", []), tmp_path / "trials.csv", PruneLog(),
+                                   planned=planned_columns(config))
+    for number, precision in enumerate(["16-mixed", "64-true"]):
+        trial = SimpleNamespace(trial_id=f"t{number}", config={"hps_trial_number": number,
+                                                              "params": {"trainer.precision": precision}})
+        recorder.on_trial_start(0, [], trial)
+    rows = read_rows(tmp_path / "trials.csv")
+    assert [(r["device"], r["precision"], r["world_size"], r["strategy"]) for r in rows] == [
+        ("cpu", "bf16-mixed", 1, "single"), ("cpu", "64-true", 1, "single")]  # as a CPU trial runs them
+    recorder.on_trial_result(0, [], trial, {"val_acc": 0.5, "epoch": 1, "hps_precision": "32-true"})
+    assert recorder.table.row(1)["precision"] == "32-true"  # what it reports it used wins
