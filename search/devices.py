@@ -6,8 +6,8 @@ visible. Each choice is reported with the trial's results.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch

@@ -27,7 +27,7 @@ from .outcome import FINISHED_STATES
 STATE_HPARAM, EPOCHS_HPARAM = "state", "epochs"
 # Speed series every trial writes (see reporting.SPEED_KEYS), offered as HParams metrics.
 SPEED_METRICS = ("speed/samples_per_s", "speed/epoch_time_s")
-VALIDATION_NAME = re.compile(r"(^|[/_.-])val", re.IGNORECASE)  # val_loss, val/acc, valid_f1, epoch/val-acc
+VALIDATION_NAME = re.compile(r"(^|[/_.-])e?val", re.IGNORECASE)  # val_loss, val/acc, valid_f1, eval_acc, epoch/val-acc
 _RUN_NAME_LIMIT = 96
 
 
