@@ -148,7 +148,11 @@ def test_resuming_a_complete_study_starts_nothing_and_changes_nothing(finished_s
     monkeypatch.setattr(tuner, "start_ray", no_ray)
     result = api.resume(copy)
     assert result.already_complete and result.complete
-    assert result.best == json.loads(before["best.json"]) and len(result.trials) == 6
+    # best.json as written, its paths read as the copy's own
+    written = json.loads(before["best.json"])
+    moved = {"experiment_dir": str(copy), "checkpoint": str(copy / Path(written["checkpoint"]).relative_to(exp_dir))}
+    assert result.best == {**written, **moved} and Path(result.best["checkpoint"]).is_file()
+    assert len(result.trials) == 6
     assert {name: (copy / name).read_bytes() for name in before} == before
 
     printed = run_cli("resume", str(copy), cwd=tmp_path, timeout=120)
