@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,10 @@ from .components import build_datamodule, build_model
 from .config import ExperimentConfig
 from .storage import Mirror
 from .trial import load_training_stack
+
+
+LOADER_WARNINGS_SAID_BEFORE = (r"This DataLoader will create \d+ worker processes",
+                               r"'pin_memory' argument is set as true but no accelerator")
 
 
 def has_test_split(model, datamodule) -> bool:
@@ -66,6 +71,10 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
                          enable_model_summary=False,
                          # the folder the model's own ModelCheckpoint had in training, as its restored state says
                          callbacks=[ModelCheckpointsInTrialDir(model_checkpoint_dir(Path(checkpoint).parent.parent))])
-    with torch.inference_mode(), ctrl_c_interrupts():
+    with torch.inference_mode(), ctrl_c_interrupts(), warnings.catch_warnings():
+        # torch's own words for the loader settings the driver warned of at the start
+        # (``devices.loader_setting_warnings``), which came again here, twice over
+        for said in LOADER_WARNINGS_SAID_BEFORE:
+            warnings.filterwarnings("ignore", message=said)
         outputs = trainer.test(model, datamodule=datamodule, ckpt_path=checkpoint, verbose=False)
     return {k: float(v) for k, v in (outputs[0] if outputs else {}).items()}

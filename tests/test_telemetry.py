@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -476,6 +477,35 @@ def test_a_models_own_checkpoints_go_to_the_trials_folder_and_its_evaluation_res
         assert "test_acc" in evaluate_checkpoint(config.model_dump(mode="json"), {"model.lr": 0.05},
                                                  str(tmp_path / "trial" / "checkpoints" / "best.ckpt"))
     assert not [w for w in caught if "dirpath has changed" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_the_evaluation_does_not_repeat_torchs_words_for_loader_settings_the_driver_warned_of(tmp_path):
+    # The driver warns once of pinned memory on CPU and of more loader workers than CPUs;
+    # torch said both again in the final evaluation, the first twice.
+    import warnings
+
+    from conftest import make_image_folder
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.image_folder import ImageFolderDataModule
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.evaluation import evaluate_checkpoint
+
+    root = make_image_folder(tmp_path / "images")
+    data = {"root": str(root), "image_size": 8, "batch_size": 4, "test_fraction": 0.3}
+    datamodule = ImageFolderDataModule(**data)
+    reports_of(tmp_path, CNNClassifier(channels=4, input_shape=datamodule.input_shape,
+                                       num_classes=datamodule.num_classes), datamodule)
+    config = load_config({"name": "loud", "metric": "val_acc", "mode": "max",
+                          "model": {"class_path": "cnn", "init_args": {"channels": 4}},
+                          "data": {"class_path": "image-folder", "init_args": data},
+                          "space": {"model.lr": {"type": "float", "low": 0.01, "high": 0.1}},
+                          "loader": {"pin_memory": True, "num_workers": (os.cpu_count() or 1) + 1}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert "test_acc" in evaluate_checkpoint(config.model_dump(mode="json"), {"model.lr": 0.05},
+                                                 str(tmp_path / "trial" / "checkpoints" / "best.ckpt"))
+    said = [str(w.message) for w in caught]
+    assert not [m for m in said if "worker processes" in m or "'pin_memory' argument" in m], said
 
 
 class ScriptedScoreWithItsOwnEarlyStopping(MLPClassifier):
