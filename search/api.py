@@ -28,7 +28,7 @@ from .cluster_join import cluster_address, ensure_joined_cluster_answers
 from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import flat_settings, load_config
 from .errors import (CallbackError, ConfigError, HpsearchError, Interrupted, Problem, exception_chain,
-                     resume_command, warn_user)
+                     first_line, resume_command, warn_user)
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED
@@ -431,6 +431,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     if mirror is not None:
         mirror.push_study_files()
     outcome, search_complete = "crashed", False
+    held_before = _reservations()
     try:
         with _stop_signals_interrupt() as tune_ended:
             ended = run_session(config, exp, verbose, concurrency, list(callbacks), mirror)
@@ -445,6 +446,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         # A second Ctrl+C while Tune winds down, or the first during the test evaluation:
         # stop at once. Everything finished is on disk; resume evaluates the best trial again.
         outcome = SESSION_INTERRUPTED
+        _release_reservations_since(held_before)
         raise Interrupted(exp.root, address) from None
     except Exception as exc:
         raise _user_error_in(exc) or _callback_error_in(exc, callbacks, exp) or exc
@@ -463,6 +465,33 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
                                   f"result.best is None. See why in result.trials or with: "
                                   f"hpsearch status {exp.root}"))
     return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started, address=address)
+
+
+def _reservations() -> set[str]:
+    """The placement groups Ray holds now (Tune reserves each trial's resources in one)."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    return set(placement_group_table()) if ray.is_initialized() else set()
+
+
+def _release_reservations_since(held_before: set[str]) -> None:
+    """Removes the placement groups a search made that are still held, and so the trial
+    processes in them. A second Ctrl+C leaves Tune's loop before it stops its trials: in a
+    Python session, whose Ray stays up for the next search, those trials held every CPU,
+    and the next ``resume`` or ``run`` waited for them without end, saying nothing."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    if not ray.is_initialized():
+        return
+    try:
+        for group_id, group in placement_group_table().items():
+            if group_id not in held_before and group.get("state") != "REMOVED":
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
+    except Exception as exc:  # noqa: BLE001 - the stop goes on; say what may still be held
+        warn_user(f"the stopped search's trials may still hold Ray's resources ({first_line(exc)}); "
+                  f"ray.shutdown() frees them")
 
 
 class NoResultWarning(UserWarning):

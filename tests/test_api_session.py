@@ -113,3 +113,39 @@ def test_trials_beside_an_unrelated_ray_never_ask_it_about_themselves(tmp_path):
     said = json.loads(answer.read_text())["answer"]
     assert said != "not found", "the trial's state API asked the unrelated Ray about the trial"
     print(f"state API inside a trial, beside an unrelated Ray: {said[:120]}")
+
+
+def test_a_second_ctrl_c_frees_the_trials_so_the_next_search_in_the_session_runs(tmp_path):
+    """A notebook's kernel keeps the Ray that the search started. A second Ctrl+C left Tune's
+    loop before it stopped its trials, which went on holding every CPU: the next resume in
+    that kernel waited for them without end, saying nothing."""
+    config = shrunk_example(tmp_path, **{"search/num_trials": 2, "scheduler/max_epochs": 2})
+    script = textwrap.dedent(f"""
+        import json, os, signal, time
+        import ray
+        from ray import tune
+        import hpsearch
+        from hpsearch.search.errors import Interrupted
+
+        class CtrlCTwice(tune.Callback):  # as a user presses it, in the middle of the search
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+
+        try:
+            hpsearch.run(json.loads({json.dumps(config)!r}), callbacks=[CtrlCTwice()])
+        except Interrupted as stopped:
+            print("INTERRUPTED", flush=True)
+        deadline = time.monotonic() + 30
+        while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        print("FREE CPUS", ray.available_resources().get("CPU", 0), flush=True)
+        if ray.available_resources().get("CPU", 0) >= 2:
+            result = hpsearch.resume({str(tmp_path / config["name"])!r})
+            print("RESUMED", result.outcome, len(result.trials), flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "INTERRUPTED" in out.stdout and "FREE CPUS 2.0" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert "RESUMED complete 2" in out.stdout, out.stdout + out.stderr[-3000:]
