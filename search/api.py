@@ -422,6 +422,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
             callbacks: Iterable[Any] = (), mirror: Mirror | None = None, address: str | None = None) -> SearchResult:
     from .results import finalize
     from .searcher import keep_settings
+    from .tune_callbacks import RaisedAtTheNextStep
     from .tuner import run_session
 
     started, started_at = time.monotonic(), time.time()
@@ -434,7 +435,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     held_before = _reservations()
     try:
         with _stop_signals_interrupt() as tune_ended:
-            ended = run_session(config, exp, verbose, concurrency, list(callbacks), mirror)
+            ended = run_session(config, exp, verbose, concurrency, [RaisedAtTheNextStep(c) for c in callbacks], mirror)
             tune_ended()
             if ended == SESSION_COMPLETE:
                 search_complete = True  # recorded now, in case the evaluation below is killed
@@ -449,6 +450,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         _release_reservations_since(held_before)
         raise Interrupted(exp.root, address) from None
     except Exception as exc:
+        _release_reservations_since(held_before)  # a Python session's next search needs them
         raise _user_error_in(exc) or _callback_error_in(exc, callbacks, exp) or exc
     finally:
         try:
@@ -477,9 +479,10 @@ def _reservations() -> set[str]:
 
 def _release_reservations_since(held_before: set[str]) -> None:
     """Removes the placement groups a search made that are still held, and so the trial
-    processes in them. A second Ctrl+C leaves Tune's loop before it stops its trials: in a
-    Python session, whose Ray stays up for the next search, those trials held every CPU,
-    and the next ``resume`` or ``run`` waited for them without end, saying nothing."""
+    processes in them. A second Ctrl+C (or an error, a user's callback's say) leaves Tune's
+    loop before it stops its trials: in a Python session, whose Ray stays up for the next
+    search, those trials held every CPU, and the next ``resume`` or ``run`` waited for
+    them without end, saying nothing."""
     import ray
     from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 

@@ -647,3 +647,47 @@ class ProgressDisplay(Callback):
         state = self.__dict__.copy()
         state["_live"] = state["console"] = None
         return state
+
+
+class RaisedAtTheNextStep(Callback):
+    """A user's callback, whose exceptions in ``on_trial_complete`` and ``on_trial_error``
+    are raised again from the next ``on_step_end``. Tune calls those two hooks while it
+    stops a trial, and takes anything raised there for the trial's own failure: a tracker
+    that raised at a trial's end had the complete trial retried, then marked FAILED, and
+    the search ended "complete" with no result and no word of the callback. From
+    ``on_step_end`` the exception ends the search, as from any other hook, and the search
+    names the callback and its hook (``api._callback_error_in``). Every other hook is the
+    callback's own, and it passes for the callback's class (Tune looks for its logger
+    callbacks by class)."""
+
+    _KEPT_HOOKS = ("on_trial_complete", "on_trial_error")
+
+    def __init__(self, callback: Callback) -> None:
+        self.callback = callback
+        self.kept: list[Exception] = []
+
+    def __getattribute__(self, name: str):
+        if (name.startswith("on_") or name in ("setup", "get_state", "set_state", "__class__")) \
+                and name not in (*RaisedAtTheNextStep._KEPT_HOOKS, "on_step_end"):
+            return getattr(object.__getattribute__(self, "callback"), name)
+        return object.__getattribute__(self, name)
+
+    def __reduce__(self):  # Tune pickles its callbacks; this class, not the one it passes for
+        return RaisedAtTheNextStep, (self.callback,)
+
+    def on_trial_complete(self, *args, **kwargs) -> None:
+        self._kept_if_raised(self.callback.on_trial_complete, args, kwargs)
+
+    def on_trial_error(self, *args, **kwargs) -> None:
+        self._kept_if_raised(self.callback.on_trial_error, args, kwargs)
+
+    def on_step_end(self, *args, **kwargs) -> None:
+        if self.kept:
+            raise self.kept.pop(0)
+        self.callback.on_step_end(*args, **kwargs)
+
+    def _kept_if_raised(self, hook, args, kwargs) -> None:
+        try:
+            hook(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - raised again at the next step
+            self.kept.append(exc)

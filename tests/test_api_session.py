@@ -56,11 +56,36 @@ def test_a_users_callback_that_raises_stops_the_search_with_an_error_naming_it(t
             hpsearch.run(json.loads({json.dumps(config)!r}), callbacks=[Broken()])
         except CallbackError as error:
             print("CAUGHT", error.hook, error, flush=True)
+
+        # At a trial's end Tune took it for the trial's own failure: the complete trial was
+        # retried, then FAILED, and the search ended "complete" with no word of the callback.
+        class TrackerDown(tune.Callback):
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                raise RuntimeError("tracker down")
+
+        try:
+            hpsearch.run({{**json.loads({json.dumps(config)!r}), "name": "at-the-end"}}, callbacks=[TrackerDown()])
+        except CallbackError as error:
+            print("CAUGHT", error.hook, error, flush=True)
+        import csv, ray
+        rows = list(csv.DictReader(open({str(tmp_path / "at-the-end" / "trials.csv")!r})))
+        print("ROWS", [(r["state"], r["attempts"]) for r in rows], flush=True)
+        import time
+        deadline = time.monotonic() + 30  # a removed reservation is given back within a moment
+        while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        print("FREE CPUS", ray.available_resources().get("CPU", 0), flush=True)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "CAUGHT on_trial_result your callback Broken.on_trial_result raised ValueError: my callback is broken" \
         in out.stdout, out.stdout + out.stderr[-3000:]
     assert "hpsearch.resume(" in out.stdout and "TuneError" not in out.stdout
+    assert "CAUGHT on_trial_complete your callback TrackerDown.on_trial_complete raised RuntimeError: tracker down" \
+        in out.stdout, out.stdout + out.stderr[-3000:]
+    assert "ROWS [('COMPLETE', '1')" in out.stdout and "FAILED" not in out.stdout, out.stdout
+    assert "Error stopping trial" not in out.stderr, out.stderr[-3000:]
+    # and the trials the stopped searches left running gave their CPUs back to the session's Ray
+    assert "FREE CPUS 2.0" in out.stdout, out.stdout
 
 
 def test_a_search_whose_every_trial_failed_warns_a_python_caller(tmp_path):
