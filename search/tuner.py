@@ -349,6 +349,9 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
             callbacks=callbacks,
             stop=CombinedStopper(FinishedTrials(), budget) if budget is not None else FinishedTrials(),
             verbose=2 if verbose else 0,
+            # Tune's own choice in a notebook clears the cell's output as the search starts:
+            # the warnings just given, and every earlier search's lines in the cell
+            progress_reporter=tune.CLIReporter(),
             # One more than max_retries: RetryPolicy ends a trial whose own faults used them up,
             # and keeps node losses off the count.
             failure_config=tune.FailureConfig(max_failures=config.failure.max_retries + 1),

@@ -20,7 +20,13 @@ def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path)
     script = textwrap.dedent(f"""
         import json, threading
         import ray
+        import ray.tune.tune
         import hpsearch
+
+        def notebook_reporter(*args, **kwargs):  # in a notebook it clears the cell's output
+            raise AssertionError("Tune chose its own progress reporter")
+
+        ray.tune.tune._detect_reporter = notebook_reporter
         config = json.loads({json.dumps(config)!r})
         results = []
         thread = threading.Thread(target=lambda: results.append(hpsearch.run(config)))
