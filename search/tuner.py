@@ -109,7 +109,7 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> b
     with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose), \
             _message_dropped(RAY_NO_SIGTERM_HANDLER_NOTICE, quiet=not verbose), \
             _inherited_by_local_ray({"RAY_ADDRESS": "local"} if target == "local" else {}), \
-            _local_ray_in_its_own_session(target == "local"):
+            _local_ray_in_its_own_session(target == "local"), _ctrl_c_held_until_ray_started():
         try:
             ray.init(
                 address=target,
@@ -125,6 +125,32 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> b
             raise join_error(target, exc) from exc
     _quiet_tune_logs(verbose)
     return True
+
+
+@contextmanager
+def _ctrl_c_held_until_ray_started() -> Iterator[None]:
+    """A Ctrl+C while ``ray.init`` starts Ray is acted on once it has: landing inside it, it
+    left the half-started Ray's GCS, autoscaler monitor and dashboard running (about
+    250 MB), which ``ray.shutdown()`` did not stop, and a Python session kept them until
+    it ended (its next search started a second Ray beside them). The Ray just started is
+    shut down, then ``KeyboardInterrupt`` raised: at most the start's few seconds later."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    heard: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if heard:
+        import ray
+
+        ray.shutdown()
+        raise KeyboardInterrupt
 
 
 @contextmanager

@@ -180,3 +180,45 @@ def test_a_second_ctrl_c_frees_the_trials_so_the_next_search_in_the_session_runs
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "INTERRUPTED" in out.stdout and "FREE CPUS 2.0" in out.stdout, out.stdout + out.stderr[-3000:]
     assert "RESUMED complete 2" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+def test_a_ctrl_c_while_ray_starts_leaves_none_of_its_processes_in_the_session(tmp_path):
+    """Landing inside ray.init, it left the half-started Ray's GCS (with its monitor and
+    dashboard) running as the session's children, which ray.shutdown() did not stop."""
+    config = shrunk_example(tmp_path, **{"search/num_trials": 1, "scheduler/max_epochs": 1})
+    script = textwrap.dedent(f"""
+        import json, os, signal, time
+        from pathlib import Path
+        import ray
+        import ray._private.services as services
+        import hpsearch
+
+        real_start_raylet = services.start_raylet
+
+        def start_raylet(*args, **kwargs):  # the GCS runs by now: Ctrl+C here
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            return real_start_raylet(*args, **kwargs)
+
+        services.start_raylet = start_raylet
+        try:
+            hpsearch.run(json.loads({json.dumps(config)!r}))
+        except KeyboardInterrupt:
+            print("INTERRUPTED", ray.is_initialized(), flush=True)
+        ray.shutdown()
+        time.sleep(3)
+
+        def children():
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                try:
+                    if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                        yield (stat.parent / "cmdline").read_bytes().split(b"\\0")[0].decode()
+                except (OSError, ValueError):
+                    pass
+
+        print("LEFT", sorted(Path(c).name for c in children()), flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "INTERRUPTED False" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert "LEFT []" in out.stdout, out.stdout
+    assert not (tmp_path / config["name"]).exists()  # stopped before the study was made
