@@ -238,8 +238,13 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
         message = "needs a 'type': 'float', 'int' or 'categorical' (space keys are 'model.<arg>', 'data.<arg>' or 'trainer.<setting>')"
     elif error["type"] == "string_type" and isinstance(error.get("input"), type):
         given = error["input"]
-        message = (f"an import path is needed, a string such as '{given.__module__}:{given.__qualname__}', "
-                   f"not the class {given.__qualname__} itself")
+        if given.__module__ in ("__main__", "__mp_main__"):  # its import path would be refused next
+            message = (f"an import path is needed, not the class {given.__qualname__} itself; and trial processes "
+                       f"cannot import a class of the running script or notebook: move {given.__qualname__} into "
+                       f"a module file beside it (say my_models.py) and name it 'my_models:{given.__qualname__}'")
+        else:
+            message = (f"an import path is needed, a string such as '{given.__module__}:{given.__qualname__}', "
+                       f"not the class {given.__qualname__} itself")
     elif error["type"] == "string_type" and isinstance(error.get("input"), (int, float, bool)):
         message = f"{message}; YAML read {error['input']!r} as a {type(error['input']).__name__}: put it in quotes"
     elif not isinstance(cause, FieldValueError) and _is_plain_value(error.get("input")):

@@ -199,6 +199,13 @@ def test_a_class_given_for_a_class_path_is_told_to_be_an_import_path():
     assert problem.field == "model.class_path" and problem.message == (
         "an import path is needed, a string such as 'hpsearch.models.cnn:CNNClassifier', not the class "
         "CNNClassifier itself"), problem
+    # one of the notebook's own: its '__main__:...' path would be refused next, so not offered
+    notebook_class = type("NotebookNet", (CNNClassifier,), {"__module__": "__main__"})
+    config["model"]["class_path"] = notebook_class
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    [problem] = caught.value.problems
+    assert "'__main__:" not in problem.message and "name it 'my_models:NotebookNet'" in problem.message, problem
 
 
 def test_a_class_of_the_running_script_is_refused_with_where_to_move_it(monkeypatch):
