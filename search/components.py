@@ -551,7 +551,8 @@ def raised_at(exc: BaseException) -> str | None:
         sysconfig.get_paths()["stdlib"], Path(torch.__file__).parent, Path(pytorch_lightning.__file__).parent,
         Path(__file__).parent, *_package_dirs("lightning_fabric", "ray")))
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if not str(Path(frame.filename).resolve()).startswith(libraries):
+        # '<frozen os>': a standard module Python keeps frozen in itself (os.environ's lookup)
+        if not frame.filename.startswith("<frozen ") and not str(Path(frame.filename).resolve()).startswith(libraries):
             return f"{frame.filename}:{frame.lineno} in {frame.name}"
     return None
 

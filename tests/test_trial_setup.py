@@ -923,3 +923,21 @@ def test_a_class_this_machine_cannot_import_is_an_import_error_naming_the_machin
         load_training_stack(missing)
     assert str(caught.value).startswith(f"on {socket.gethostname()}: data.class_path: cannot import module "
                                         f"'nosuchpkg.data'"), caught.value
+
+
+def test_the_line_named_for_a_failure_is_the_users_not_a_frozen_standard_modules():
+    """A hook reading a variable the preflight does not set failed 'at <frozen os>:679 in
+    __getitem__', the lookup inside os.environ, not the user's line."""
+    import os
+
+    from hpsearch.search.components import raised_at
+
+    def on_fit_start():
+        return os.environ["HPSEARCH_NO_SUCH_VARIABLE_X7"]
+
+    try:
+        on_fit_start()
+    except KeyError as exc:
+        assert raised_at(exc).startswith(f"{__file__}:") and raised_at(exc).endswith(" in on_fit_start")
+    else:
+        raise AssertionError("the variable exists")
