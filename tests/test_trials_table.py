@@ -18,6 +18,17 @@ def test_best_prefers_completed_trials():
     assert table("min").best_row()["trial"] == 0
 
 
+def test_sampled_values_and_the_metric_read_back_whole_and_timings_at_six_digits(tmp_path):
+    # result.trials' model.lr, at 6 digits, matched no value of best.json's params.
+    t = TrialsTable("val_acc", "max", ["model.lr"])
+    t.row(0).update(state="COMPLETE", best=0.9876543210123, **{"model.lr": 0.008663279761354562},
+                    epoch_time_s=0.07648291299999999)
+    t.save(tmp_path / "trials.csv")
+    [row] = read_rows(tmp_path / "trials.csv")
+    assert (row["model.lr"], row["best"]) == (0.008663279761354562, 0.9876543210123)
+    assert row["epoch_time_s"] == 0.0764829
+
+
 def test_of_tied_trials_the_lowest_numbered_is_best_in_whatever_order_they_started():
     # While a search runs, rows are in the order trials started: the live summary said
     # "best val_acc=1 (trial 1)" and the result "best trial 0".
