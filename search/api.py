@@ -482,15 +482,18 @@ def _release_reservations_since(held_before: set[str]) -> None:
     processes in them. A second Ctrl+C (or an error, a user's callback's say) leaves Tune's
     loop before it stops its trials: in a Python session, whose Ray stays up for the next
     search, those trials held every CPU, and the next ``resume`` or ``run`` waited for
-    them without end, saying nothing."""
+    them without end, saying nothing. Only this driver's own: a placement group's id ends
+    with the id of the job that made it (its actors', Ray Train's ranks' too), and other
+    jobs on a shared cluster make theirs meanwhile."""
     import ray
     from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
     if not ray.is_initialized():
         return
     try:
+        job = ray.get_runtime_context().get_job_id()
         for group_id, group in placement_group_table().items():
-            if group_id not in held_before and group.get("state") != "REMOVED":
+            if group_id not in held_before and group_id.endswith(job) and group.get("state") != "REMOVED":
                 remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
     except Exception as exc:  # noqa: BLE001 - the stop goes on; say what may still be held
         warn_user(f"the stopped search's trials may still hold Ray's resources ({first_line(exc)}); "

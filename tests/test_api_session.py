@@ -222,3 +222,28 @@ def test_a_ctrl_c_while_ray_starts_leaves_none_of_its_processes_in_the_session(t
     assert "INTERRUPTED False" in out.stdout, out.stdout + out.stderr[-3000:]
     assert "LEFT []" in out.stdout, out.stdout
     assert not (tmp_path / config["name"]).exists()  # stopped before the study was made
+
+
+def test_a_stopped_search_frees_only_its_own_jobs_new_reservations(monkeypatch):
+    """On a shared cluster other jobs make placement groups meanwhile: a group's id ends
+    with its job's id, and only this driver's new ones are removed."""
+    from types import SimpleNamespace
+
+    import importlib
+
+    import ray
+
+    from hpsearch.search.api import _release_reservations_since
+
+    groups = importlib.import_module("ray.util.placement_group")  # (ray.util's function of that name hides it)
+
+    mine, theirs, earlier = "aa" * 14 + "01000000", "bb" * 14 + "02000000", "cc" * 14 + "01000000"
+    table = {mine: {"state": "CREATED"}, theirs: {"state": "CREATED"}, earlier: {"state": "CREATED"},
+             "dd" * 14 + "01000000": {"state": "REMOVED"}}
+    removed = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_job_id=lambda: "01000000"))
+    monkeypatch.setattr(groups, "placement_group_table", lambda: table)
+    monkeypatch.setattr(groups, "remove_placement_group", lambda group: removed.append(group.id.hex()))
+    _release_reservations_since(held_before={earlier})
+    assert removed == [mine]
