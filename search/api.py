@@ -486,15 +486,16 @@ def _release_reservations_since(held_before: set[str]) -> None:
     with the id of the job that made it (its actors', Ray Train's ranks' too), and other
     jobs on a shared cluster make theirs meanwhile."""
     import ray
-    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    from .tune_callbacks import remove_reservation
 
     if not ray.is_initialized():
         return
     try:
         job = ray.get_runtime_context().get_job_id()
-        for group_id, group in placement_group_table().items():
-            if group_id not in held_before and group_id.endswith(job) and group.get("state") != "REMOVED":
-                remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
+        for group_id in _reservations() - held_before:
+            if group_id.endswith(job):
+                remove_reservation(group_id)
     except Exception as exc:  # noqa: BLE001 - the stop goes on; say what may still be held
         warn_user(f"the stopped search's trials may still hold Ray's resources ({first_line(exc)}); "
                   f"ray.shutdown() frees them")

@@ -535,15 +535,21 @@ class FreeRankReservations(Callback):
         group_id = self.groups.pop(trial_id, None)
         if group_id is None:
             return
-        import ray
-        from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
-
-        group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
         try:
-            if placement_group_table(group).get("state", "REMOVED") != "REMOVED":
-                remove_placement_group(group)
+            remove_reservation(group_id)
         except Exception as exc:  # the search goes on; the reservation ends with it at the latest
             warnings.warn(f"could not free the placement group {group_id} of trial {trial_id}: {exc}", stacklevel=2)
+
+
+def remove_reservation(group_id: str) -> None:
+    """Removes the placement group of this hex id, ending the processes in it (one already
+    removed is left be)."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
+    if placement_group_table(group).get("state", "REMOVED") != "REMOVED":
+        remove_placement_group(group)
 
 
 class ProgressDisplay(Callback):

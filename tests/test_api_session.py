@@ -243,7 +243,8 @@ def test_a_stopped_search_frees_only_its_own_jobs_new_reservations(monkeypatch):
     removed = []
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_job_id=lambda: "01000000"))
-    monkeypatch.setattr(groups, "placement_group_table", lambda: table)
+    monkeypatch.setattr(groups, "placement_group_table",
+                        lambda group=None: table if group is None else table[group.id.hex()])
     monkeypatch.setattr(groups, "remove_placement_group", lambda group: removed.append(group.id.hex()))
     _release_reservations_since(held_before={earlier})
     assert removed == [mine]
