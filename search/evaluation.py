@@ -60,7 +60,8 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     # A logger, as the trials and the preflight have: a test_step that logs through
     # ``self.logger`` (sample predictions, images) passed the preflight and then failed here
     # after the whole search. What it logs lands beside the checkpoint's trial: test/.
-    test_logs = Path(checkpoint).parent.parent / "test"
+    trial_dir = Path(checkpoint).parent.parent
+    test_logs = trial_dir / "test"
     # One evaluation's events: each session that evaluated the best trial again (a resume)
     # added a file, and TensorBoard showed its test metrics once per evaluation, all at step 0.
     for earlier in test_logs.glob("events.out.tfevents.*"):
@@ -70,7 +71,7 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
                          default_root_dir=str(test_logs), enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False,
                          # the folder the model's own ModelCheckpoint had in training, as its restored state says
-                         callbacks=[ModelCheckpointsInTrialDir(model_checkpoint_dir(Path(checkpoint).parent.parent))])
+                         callbacks=[ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir))])
     with torch.inference_mode(), ctrl_c_interrupts(), warnings.catch_warnings():
         # torch's own words for the loader settings the driver warned of at the start
         # (``devices.loader_setting_warnings``), which came again here, twice over

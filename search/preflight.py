@@ -145,10 +145,11 @@ def _other_searched_precisions(config: ExperimentConfig, params: dict[str, Any])
         return []
     tried = {preflight_precision(config, str(params["trainer.precision"]))}
     others = []
-    for choice in param.choices:
-        if preflight_precision(config, str(choice)) not in tried:
-            tried.add(preflight_precision(config, str(choice)))
-            others.append(str(choice))
+    for choice in map(str, param.choices):
+        trains_in = preflight_precision(config, choice)
+        if trains_in not in tried:
+            tried.add(trains_in)
+            others.append(choice)
     return others
 
 

@@ -410,7 +410,7 @@ def planned_columns(config: ExperimentConfig):
              "strategy": strategy_name(config)}
 
     def planned(params: dict) -> dict:
-        precision = str(params.get("trainer.precision", config.trainer.precision))
+        precision = config.with_trainer_params(params).precision
         return {**fixed, "precision": precision if on_gpu else resolve_precision(precision, on_gpu=False)}
 
     return planned
