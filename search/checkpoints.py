@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 BEST_CHECKPOINT = "best.ckpt"
@@ -63,15 +64,27 @@ def latest_good_checkpoint(trial_dir: Path) -> tuple[Path | None, list[str]]:
     return None, notes
 
 
-def first_logging_step_after(path: Path) -> int:
-    """The TensorBoard step of the first batch trained after a Lightning checkpoint: the
-    step a resumed attempt's events start at. Lightning steps its logs by the batches that
-    stepped an optimizer; a checkpoint taken at an epoch's end holds that count before its
-    last batch's increment, which Lightning makes again on restoring (memory-mapped, cheap)."""
+@dataclass(frozen=True)
+class ResumedAt:
+    """Where a resumed attempt's TensorBoard events start: the first epoch it trains
+    (counted from 1) and its first batch, as Lightning counts the batches that stepped an
+    optimizer (see ``trial_logger``)."""
+
+    epoch: int
+    batch: int
+
+
+def resumed_at(path: Path) -> ResumedAt:
+    """The first epoch and batch trained after a Lightning checkpoint taken at an epoch's
+    end. The checkpoint holds the ended epoch's index (from 0), and the batch count before
+    its last batch's increment, which Lightning makes again on restoring (memory-mapped,
+    cheap)."""
     import torch
 
     state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     epoch_loop = state.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
     if "_batches_that_stepped" in epoch_loop:
-        return int(epoch_loop["_batches_that_stepped"]) + 1
-    return int(state.get("global_step", 0))  # a checkpoint without the loops' state: its optimizer steps
+        batch = int(epoch_loop["_batches_that_stepped"]) + 1
+    else:
+        batch = int(state.get("global_step", 0))  # a checkpoint without the loops' state: its optimizer steps
+    return ResumedAt(epoch=int(state.get("epoch", -1)) + 2, batch=batch)

@@ -16,12 +16,12 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from .checkpoint_callbacks import BestCheckpoint, EpochCheckpoints, ModelCheckpointsInTrialDir, state_from_plain_key
-from .checkpoints import BEST_CHECKPOINT, checkpoint_dir, model_checkpoint_dir
+from .checkpoints import BEST_CHECKPOINT, ResumedAt, checkpoint_dir, model_checkpoint_dir
 from .config import TrainerConfig
 from .devices import TrialDevice
+from .trial_logger import TrialLogger
 
 
 def quiet_lightning() -> None:
@@ -197,7 +197,7 @@ def build_trainer(
     tensorboard_run: Path,
     callbacks: list[pl.Callback],
     strategy="auto",
-    resume_step: int | None = None,
+    resumed_at: ResumedAt | None = None,
     profiler=None,
 ) -> pl.Trainer:
     """Checkpoints keep the best epoch (for the final evaluation) and the two newest (for
@@ -233,12 +233,8 @@ def build_trainer(
     all_callbacks.append(StepLogsEveryEpoch())
     all_callbacks.append(RandomStateInCheckpoint())
     all_callbacks.append(ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir)))
-    # A resumed trial redoes what came after its checkpoint: purge_step hides the events
-    # an earlier attempt wrote from that step on, so each curve keeps one point per step.
-    purge = {"purge_step": resume_step} if resume_step is not None else {}
-    logger = TensorBoardLogger(save_dir=str(tensorboard_run.parent), name="", version=tensorboard_run.name,
-                               default_hp_metric=False, **purge)
-    return pl.Trainer(
+    logger = TrialLogger(tensorboard_run, resumed_at)  # a resumed attempt hides what it redoes
+    trainer = pl.Trainer(
         accelerator=device.accelerator,
         devices=1,  # one device per process; distributed ranks are separate processes
         strategy=strategy,
@@ -260,3 +256,5 @@ def build_trainer(
         log_every_n_steps=LOG_EVERY_N_STEPS,
         profiler=profiler,
     )
+    logger.follow(trainer)
+    return trainer

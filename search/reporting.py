@@ -361,7 +361,7 @@ class TuneReporter(pl.Callback):
         metrics = self._checked(trainer, validation_metrics)
         if metrics is not None:
             restored = self._compose(trainer, metrics, trainer.current_epoch, True, 0.0)
-            self._log_and_publish(trainer, restored)
+            self._log_and_publish(trainer, restored, in_tensorboard=False)  # it has the epoch
             self._send(trainer, restored, inside_fit=False)
 
     def _check_logged_now(self, trainer: pl.Trainer) -> None:
@@ -412,6 +412,8 @@ class TuneReporter(pl.Callback):
         self.best = self._best_so_far(trainer, metrics[self.metric])
         reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if finished else "")
         logged = ",".join(sorted(metrics))
+        # those TensorBoard has at training steps, in the trial's steps run (``trial_logger``)
+        at_steps = ",".join(sorted(getattr(trainer.logger, "step_metrics", set()) & set(metrics)))
         metrics.update(self.static_fields)
         metrics.update({
             EPOCH: epoch,
@@ -419,10 +421,9 @@ class TuneReporter(pl.Callback):
             STOP_REASON: reason,
             "hps_best": self.best,
             "hps_logged_metrics": logged,  # the user's metric names, for TensorBoard's HParams columns
+            "hps_step_metrics": at_steps,
             **self._telemetry(trainer, epoch_seconds),
         })
-        if trainer.global_rank == 0:
-            self._log_search_metric(trainer)
         return metrics
 
     def _telemetry(self, trainer: pl.Trainer, epoch_seconds: float) -> dict[str, Any]:
@@ -446,16 +447,19 @@ class TuneReporter(pl.Callback):
             "hps_samples_per_s": self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
         }
 
-    def _log_and_publish(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
-        """Before an epoch's report: its speed in TensorBoard, and its files where the study
-        keeps them."""
+    def _log_and_publish(self, trainer: pl.Trainer, metrics: dict[str, Any], in_tensorboard: bool = True) -> None:
+        """Before an epoch's report: its speed and the best search metric so far
+        (``hp/<metric>``, the column HParams compares trials by) in TensorBoard, unless it
+        has them already, and its files where the study keeps them."""
         if trainer.global_rank == 0:
-            if trainer.logger is not None:
-                trainer.logger.log_metrics({f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS},
-                                           step=_epoch_step(trainer))
+            if trainer.logger is not None and in_tensorboard:
+                scalars = {f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS}
+                if metrics["hps_best"] is not None:
+                    scalars[f"hp/{self.metric}"] = metrics["hps_best"]
+                trainer.logger.log_epoch_metrics(scalars, metrics[EPOCH])
                 # Events reach disk before the report: a driver killed right after it
                 # must not leave TensorBoard missing epochs the study has.
-                trainer.logger.experiment.flush()
+                trainer.logger.flush()
             if self.before_report is not None:
                 self.before_report()
 
@@ -476,22 +480,6 @@ class TuneReporter(pl.Callback):
         self._report_s = time.perf_counter() - reporting
         if stopped:
             raise StoppedByScheduler(f"stopped by the scheduler at epoch {metrics[EPOCH]}")
-
-    def _log_search_metric(self, trainer: pl.Trainer) -> None:
-        """``hp/<metric>``: the best value so far, the column HParams compares trials by."""
-        if trainer.logger is None or self.best is None:
-            return
-        trainer.logger.log_metrics({f"hp/{self.metric}": self.best}, step=_epoch_step(trainer))
-
-
-def _epoch_step(trainer: pl.Trainer) -> int:
-    """The TensorBoard step of an ended epoch's metrics, as Lightning logs them (its last
-    batch's), so every scalar hpsearch adds for the epoch sits on the same step as the
-    epoch's own, and one ``purge_step`` on resume (``lightning_trainer``) covers them all.
-    Lightning steps its logs by the batches that stepped an optimizer, which its own
-    ``LearningRateMonitor`` reads here too; not the global step, which counts every
-    optimizer's steps (twice per batch for a GAN's two)."""
-    return max(0, trainer.fit_loop.epoch_loop._batches_that_stepped - 1)
 
 
 def _is_scalar(value: Any) -> bool:

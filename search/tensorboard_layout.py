@@ -4,7 +4,9 @@
       events...hparams                        the HParams columns: every searched parameter
                                               with its type and range, the trial's state,
                                               and the metrics to compare trials by
-      trial_0003-lr=0.0012-channels=16/       one run per trial, named by number and values
+      trial_0003-lr=0.0012-channels=16/       one run per trial, named by number and values,
+                                              its scalars stepped by the epoch (``trial_logger``)
+        steps/                                what the model logs at training steps, if any
 
 A trial's scalars are written by its Lightning logger. Its HParams record (sampled
 values, final state, epochs) is written by the driver when the trial ends, because
@@ -25,6 +27,7 @@ from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .outcome import FINISHED_STATES
 
 STATE_HPARAM, EPOCHS_HPARAM = "state", "epochs"
+STEPS_RUN = "steps"  # a trial's metrics logged at training steps: a run inside its own (trial_logger)
 # Speed series every trial writes (see reporting.SPEED_KEYS), offered as HParams metrics.
 SPEED_METRICS = ("speed/samples_per_s", "speed/epoch_time_s")
 VALIDATION_NAME = re.compile(r"(^|[/_.-])e?val", re.IGNORECASE)  # val_loss, val/acc, valid_f1, eval_acc, epoch/val-acc
@@ -79,14 +82,15 @@ def _uniform_choice_type(choices: list[Any]) -> bool:
     return len(kinds) == 1 and "other" not in kinds
 
 
-def hparams_columns(config: ExperimentConfig, logged_metrics: list[str]) -> Any:
+def hparams_columns(config: ExperimentConfig, logged_metrics: list[str], at_steps: set[str] = frozenset()) -> Any:
     """The experiment-level HParams summary: typed parameters with their ranges, the
     state and epochs columns, and the metrics: best and last search metric first, then
     the other validation metrics and the speed, then the rest (training metrics, the
     learning rate). TensorBoard shows five parameter columns and the first five metric
     columns until the user ticks more: with four parameters searched, ``state`` (they sort
     by name) and ``val_loss`` and the speed (behind ``lr-AdamW`` and ``train_*``) were
-    hidden, and pruned trials looked like complete ones."""
+    hidden, and pruned trials looked like complete ones. A metric in ``at_steps`` is read
+    from the trial's steps run, where it is logged (``trial_logger``)."""
     from tensorboard.plugins.hparams import summary_v2 as hp
 
     hparams = []
@@ -105,8 +109,9 @@ def hparams_columns(config: ExperimentConfig, logged_metrics: list[str]) -> Any:
     validation = [name for name in own if VALIDATION_NAME.search(name)]
     metrics = [hp.Metric(f"hp/{metric}", display_name=f"best {metric}"),
                hp.Metric(metric, display_name=f"last {metric}")]
-    metrics += [hp.Metric(name) for name in (*validation, *SPEED_METRICS)]
-    metrics += [hp.Metric(name) for name in sorted(set(own) - set(validation), key=lambda n: (n.startswith("lr-"), n))]
+    rest = sorted(set(own) - set(validation), key=lambda n: (n.startswith("lr-"), n))
+    metrics += [hp.Metric(name, group=STEPS_RUN if name in at_steps else None)
+                for name in (*validation, *SPEED_METRICS, *rest)]
     summary = hp.hparams_config_pb(hparams=hparams, metrics=metrics, time_created_secs=time.time())
     _state_column_first(summary)
     return summary
@@ -133,7 +138,8 @@ def _own_metric_columns(config: ExperimentConfig, logged_metrics: list[str]) -> 
     return {name for name in logged_metrics if name != config.metric and f"{name}_epoch" not in logged_metrics}
 
 
-def write_hparams_columns(tensorboard_dir: Path, config: ExperimentConfig, logged_metrics: list[str]) -> set[str]:
+def write_hparams_columns(tensorboard_dir: Path, config: ExperimentConfig, logged_metrics: list[str],
+                          at_steps: set[str] = frozenset()) -> set[str]:
     """The study's HParams columns, with a column for each of ``logged_metrics``. TensorBoard
     reads one set, and the first set was final: written when the first trial ended, it
     had no column for the model's own metrics when that trial failed before reporting
@@ -148,10 +154,16 @@ def write_hparams_columns(tensorboard_dir: Path, config: ExperimentConfig, logge
     if earlier and wanted <= covered:
         return covered
     covered |= wanted
-    _write_summaries(tensorboard_dir, [hparams_columns(config, sorted(covered))])
+    _write_summaries(tensorboard_dir, [hparams_columns(config, sorted(covered), at_steps | _at_steps(earlier))])
     for path in earlier:
         path.unlink(missing_ok=True)
     return covered
+
+
+def _at_steps(column_files: list[Path]) -> set[str]:
+    """The metrics earlier columns read from the trials' steps run."""
+    return {metric.name.tag for path in column_files for columns in _stored_columns(path)
+            for metric in columns.metric_infos if metric.name.group == STEPS_RUN}
 
 
 def write_trial_session(tensorboard_dir: Path, config: ExperimentConfig, number: int, params: dict[str, Any],

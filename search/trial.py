@@ -21,7 +21,7 @@ from .components import build_datamodule, build_model, raised_at, raised_by, res
 from .config import ExperimentConfig
 from .errors import ConfigError, first_line
 from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_name, write_json
-from .checkpoints import first_logging_step_after, latest_good_checkpoint
+from .checkpoints import latest_good_checkpoint, resumed_at
 from .gc_pause import collector_paused
 from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RANK_NODES, RESTORED, TRIAL_NUMBER
 from .storage import Mirror, is_uri, study_root
@@ -128,7 +128,9 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         return
     resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
     if resume_from is not None:
-        _after_earlier_event_files(tensorboard_run)
+        from .trial_logger import after_earlier_event_files
+
+        after_earlier_event_files(tensorboard_run)
     static_fields = {
         TRIAL_NUMBER: number,
         "hps_trial_dir": str(trial_dir),
@@ -161,7 +163,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
                             tensorboard_run=tensorboard_run, callbacks=[reporter],
                             strategy=parallel.strategy, profiler=reporter.fetch_timer,
-                            resume_step=first_logging_step_after(resume_from) if resume_from else None)
+                            resumed_at=resumed_at(resume_from) if resume_from else None)
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
         if reporter.stopped_by_tune:
@@ -217,19 +219,6 @@ def _timed(report: Callable[[dict], None], started: float) -> Callable[[dict], N
         report(metrics)
 
     return timed_report
-
-
-def _after_earlier_event_files(run: Path) -> None:
-    """Wait, if need be, until the clock is past the newest event file's second.
-
-    TensorBoard reads a run's event files in name order, and names start with the
-    second they were opened in; a retry opened within the same second could sort before
-    the attempt it continues, and the resumed curve would be read out of order.
-    """
-    seconds = [int(p.name.split(".")[3]) for p in run.glob("events.out.tfevents.*")
-               if p.name.split(".")[3].isdigit()]
-    while seconds and time.time() < max(seconds) + 1:
-        time.sleep(0.05)
 
 
 def _validate_quietly(model, datamodule, device) -> dict[str, Any]:

@@ -317,10 +317,13 @@ class TensorBoardSessions(Callback):
 
         number = int(trial.config[TRIAL_NUMBER])
         row = self.table.row(number)
-        logged = {name for name in str((trial.last_result or {}).get("hps_logged_metrics") or "").split(",") if name}
+        last = trial.last_result or {}
+        logged, at_steps = ({name for name in str(last.get(field) or "").split(",") if name}
+                            for field in ("hps_logged_metrics", "hps_step_metrics"))
         try:
             if self._columns is None or not logged <= self._columns:  # the file is read only then
-                self._columns = write_hparams_columns(self.tensorboard_dir, self.config, sorted(logged)) | logged
+                self._columns = write_hparams_columns(self.tensorboard_dir, self.config, sorted(logged),
+                                                      at_steps) | logged
             write_trial_session(self.tensorboard_dir, self.config, number, trial.config.get("params", {}),
                                 row["state"], int(float(row.get("epochs") or 0)))
         except Exception as exc:  # noqa: BLE001 - reported, and repaired at the next session

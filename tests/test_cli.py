@@ -443,6 +443,16 @@ def test_hparams_columns_gain_the_metrics_a_later_trial_logged(tmp_path):
     write_hparams_columns(tensorboard, config, ["val_acc", "lr-AdamW"])  # one more, the others kept
     assert {"val_loss", "train_loss", "lr-AdamW"} <= columns()
 
+    def groups() -> dict[str, str]:
+        [stored] = _stored_columns(tensorboard)
+        return {metric.name.tag: metric.name.group for metric in stored.metric_infos}
+
+    # A metric logged at training steps is read from the trial's steps run (trial_logger),
+    # and stays so when later columns are added.
+    write_hparams_columns(tensorboard, config, ["val_acc", "step_loss"], {"step_loss"})
+    write_hparams_columns(tensorboard, config, ["val_acc", "val_f1"])
+    assert groups()["step_loss"] == "steps" and groups()["val_loss"] == groups()["val_f1"] == "", groups()
+
 
 def test_the_hparams_columns_tensorboard_shows_first_hold_the_state_the_validation_metrics_and_the_speed(tmp_path):
     """TensorBoard shows the first five parameter columns (by its own order) and the first

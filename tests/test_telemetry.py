@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -74,18 +75,23 @@ class SlowEpochEnd(MLPClassifier):
 
 def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_acc", resume_from=None,
                reports_expected: int | None = None, patience: int | None = 10, known_epochs: int = 0) -> list[dict]:
+    from hpsearch.search.checkpoints import resumed_at
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
     from hpsearch.search.lightning_trainer import build_trainer
     from hpsearch.search.reporting import TuneReporter
+    from hpsearch.search.trial_logger import after_earlier_event_files
 
+    if resume_from is not None:  # as a trial resumes (trial.py)
+        after_earlier_event_files(tmp_path / "tb" / "run")
     reports: list[dict] = []
     reporter = TuneReporter(metric, "max", epochs, report=reports.append, static_fields={}, known_epochs=known_epochs)
     settings = TrainerConfig(early_stopping_patience=patience)
     device = trial_device(settings, LoaderConfig(), ResourcesConfig())
     trainer = build_trainer(settings, device=device, metric=metric, mode="max", max_epochs=epochs,
                             trial_dir=tmp_path / "trial", tensorboard_run=tmp_path / "tb" / "run",
-                            callbacks=[reporter], profiler=reporter.fetch_timer)
+                            callbacks=[reporter], profiler=reporter.fetch_timer,
+                            resumed_at=resumed_at(Path(resume_from)) if resume_from else None)
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from)
     reporter.send_final(trainer)
     assert len(reports) == (epochs if reports_expected is None else reports_expected)
@@ -109,7 +115,41 @@ def test_a_metric_logged_at_steps_has_a_point_every_epoch_when_epochs_are_short(
 
     data = SlowLoadingData(item_seconds=0.0)  # 6 training batches an epoch
     reports_of(tmp_path, mlp_for(data, LogsEachStep), data, epochs=2)
-    assert len(tensorboard_scalars(tmp_path / "tb" / "run")["step_loss"]) == 2
+    assert len(tensorboard_scalars(tmp_path / "tb" / "run" / "steps")["step_loss"]) == 2
+
+
+def test_epoch_metrics_are_stepped_by_the_epoch_and_step_metrics_by_the_batch(tmp_path):
+    """Lightning stepped every scalar by the batches trained: with a searched batch size
+    the same epoch of two trials fell at steps far apart, and TensorBoard drew their
+    curves apart. What is logged once an epoch now sits at the epoch's number; what is
+    logged at steps goes to the trial's steps run, at the batch count."""
+    from conftest import tensorboard_scalars
+
+    data = SlowLoadingData(item_seconds=0.0)  # 6 training batches an epoch
+    reports = reports_of(tmp_path, mlp_for(data, LogsEachStep), data, epochs=3)
+    epochs = tensorboard_scalars(tmp_path / "tb" / "run")
+    learning_rate = next(tag for tag in epochs if tag.startswith("lr-"))
+    for tag in ("val_acc", "val_loss", "train_loss", "hp/val_acc", "speed/epoch_time_s", learning_rate):
+        assert epochs[tag] == [1, 2, 3], (tag, epochs)
+    assert "step_loss" not in epochs and "epoch" not in epochs, epochs  # (the x-axis is the epoch)
+    steps = tensorboard_scalars(tmp_path / "tb" / "run" / "steps")
+    assert set(steps) == {"step_loss", "epoch"}, steps  # Lightning's epoch of each step, kept there
+    assert len(steps["step_loss"]) == 3 and steps["step_loss"] == sorted(steps["step_loss"]), steps
+    assert max(steps["step_loss"]) > 3 * BATCHES // 2, steps  # batches trained, not epochs
+    # The HParams column of a metric logged at steps is read from the steps run.
+    assert [r["hps_step_metrics"] for r in reports] == ["step_loss"] * 3, reports
+
+    # A resume from the second epoch's checkpoint redoes the third: each run hides what
+    # the first attempt wrote from there on, so every curve keeps one point per step.
+    second = tmp_path / "trial" / "checkpoints" / "epoch-0001.ckpt"
+    resumed = reports_of(tmp_path, mlp_for(data, LogsEachStep), data, epochs=3, resume_from=str(second),
+                         reports_expected=3)  # the two epochs its checkpoint holds, again, and the third
+    assert [r["epoch"] for r in resumed] == [1, 2, 3], resumed
+    epochs_now = tensorboard_scalars(tmp_path / "tb" / "run")
+    for tag in ("val_acc", "val_loss", "train_loss", "hp/val_acc", "speed/epoch_time_s", learning_rate):
+        assert epochs_now[tag] == [1, 2, 3], (tag, epochs_now)
+    steps_now = tensorboard_scalars(tmp_path / "tb" / "run" / "steps")["step_loss"]
+    assert steps_now == steps["step_loss"], steps_now
 
 
 def mlp_for(datamodule, model_class=MLPClassifier):
