@@ -72,13 +72,19 @@ class ResumedAt:
 
     epoch: int
     batch: int
+    by_epoch: bool = True  # False: a trial whose TensorBoard run steps everything by the batch
+
+
+# Marks the checkpoints of trials whose TensorBoard run is stepped by the epoch. A trial
+# checkpointed before that (2026-12-05) goes on stepping its run by the batch when it resumes.
+TENSORBOARD_BY_EPOCH = "hpsearch_tensorboard_by_epoch"
 
 
 def resumed_at(path: Path) -> ResumedAt:
     """The first epoch and batch trained after a Lightning checkpoint taken at an epoch's
-    end. The checkpoint holds the ended epoch's index (from 0), and the batch count before
-    its last batch's increment, which Lightning makes again on restoring (memory-mapped,
-    cheap)."""
+    end, and how its TensorBoard run is stepped. The checkpoint holds the ended epoch's
+    index (from 0), and the batch count before its last batch's increment, which Lightning
+    makes again on restoring (memory-mapped, cheap)."""
     import torch
 
     state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
@@ -87,4 +93,5 @@ def resumed_at(path: Path) -> ResumedAt:
         batch = int(epoch_loop["_batches_that_stepped"]) + 1
     else:
         batch = int(state.get("global_step", 0))  # a checkpoint without the loops' state: its optimizer steps
-    return ResumedAt(epoch=int(state.get("epoch", -1)) + 2, batch=batch)
+    return ResumedAt(epoch=int(state.get("epoch", -1)) + 2, batch=batch,
+                     by_epoch=bool(state.get(TENSORBOARD_BY_EPOCH, False)))

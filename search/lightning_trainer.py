@@ -21,7 +21,7 @@ from .checkpoint_callbacks import BestCheckpoint, EpochCheckpoints, ModelCheckpo
 from .checkpoints import BEST_CHECKPOINT, ResumedAt, checkpoint_dir, model_checkpoint_dir
 from .config import TrainerConfig
 from .devices import TrialDevice
-from .trial_logger import TrialLogger
+from .trial_logger import StepsByEpochInCheckpoint, TrialLogger
 
 
 def quiet_lightning() -> None:
@@ -233,6 +233,7 @@ def build_trainer(
     all_callbacks.append(StepLogsEveryEpoch())
     all_callbacks.append(RandomStateInCheckpoint())
     all_callbacks.append(ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir)))
+    all_callbacks.append(StepsByEpochInCheckpoint())
     logger = TrialLogger(tensorboard_run, resumed_at)  # a resumed attempt hides what it redoes
     trainer = pl.Trainer(
         accelerator=device.accelerator,

@@ -16,7 +16,9 @@ epoch here; this one does the same for what is logged once an epoch:
 
 A resumed attempt redoes what came after its checkpoint: each run hides the events an
 earlier attempt wrote from the first epoch, or batch, the resumed one redoes
-(TensorBoard's purge step), so each curve keeps one point per step.
+(TensorBoard's purge step), so each curve keeps one point per step. A trial checkpointed
+before runs were stepped by the epoch resumes stepping its run by the batch, as its
+earlier attempts did.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities import rank_zero_only
 
-from .checkpoints import ResumedAt
+from .checkpoints import TENSORBOARD_BY_EPOCH, ResumedAt
 from .tensorboard_layout import STEPS_RUN
 
 
@@ -41,8 +43,10 @@ class TrialLogger(TensorBoardLogger):
     write there the epoch as its step (``self.current_epoch + 1``) to line it up."""
 
     def __init__(self, run: Path, resumed_at: ResumedAt | None = None) -> None:
+        self.by_epoch = resumed_at is None or resumed_at.by_epoch
+        purge = (resumed_at.epoch if self.by_epoch else resumed_at.batch) if resumed_at else None
         super().__init__(save_dir=str(run.parent), name="", version=run.name, default_hp_metric=False,
-                         **({"purge_step": resumed_at.epoch} if resumed_at else {}))
+                         **({"purge_step": purge} if purge is not None else {}))
         self._steps = TensorBoardLogger(save_dir=str(run), name="", version=STEPS_RUN, default_hp_metric=False,
                                         **({"purge_step": resumed_at.batch} if resumed_at else {}))
         self._trainer: weakref.ref[pl.Trainer] | None = None
@@ -55,7 +59,7 @@ class TrialLogger(TensorBoardLogger):
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         trainer = self._trainer() if self._trainer is not None else None
-        if trainer is None:
+        if trainer is None or not self.by_epoch:
             super().log_metrics(metrics, step)
         elif trainer._logger_connector._first_loop_iter is not None:
             # inside a loop's batches: Lightning's per-step logging (its own flag for it)
@@ -72,7 +76,12 @@ class TrialLogger(TensorBoardLogger):
     @rank_zero_only
     def log_epoch_metrics(self, metrics: Mapping[str, Any], epoch: int) -> None:
         """Scalars of the epoch ``epoch`` (counted from 1), logged whenever: hpsearch logs
-        an epoch's speed when the next one starts."""
+        an epoch's speed when the next one starts. A run stepped by the batch has them at
+        the step of the epoch's own metrics, its last batch's (as Lightning counts the
+        batches that stepped an optimizer: its own ``LearningRateMonitor`` reads it too)."""
+        trainer = self._trainer() if self._trainer is not None else None
+        if not self.by_epoch and trainer is not None:
+            epoch = max(0, trainer.fit_loop.epoch_loop._batches_that_stepped - 1)
         super().log_metrics(metrics, step=epoch)
 
     @rank_zero_only
@@ -94,6 +103,14 @@ class TrialLogger(TensorBoardLogger):
         if self._steps._experiment is not None:
             self._steps._experiment.flush()
             self._steps._experiment.close()
+
+
+class StepsByEpochInCheckpoint(pl.Callback):
+    """Marks the trial's checkpoints: its TensorBoard run is stepped by the epoch."""
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        logger = trainer.logger
+        checkpoint[TENSORBOARD_BY_EPOCH] = isinstance(logger, TrialLogger) and logger.by_epoch
 
 
 def after_earlier_event_files(run: Path) -> None:

@@ -74,7 +74,8 @@ class SlowEpochEnd(MLPClassifier):
 
 
 def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_acc", resume_from=None,
-               reports_expected: int | None = None, patience: int | None = 10, known_epochs: int = 0) -> list[dict]:
+               reports_expected: int | None = None, patience: int | None = 10, known_epochs: int = 0,
+               logger_resumed_at=None) -> list[dict]:
     from hpsearch.search.checkpoints import resumed_at
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
@@ -91,7 +92,7 @@ def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_
     trainer = build_trainer(settings, device=device, metric=metric, mode="max", max_epochs=epochs,
                             trial_dir=tmp_path / "trial", tensorboard_run=tmp_path / "tb" / "run",
                             callbacks=[reporter], profiler=reporter.fetch_timer,
-                            resumed_at=resumed_at(Path(resume_from)) if resume_from else None)
+                            resumed_at=logger_resumed_at or (resumed_at(Path(resume_from)) if resume_from else None))
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from)
     reporter.send_final(trainer)
     assert len(reports) == (epochs if reports_expected is None else reports_expected)
@@ -150,6 +151,28 @@ def test_epoch_metrics_are_stepped_by_the_epoch_and_step_metrics_by_the_batch(tm
         assert epochs_now[tag] == [1, 2, 3], (tag, epochs_now)
     steps_now = tensorboard_scalars(tmp_path / "tb" / "run" / "steps")["step_loss"]
     assert steps_now == steps["step_loss"], steps_now
+
+
+def test_a_trial_checkpointed_when_runs_were_stepped_by_the_batch_resumes_stepping_its_run_so(tmp_path):
+    """Its earlier attempts' events are at batch steps: stepped by the epoch from its
+    resume on, it would hide them (the purge step counts epochs) and put the rest of its
+    curve at steps before them."""
+    from conftest import tensorboard_scalars
+    from hpsearch.search.checkpoints import ResumedAt
+
+    data = SlowLoadingData(item_seconds=0.0)  # 6 training batches an epoch
+    # an attempt of that time: everything at batch steps, no mark in its checkpoints
+    reports_of(tmp_path, mlp_for(data, LogsEachStep), data, epochs=2,
+               logger_resumed_at=ResumedAt(epoch=1, batch=0, by_epoch=False))
+    before = tensorboard_scalars(tmp_path / "tb" / "run")
+    second = tmp_path / "trial" / "checkpoints" / "epoch-0001.ckpt"
+    reports_of(tmp_path, mlp_for(data, LogsEachStep), data, epochs=3, resume_from=str(second), reports_expected=3)
+    after = tensorboard_scalars(tmp_path / "tb" / "run")
+    assert not (tmp_path / "tb" / "run" / "steps").exists()
+    for tag in ("val_acc", "hp/val_acc", "speed/epoch_time_s", "step_loss"):
+        assert len(after[tag]) == len(before[tag]) + 1 and after[tag][:-1] == before[tag], (tag, before, after)
+        assert after[tag] == sorted(set(after[tag])) and after[tag][-1] > 2 * BATCHES, (tag, after)
+    assert after["hp/val_acc"] == after["val_acc"], after
 
 
 def mlp_for(datamodule, model_class=MLPClassifier):
