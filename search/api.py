@@ -27,11 +27,11 @@ from typing import Any
 from .cluster_join import cluster_address, ensure_joined_cluster_answers
 from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import flat_settings, load_config
-from .errors import (CallbackError, ConfigError, HpsearchError, Interrupted, Problem, exception_chain,
+from .errors import (CallbackError, ConfigError, HpsearchError, Interrupted, Problem, counted, exception_chain,
                      first_line, resume_command, warn_user)
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
-from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED
+from .outcome import FINISHED_STATES, SESSION_COMPLETE, SESSION_INTERRUPTED
 from .storage import Mirror, StudyHome
 from .study_lock import study_lock
 from .trials_table import read_rows
@@ -338,7 +338,6 @@ def _search_complete(exp: ExperimentDir, config: ExperimentConfig) -> bool:
     """Whether the study's last session completed its search, with every trial finished:
     the session completed, or its Tune run did before the session was stopped during the
     test evaluation. (Only then do trials.csv and the Optuna journal surely agree.)"""
-    from .outcome import FINISHED_STATES
     from .space import trial_limit
 
     sessions = sorted(read_sessions(exp), key=lambda s: float(s["started_at"]))
@@ -422,6 +421,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
             callbacks: Iterable[Any] = (), mirror: Mirror | None = None, address: str | None = None) -> SearchResult:
     from .results import finalize
     from .searcher import keep_settings
+    from .space import trial_limit
     from .tune_callbacks import RaisedAtTheNextStep
     from .tuner import run_session
 
@@ -466,6 +466,14 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         warn_user(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
                                   f"result.best is None. See why in result.trials or with: "
                                   f"hpsearch status {exp.root}"))
+    if outcome == SESSION_INTERRUPTED:
+        # A Ctrl+C or SIGTERM that stopped the search gracefully: the call returns as if
+        # all went well, and a notebook showed nothing of how to go on.
+        again = f"{exp.root}" if address is None else f"{exp.root}', address='{address}"
+        finished = sum(1 for trial in trials if trial.get("state") in FINISHED_STATES)
+        warn_user(StoppedEarlyWarning(f"search stopped before the study was complete ({finished} of "
+                                      f"{counted(trial_limit(config), 'trial')} finished); continue it with "
+                                      f"hpsearch.resume('{again}'), or: {resume_command(exp.root, address)}"))
     return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started, address=address)
 
 
@@ -503,6 +511,10 @@ def _release_reservations_since(held_before: set[str]) -> None:
 
 class NoResultWarning(UserWarning):
     """A search ended with every trial failed (or none reporting its metric): no best trial."""
+
+
+class StoppedEarlyWarning(UserWarning):
+    """A search was stopped (Ctrl+C, SIGTERM) before its study was complete; it can be resumed."""
 
 
 class _HeardInterrupt:

@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
     # A search with no result: the command line says so itself, with its exit status.
     warnings.filterwarnings("ignore", message="no trial finished with a result")
+    warnings.filterwarnings("ignore", message="search stopped before the study was complete")  # and this
 
     if args.command in ("run", "resume"):
         _ctrl_c_heard()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -180,6 +181,35 @@ def test_a_second_ctrl_c_frees_the_trials_so_the_next_search_in_the_session_runs
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "INTERRUPTED" in out.stdout and "FREE CPUS 2.0" in out.stdout, out.stdout + out.stderr[-3000:]
     assert "RESUMED complete 2" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+def test_a_search_stopped_by_one_ctrl_c_tells_a_python_caller_how_to_go_on(tmp_path):
+    """The call returned as if all went well: a notebook showed nothing of the stop, or of
+    how to continue the study (the command line prints it)."""
+    config = shrunk_example(tmp_path, **{"search/num_trials": 3, "scheduler/max_epochs": 2})
+    script = textwrap.dedent(f"""
+        import json, os, signal, warnings
+        from ray import tune
+        import hpsearch
+        from hpsearch.search.api import StoppedEarlyWarning
+
+        class CtrlCOnce(tune.Callback):
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                if not getattr(self, "pressed", False):
+                    self.pressed = True
+                    os.kill(os.getpid(), signal.SIGINT)
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = hpsearch.run(json.loads({json.dumps(config)!r}), callbacks=[CtrlCOnce()])
+        said = [str(w.message) for w in caught if issubclass(w.category, StoppedEarlyWarning)]
+        print("RESULT", result.outcome, "|".join(said), flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    study = tmp_path / config["name"]
+    assert re.search(r"RESULT interrupted search stopped before the study was complete \([0-2] of 3 trials "
+                     rf"finished\); continue it with hpsearch.resume\('{re.escape(str(study))}'\), or: hpsearch "
+                     rf"resume {re.escape(str(study))}\n", out.stdout), out.stdout + out.stderr[-3000:]
 
 
 def test_a_ctrl_c_while_ray_starts_leaves_none_of_its_processes_in_the_session(tmp_path):

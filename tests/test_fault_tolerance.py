@@ -199,6 +199,7 @@ def interrupt_after_a_trial(tmp_path: Path, name: str, stop_signal=signal.SIGINT
     code, output = finish(driver, timeout=120)
     assert code == 130 and f"hpsearch resume {exp_dir}" in output, output
     assert output.count(GRACEFUL_STOP_MESSAGE) == 1, output  # said once, at the first signal
+    assert "hpsearch.resume(" not in output, output  # the Python caller's notice: the CLI says its own
     unfinished = [r for r in rows(exp_dir) if r not in finished(exp_dir)]
     assert all((r["state"], r["reason"]) == ("PAUSED", "search stopped") for r in unfinished), unfinished
     return exp_dir
