@@ -80,6 +80,13 @@ class ResumedAt:
 TENSORBOARD_BY_EPOCH = "hpsearch_tensorboard_by_epoch"
 
 
+def epochs_trained(path: Path) -> int:
+    """The epochs a checkpoint taken at an epoch's end holds (it keeps the epoch's index, from 0)."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("epoch", -1)) + 1
+
+
 def resumed_at(path: Path) -> ResumedAt:
     """The first epoch and batch trained after a Lightning checkpoint taken at an epoch's
     end, and how its TensorBoard run is stepped. The checkpoint holds the ended epoch's

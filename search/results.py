@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .config import ExperimentConfig
@@ -58,7 +59,25 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         "test_error": test_error,  # why the evaluation failed; hpsearch resume runs it again
     }
     write_json(exp.best_json, best)
+    if test_metrics:
+        _test_metrics_in_tensorboard(config, exp, number, params, test_metrics, checkpoint, mirror)
     return best
+
+
+def _test_metrics_in_tensorboard(config: ExperimentConfig, exp: ExperimentDir, number: int, params: dict[str, Any],
+                                 metrics: dict[str, float], checkpoint: Path, mirror: Mirror | None) -> None:
+    """A failure here (a full disk, say) costs TensorBoard's copy, never the result."""
+    import warnings
+
+    from .checkpoints import epochs_trained
+    from .tensorboard_layout import write_test_metrics
+
+    try:
+        written = write_test_metrics(exp.tensorboard_dir, config, number, params, metrics, epochs_trained(checkpoint))
+        if mirror is not None:
+            mirror.push(str(written.relative_to(exp.root)))
+    except Exception as exc:  # noqa: BLE001 - best.json has the metrics
+        warnings.warn(f"the best trial's test metrics were not written to TensorBoard: {exc}", stacklevel=2)
 
 
 def _has_test_split(config: ExperimentConfig) -> bool:

@@ -27,6 +27,7 @@ from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .outcome import FINISHED_STATES
 
 STATE_HPARAM, EPOCHS_HPARAM = "state", "epochs"
+TEST_RECORD = ".test"  # the suffix of the file of the best trial's test metrics (write_test_metrics)
 STEPS_RUN = "steps"  # a trial's metrics logged at training steps: a run inside its own (trial_logger)
 # Speed series every trial writes (see reporting.SPEED_KEYS), offered as HParams metrics.
 SPEED_METRICS = ("speed/samples_per_s", "speed/epoch_time_s")
@@ -191,6 +192,21 @@ def write_trial_session(tensorboard_dir: Path, config: ExperimentConfig, number:
     return directory
 
 
+def write_test_metrics(tensorboard_dir: Path, config: ExperimentConfig, number: int, params: dict[str, Any],
+                       metrics: dict[str, float], epoch: int) -> Path:
+    """The best trial's test metrics in its run, at the epoch of the checkpoint evaluated,
+    and as HParams columns: TensorBoard had the search's validation only, and the test
+    metrics were in best.json and the report. One evaluation's: an earlier one's file (this
+    trial's, or an earlier best's, before a resume) is removed. Returns the file."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    for earlier in tensorboard_dir.glob(f"*/events.out.tfevents.*{TEST_RECORD}"):
+        earlier.unlink(missing_ok=True)
+    write_hparams_columns(tensorboard_dir, config, sorted(metrics))
+    summary = Summary(value=[Summary.Value(tag=name, simple_value=float(value)) for name, value in metrics.items()])
+    return _write_summaries(run_dir(tensorboard_dir, number, params), [summary], step=epoch, suffix=TEST_RECORD)
+
+
 def backfill_trial_sessions(tensorboard_dir: Path, config: ExperimentConfig, finished: list[dict[str, Any]]) -> int:
     """HParams rows for finished trials that have none (the driver died between the
     trial's end and writing it); returns how many were written."""
@@ -308,15 +324,18 @@ def _numeric_span(column: Any) -> tuple[float, float] | None:
     return None
 
 
-def _write_summaries(directory: Path, summaries: list[Any]) -> None:
+def _write_summaries(directory: Path, summaries: list[Any], step: int = 0, suffix: str = ".hparams") -> Path:
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     directory.mkdir(parents=True, exist_ok=True)
-    writer = EventFileWriter(str(directory), filename_suffix=".hparams")
+    before = set(directory.glob(f"*{suffix}"))
+    writer = EventFileWriter(str(directory), filename_suffix=suffix)
     try:
         for summary in summaries:
-            writer.add_event(Event(wall_time=time.time(), step=0, summary=summary))
+            writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
     finally:
         writer.close()
+    [written] = set(directory.glob(f"*{suffix}")) - before
+    return written
 

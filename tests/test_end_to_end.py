@@ -132,6 +132,13 @@ def test_the_best_trial_is_evaluated_and_described_as_it_was_trained_after_a_res
     assert not [w for w in caught if "resume changes" in str(w.message)], [str(w.message) for w in caught]
     assert result.evaluated_again and evaluated == ["32-true"]
     assert result.best["config"]["trainer"]["precision"] == "32-true"
+    # TensorBoard has this evaluation's test metrics, once: the first search's are gone.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    [test_record] = (copy / "tensorboard").glob("*/events.out.tfevents.*.test")
+    accumulator = EventAccumulator(str(test_record.parent))
+    accumulator.Reload()
+    assert [event.value for event in accumulator.Scalars("test_acc")] == [0.5]
 
 
 def test_resuming_a_complete_study_starts_nothing_and_changes_nothing(finished_search, tmp_path, monkeypatch):
@@ -274,6 +281,10 @@ def test_tensorboard_shows_every_trial_with_its_curve_params_state_and_metric(fi
         experiment = _get_json(f"{base}/plugin/hparams/experiment", {"experimentName": ""})
         curves = {run: _get_json(f"{base}/plugin/scalars/scalars?" + urllib.parse.urlencode(
             {"run": run, "tag": "val_acc"})) for run in runs}
+        best_json = json.loads((exp_dir / "best.json").read_text())
+        [best_run] = [run for run in runs if int(run[6:10]) == best_json["trial"]]
+        test_curve = _get_json(f"{base}/plugin/scalars/scalars?" + urllib.parse.urlencode(
+            {"run": best_run, "tag": "test_acc"}))
         scalar_tags = _get_json(f"{base}/plugin/scalars/tags")
     finally:
         process.terminate()
@@ -313,6 +324,17 @@ def test_tensorboard_shows_every_trial_with_its_curve_params_state_and_metric(fi
         best = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}["hp/val_acc"]
         assert best == pytest.approx(float(row["best"]), rel=1e-5)
     assert {g["hparams"]["state"] for g in groups} == {r["state"] for r in table.values()} >= {"PRUNED"}
+    # The best trial's test metrics: in its run, at the epoch of the checkpoint evaluated,
+    # and in its HParams row.
+    import torch
+
+    evaluated = torch.load(best_json["checkpoint"], map_location="cpu", weights_only=False)["epoch"] + 1
+    [(_, step, value)] = test_curve
+    assert step == evaluated and value == pytest.approx(best_json["test_metrics"]["test_acc"], rel=1e-5), test_curve
+    assert "test_acc" in metric_tags
+    [best_group] = [g for g in groups if int(g["name"][6:10]) == best_json["trial"]]
+    test_value = {m["name"]["tag"]: m["value"] for m in best_group["metricValues"]}["test_acc"]
+    assert test_value == pytest.approx(best_json["test_metrics"]["test_acc"], rel=1e-5)
     with pytest.raises(OSError):  # stopping the command stopped TensorBoard too
         _get_json(f"{base}/runs")
 
