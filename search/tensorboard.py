@@ -59,6 +59,9 @@ class StudiesSideBySide:
             for run in runs:
                 folder = self.directory / label / run.name
                 folder.mkdir(parents=True, exist_ok=True)
+                for shown in folder.iterdir():
+                    if shown.is_symlink() and not shown.exists():  # the study removed its file
+                        shown.unlink()
                 for path in sorted(run.iterdir()):
                     shown = folder / path.name
                     if shown.exists() or shown.is_symlink():

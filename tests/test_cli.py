@@ -612,6 +612,15 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     later = write_trial_session(second.tensorboard_dir, load_config(config), 1, {"model.lr": 0.02}, "PRUNED", 1)
     studies.link_new_runs()  # a trial that ended since
     assert _session_group(next((combined / "study-2" / later.name).glob("*.hparams"))) == ""
+    # A file the study removed since (an earlier evaluation's test metrics) is not shown
+    # as a link to nothing.
+    removed = runs[1] / "events.out.tfevents.2.host.test"
+    removed.write_text("test metrics")
+    studies.link_new_runs()
+    assert (folder / removed.name).is_file()
+    removed.unlink()
+    studies.link_new_runs()
+    assert not (folder / removed.name).is_symlink()
     # serve() removes its directory at the end: the studies' own files stay.
     shutil.rmtree(combined)
     assert (runs[1] / "events.out.tfevents.1.host").is_file() and original.is_file()
