@@ -81,6 +81,20 @@ def test_every_change_to_a_row_reaches_the_next_save(tmp_path):
     assert rows[0]["state"] == "RUNNING" and rows[2]["best"] == 0.5 and rows[1]["best"] == 0.95
     assert sorted(rows) == [0, 1, 2, 3, 4]
     assert t.to_csv() == TrialsTable.load(path, "val_acc", "max", ["model.lr"]).to_csv()
+    # every other way a dict changes, and a row set whole
+    t.rows[0].update(reason="early_stopping")
+    t.rows[1].pop("best")
+    t.rows[2].setdefault("last", 0.25)
+    del t.rows[3]["state"]
+    t.rows[4] |= {"epochs": 7}
+    t.rows[5] = {"trial": 5, "state": "COMPLETE"}
+    t.save(path)
+    rows = {r["trial"]: r for r in read_rows(path)}
+    assert (rows[0]["reason"], rows[1]["best"], rows[2]["last"], rows[3]["state"], rows[4]["epochs"],
+            rows[5]["state"]) == ("early_stopping", "", 0.25, "", 7, "COMPLETE"), rows
+    t.rows[5]["state"] = "PRUNED"  # the row set whole is followed too
+    t.save(path)
+    assert {r["trial"]: r for r in read_rows(path)}[5]["state"] == "PRUNED"
 
 
 def test_a_resumed_trials_checkpointed_epoch_counts_its_compute_once(tmp_path):
