@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,7 +155,7 @@ def trial_name(number: int) -> str:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so readers see the old or the new file, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _new_file_beside(path)
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -170,6 +170,19 @@ def atomic_write_text(path: Path, text: str) -> None:
         if exc.errno == 28:  # ENOSPC
             raise HpsearchError(f"disk full while writing {path}; the previous version is intact") from exc
         raise
+
+
+def _new_file_beside(path: Path) -> tuple[int, str]:
+    """A new temporary file in ``path``'s folder, with the permissions the umask gives
+    (``tempfile.mkstemp`` makes them 0600: on a study shared over NFS, teammates could read
+    the journal and the events but not trials.csv or best.json, and status, best, report
+    and compare failed for them)."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -179,3 +179,20 @@ def test_a_killed_session_is_closed_by_the_next_as_of_its_last_write(tmp_path):
     os.utime(exp.trials_csv, (5012.0, 5012.0))  # the resumed session wrote it later
     assert _wall_seconds(exp) == 10.0 + 13.0 + 12.5
     assert close_killed_sessions(exp) == 0
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_study_files_get_the_permissions_the_umask_gives(tmp_path, umask, mode):
+    """They were always 0600 (``tempfile.mkstemp``'s): on a study shared over NFS, others
+    could read its journal and events but not trials.csv or best.json (audit 20, D4)."""
+    from hpsearch.search.experiment import atomic_write_text, write_json
+
+    before = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "trials.csv", "trial\n0\n")
+        write_json(tmp_path / "best.json", {"trial": 0})
+        atomic_write_text(tmp_path / "trials.csv", "trial\n0\n1\n")  # replaced: the new file's mode
+    finally:
+        os.umask(before)
+    assert {path.name: path.stat().st_mode & 0o777 for path in tmp_path.iterdir()} == {
+        "trials.csv": mode, "best.json": mode}
