@@ -54,6 +54,7 @@ class SearchResult:
     grid_exhausted: bool = False  # every point of the study's grid has run: more trials would add none
     evaluated_again: bool = False  # a resume of a complete search that ran only its test evaluation
     address: str | None = None  # the cluster the session joined by address, which a resume needs too
+    finished_before: int = 0  # trials the study had finished when this session began
 
     @property
     def complete(self) -> bool:
@@ -432,6 +433,8 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     if mirror is not None:
         mirror.push_study_files()
     outcome, search_complete = "crashed", False
+    finished_before = sum(1 for trial in (read_rows(exp.trials_csv) if exp.trials_csv.is_file() else [])
+                          if trial.get("state") in FINISHED_STATES)
     held_before = _reservations()
     try:
         with _stop_signals_interrupt() as tune_ended:
@@ -474,7 +477,8 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         warn_user(StoppedEarlyWarning(f"search stopped before the study was complete ({finished} of "
                                       f"{counted(trial_limit(config), 'trial')} finished); continue it with "
                                       f"hpsearch.resume('{again}'), or: {resume_command(exp.root, address)}"))
-    return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started, address=address)
+    return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started, address=address,
+                        finished_before=finished_before)
 
 
 def _reservations() -> set[str]:

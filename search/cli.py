@@ -298,7 +298,8 @@ def _report(result) -> int:
         # The end the user asked for: not an error, so the exit status is 0.
         states = [trial.get("state") for trial in result.trials]
         finished = sum(1 for state in states if state in FINISHED_STATES)
-        print(f"time budget reached with {counted(finished, 'trial')} finished and {states.count(PAUSED)} paused; "
+        print(f"time budget reached with {counted(finished - result.finished_before, 'trial')} finished in this "
+              f"session ({finished} in the study) and {states.count(PAUSED)} paused; "
               f"continue the study (with a fresh budget) with:\n  {result.resume_command}")
         return 0
     if not result.complete:

@@ -397,7 +397,16 @@ def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp
 
     result = SearchResult(tmp_path, SESSION_TIME_BUDGET, None, [{"state": "PRUNED"}, {"state": "PAUSED"}], 9.0)
     assert _report(result) == 0
-    assert "time budget reached with 1 trial finished and 1 paused" in capsys.readouterr().out
+    assert "time budget reached with 1 trial finished in this session (1 in the study) and 1 paused" \
+        in capsys.readouterr().out
+    # a resumed study's earlier trials are not this session's (audit 20, D7: "2541 trials finished"
+    # after a session of 20 s that finished 140)
+    earlier = [{"state": "COMPLETE"}] * 5
+    result = SearchResult(tmp_path, SESSION_TIME_BUDGET, None, earlier + [{"state": "PRUNED"}, {"state": "PAUSED"}],
+                          9.0, finished_before=5)
+    assert _report(result) == 0
+    assert "time budget reached with 1 trial finished in this session (6 in the study) and 1 paused" \
+        in capsys.readouterr().out
     from hpsearch.search.status_view import print_best
 
     print_best({"trial": 3, "metric": "val_acc", "value": 0.9, "state": "PRUNED", "epochs": 1, "params": {}})
