@@ -30,6 +30,8 @@ SPEED_COLUMNS = (("trial", "trial"), ("state", "state"), ("epochs", "epochs"), (
                  ("world_size", "world size"), ("device", "device"), ("num_workers", "loader workers"),
                  ("data_starved", "data-starved"))
 LABELLED_CURVES = 30  # trials in a learning-curve plot up to which every curve is named
+NAMED_BEST = 10  # beyond that, the best COMPLETE trials named
+NAMES_PER_LABEL = 5  # trial numbers a shared label lists before "+N"
 LABEL_HEIGHT = 0.03  # a curve label's height, as a share of the plot's value range
 STATE_STYLE = {"COMPLETE": ("tab:blue", "-"), "PRUNED": ("tab:gray", "--"), "FAILED": ("tab:red", ":"),
                "RUNNING": ("tab:green", "-"), "PAUSED": ("tab:purple", "-.")}
@@ -82,9 +84,11 @@ def _open_study(exp: ExperimentDir, summary: StudySummary):
 def _learning_curves(study, summary: StudySummary):
     """The search metric per epoch, one line per trial, named by its trial number at its
     end; pruned trials end in an ``x`` at the rung where ASHA cut them; the rungs are the
-    dotted verticals. Beyond ``LABELLED_CURVES`` trials only COMPLETE ones are named, and
-    trials whose curves end at one point share one label ("3, 7"), so the names stay
-    readable."""
+    dotted verticals. Beyond ``LABELLED_CURVES`` trials only the ``NAMED_BEST`` best
+    COMPLETE ones are named, and trials whose curves end at one point share one label
+    ("3, 7"), so the names stay readable: naming every COMPLETE trial made one label of
+    hundreds of numbers at 500 trials, and the figure, saved tight around it, 6,762 px wide
+    (39,179 at 3,000) and unreadable in the page (audit 20, D2)."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -92,6 +96,12 @@ def _learning_curves(study, summary: StudySummary):
     figure, axes = plt.subplots(figsize=(8, 4.5))
     curves = [(trial.number, sorted(trial.intermediate_values.items()))
               for trial in (study.trials if study is not None else []) if trial.intermediate_values]
+    named = {number for number, _ in curves}
+    if len(curves) > LABELLED_CURVES:
+        pick = max if summary.mode == "max" else min
+        complete = [(pick(value for _, value in curve), number) for number, curve in curves
+                    if states.get(number) == "COMPLETE"]
+        named = {number for _, number in sorted(complete, reverse=summary.mode == "max")[:NAMED_BEST]}
     ends = []
     for number, curve in curves:
         state = states.get(number, "")
@@ -100,7 +110,7 @@ def _learning_curves(study, summary: StudySummary):
         axes.plot(epochs, values, linestyle=style, color=color, alpha=0.8, linewidth=1.2)
         if state in ("PRUNED", "FAILED"):
             axes.plot(epochs[-1], values[-1], marker="x", color=color, markersize=7)
-        if len(curves) <= LABELLED_CURVES or state == "COMPLETE":
+        if number in named:
             ends.append((epochs[-1], values[-1], number, color))
     low, high = axes.get_ylim()
     for (epoch, value), numbers, color in _end_labels(ends, closer_than=LABEL_HEIGHT * (high - low)):
@@ -115,22 +125,26 @@ def _learning_curves(study, summary: StudySummary):
     axes.legend(handles=handles, loc="best", fontsize=8)
     axes.set_xlabel("epoch")
     axes.set_ylabel(summary.metric)
-    axes.set_title(f"{summary.metric} per epoch, every trial")
+    axes.set_title(f"{summary.metric} per epoch, every trial"
+                   + (f" (the {len(named)} best named)" if len(named) < len(curves) else ""))
     return figure
 
 
 def _end_labels(ends: list[tuple[int, float, int, str]], closer_than: float):
     """The labels for curves ending at (epoch, value, trial number, colour): one per end,
     except that ends at one epoch whose values lie closer than ``closer_than`` share the
-    lowest one's label, naming their trials in order ("3, 7"); black when their colours
-    differ."""
+    lowest one's label, naming their trials in order ("3, 7", or "3, 7, 8, 9, 12 +4" past
+    ``NAMES_PER_LABEL``); black when their colours differ."""
     labels: list[tuple[tuple[int, float], str, str]] = []
     group: list[tuple[int, float, int, str]] = []
     for end in sorted(ends, key=lambda end: (end[0], end[1])) + [None]:
         if group and (end is None or end[0] != group[0][0] or end[1] - group[-1][1] >= closer_than):
             colors = {member[3] for member in group}
-            labels.append(((group[0][0], group[0][1]), ", ".join(str(n) for n in sorted(m[2] for m in group)),
-                           colors.pop() if len(colors) == 1 else "black"))
+            numbers = sorted(member[2] for member in group)
+            text = ", ".join(str(n) for n in numbers[:NAMES_PER_LABEL])
+            if len(numbers) > NAMES_PER_LABEL:
+                text += f" +{len(numbers) - NAMES_PER_LABEL}"
+            labels.append(((group[0][0], group[0][1]), text, colors.pop() if len(colors) == 1 else "black"))
             group = []
         if end is not None:
             group.append(end)

@@ -239,3 +239,32 @@ def test_curves_ending_at_one_point_share_one_label():
         ((3, 0.700), "2, 4", "black"),      # a COMPLETE and a PRUNED trial: neither colour
         ((3, 0.9), "5", "tab:blue")]
     assert _end_labels([], closer_than=0.01) == []
+    many = [(3, 0.9 + i * 1e-4, number, "tab:blue") for i, number in enumerate([8, 3, 12, 5, 1, 9, 30, 2])]
+    assert _end_labels(many, closer_than=0.01) == [((3, 0.9), "1, 2, 3, 5, 8 +3", "tab:blue")]
+
+
+def test_learning_curves_of_a_large_study_name_its_best_trials_and_keep_their_size(tmp_path):
+    """Every COMPLETE trial was named: at 500 trials one label listed hundreds of numbers,
+    and the figure, saved tight around it, was 6,762 px wide (audit 20, D2)."""
+    import matplotlib
+    import optuna
+    from PIL import Image
+
+    matplotlib.use("Agg")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study, rows = optuna.create_study(direction="maximize"), []
+    for number in range(300):  # converged: many curves end at nearly one value
+        trial = study.ask()
+        complete = number % 3 == 0
+        for epoch in range(1, 4 if complete else 2):
+            trial.report(0.9 + 1e-5 * number * epoch, epoch)
+        study.tell(trial, 0.9)
+        rows.append({"trial": str(number), "state": "COMPLETE" if complete else "PRUNED"})
+    figure = _learning_curves(study, summary_of(rows))
+    named = sorted(int(n) for text in figure.axes[0].texts for n in text.get_text().split(" +")[0].split(", "))
+    best = sorted(range(0, 300, 3), key=lambda n: -n)[:10]  # the highest values: the latest here
+    assert named[:1] and set(named) <= set(best), named
+    assert "the 10 best named" in figure.axes[0].get_title()
+    figure.savefig(tmp_path / "curves.png", dpi=110, bbox_inches="tight")
+    width, height = Image.open(tmp_path / "curves.png").size
+    assert width < 1200 and height < 700, (width, height)
