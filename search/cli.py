@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="one row per trial: state, params, metric, epochs, why it stopped")
     status.add_argument("experiment_dir")
+    status.add_argument("--all", action="store_true", dest="every_trial",
+                        help="every trial (past 40 only the latest, those running or paused, and the best)")
 
     best = commands.add_parser("best", help="the best trial (best.json)")
     best.add_argument("experiment_dir")
@@ -321,7 +323,7 @@ def _report(result) -> int:
 def cmd_status(args) -> int:
     from .status_view import print_status
 
-    print_status(_experiment(args.experiment_dir))
+    print_status(_experiment(args.experiment_dir), every_trial=args.every_trial)
     return 0
 
 

@@ -25,6 +25,7 @@ TELEMETRY_COLUMNS = {"s/epoch": "epoch_time_s", "start-up s": "startup_s"}  # ti
 # Left out, in this order, where the table would not fit the terminal even with the
 # parameters in one column: trials.csv keeps them.
 OPTIONAL_COLUMNS = ("start-up s", "s/epoch")
+SHOWN_TRIALS = 40  # status's rows, past which only the latest, the running or paused, and the best are shown
 STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan", "PAUSED": "magenta"}
 
 
@@ -34,15 +35,26 @@ def table_console(piped_width: int = 160) -> Console:
     return Console() if sys.stdout.isatty() else Console(width=piped_width)
 
 
-def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
+def print_status(exp: ExperimentDir, console: Console | None = None, every_trial: bool = False) -> None:
+    """The trials' table, then the study in one line: its trials by state and its best.
+    Past ``SHOWN_TRIALS`` trials, unless ``every_trial``, the table holds the latest ones,
+    those running or paused, and the best: at 3,000 trials it printed 3,300 lines in 6 s
+    (20 s at 10,000), and said nothing of the study as a whole (audit 20, D3)."""
     console = console or table_console()
     config = exp.stored_config()
     metric, params = config["metric"], list(config["space"])
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
+    best = _best_row(rows, metric, config["mode"], params)
     if rows:
         title = f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']})"
-        params_width, left_out = _layout(console, title, rows, params, metric)
-        console.print(_trials_table(title, rows, params, metric, params_width, left_out))
+        shown = rows if every_trial else _worth_showing(rows, best)
+        params_width, left_out = _layout(console, title, shown, params, metric)
+        console.print(_trials_table(title, shown, params, metric, params_width, left_out))
+        if len(shown) < len(rows):
+            console.print(f"{len(rows) - len(shown)} more trials not shown (the latest {SHOWN_TRIALS} are, and "
+                          f"those running or paused, and the best); `hpsearch status {exp.root} --all` shows "
+                          f"every one, and trials.csv has them.", markup=False, soft_wrap=True)
+        console.print(_summary_line(rows, best, metric), markup=False, soft_wrap=True)
     else:
         console.print(f"{exp.root}: no trial has started yet", markup=False)
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
@@ -64,6 +76,34 @@ def print_status(exp: ExperimentDir, console: Console | None = None) -> None:
     if test_error:
         console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "
                       f"`{resume_command(exp.root)}` evaluates it again.", markup=False, soft_wrap=True)
+
+
+def _best_row(rows: list[dict[str, Any]], metric: str, mode: str, params: list[str]) -> dict[str, Any] | None:
+    from .trials_table import TrialsTable
+
+    table = TrialsTable(metric, mode, params)
+    table.rows.update((int(row["trial"]), row) for row in rows)
+    return table.best_row()
+
+
+def _worth_showing(rows: list[dict[str, Any]], best: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The latest ``SHOWN_TRIALS`` trials, those running or paused, and the best, in order."""
+    if len(rows) <= SHOWN_TRIALS:
+        return rows
+    latest = {row["trial"] for row in rows[-SHOWN_TRIALS:]}
+    return [row for row in rows if row["trial"] in latest or row is best or row.get("state") in ("RUNNING", "PAUSED")]
+
+
+def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metric: str) -> str:
+    """``3300 trials: 1276 complete, 1921 pruned, 103 failed; best val_loss = 0.1667 (trial 3257)``"""
+    states: dict[str, int] = {}
+    for row in rows:
+        states[str(row.get("state", ""))] = states.get(str(row.get("state", "")), 0) + 1
+    order = [state for state in STATE_STYLES if state in states] + sorted(set(states) - set(STATE_STYLES))
+    line = f"{counted(len(rows), 'trial')}: " + ", ".join(f"{states[state]} {state.lower()}" for state in order)
+    if best is not None:
+        line += f"; best {metric} = {_fmt(best.get('best'))} (trial {best['trial']})"
+    return line
 
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:

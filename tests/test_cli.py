@@ -739,6 +739,33 @@ def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
     assert "— 1 trial, val_acc (max)" in text, text  # not "1 trials"
 
 
+def test_status_of_a_large_study_shows_its_latest_running_and_best_trials_and_sums_it_up(tmp_path, capsys):
+    """At 3,000 trials status printed 3,300 lines in 6 s, and nothing of the study as a
+    whole: how many trials ended how, and which was best (audit 20, D3)."""
+    from hpsearch.search.trials_table import TrialsTable
+
+    states = ["PRUNED", "COMPLETE", "FAILED"] * 40 + ["COMPLETE"] * 20 + ["RUNNING"]
+    states[10] = "PAUSED"
+    exp = _study_with(tmp_path, states)
+    table = TrialsTable.load(exp.trials_csv, "val_acc", "max", [])
+    table.row(7).update(best=0.97)  # an early trial is the best
+    table.save(exp.trials_csv)
+
+    def shown_trials(output: str) -> list[int]:
+        return [int(line.split()[0]) for line in output.splitlines()
+                if len(line.split()) > 2 and line.split()[1] in {"COMPLETE", "PRUNED", "FAILED", "RUNNING", "PAUSED"}]
+
+    assert main(["status", str(exp.root)]) == 0
+    output = capsys.readouterr().out
+    assert shown_trials(output) == [7, 10, *range(len(states) - 40, len(states))], output
+    assert f"{len(states) - 42} more trials not shown" in output and "--all` shows every one" in output, output
+    assert (f"{len(states)} trials: 59 complete, 40 pruned, 40 failed, 1 running, 1 paused; "
+            f"best val_acc = 0.97 (trial 7)") in output, output
+    assert main(["status", str(exp.root), "--all"]) == 0
+    output = capsys.readouterr().out
+    assert shown_trials(output) == list(range(len(states))) and "not shown" not in output, output
+
+
 def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_path):
     from rich.console import Console
 
