@@ -196,3 +196,20 @@ def test_study_files_get_the_permissions_the_umask_gives(tmp_path, umask, mode):
         os.umask(before)
     assert {path.name: path.stat().st_mode & 0o777 for path in tmp_path.iterdir()} == {
         "trials.csv": mode, "best.json": mode}
+
+
+def test_only_the_last_sessions_ray_tune_files_are_kept(tmp_path):
+    """Each session's Ray Tune folder, which nothing reads, was kept for ever: half of a
+    large study's directory (audit 20, D5)."""
+    from hpsearch.search.tuner import _new_tune_session
+
+    tune_dir = tmp_path / "tune"
+    names = []
+    for _ in range(3):
+        names.append(_new_tune_session(tune_dir))
+        (tune_dir / names[-1] / "experiment_state.json").parent.mkdir(parents=True)
+        (tune_dir / names[-1] / "experiment_state.json").write_text("{}")
+    (tune_dir / "train").mkdir()  # a distributed trial's Ray Train folder stays
+    assert names == ["session-1", "session-2", "session-3"]
+    assert _new_tune_session(tune_dir) == "session-4"
+    assert sorted(path.name for path in tune_dir.iterdir()) == ["session-3", "train"]
