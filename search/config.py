@@ -164,6 +164,9 @@ class SearchConfig(StrictModel):
     sampler: Literal["tpe", "random", "cmaes", "gp", "grid"] = "tpe"
     seed: int | None = 0
     time_budget_s: PositiveFloat | None = None
+    keep_checkpoints: PositiveInt | None = Field(
+        None, description="ended trials that keep their best.ckpt: the best N by the metric (and the study's best); "
+                          "null keeps every one's")
     preflight: bool = Field(True, description="run two training steps, one validation and one test batch in the "
                                               "driver before Ray starts (see preflight.py)")
 

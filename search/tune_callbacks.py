@@ -18,8 +18,8 @@ from ray.tune.stopper import Stopper, TimeoutStopper
 
 from .config import ExperimentConfig
 from .errors import counted
-from .outcome import (EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP, RANK_NODES,
-                      RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
+from .outcome import (COMPLETE, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP,
+                      PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
 from .searcher import RAY_TRIAL_ID
 from .trials_table import RESULT_TO_COLUMN, TrialsTable
 
@@ -503,6 +503,60 @@ class DropResumeCheckpoints(Callback):
                                             EPOCH_PATTERN)
         except Exception as exc:  # noqa: BLE001 - costs disk space, never the search
             warnings.warn(f"epoch checkpoints of ended trial {trial_dir.name} not deleted: {exc}", stacklevel=2)
+
+
+class KeepBestCheckpoints(Callback):
+    """``search.keep_checkpoints``: of the ended trials, only the best N by the search
+    metric keep their ``best.ckpt``, and the study's best by its own rule (a complete trial
+    before a pruned one: ``TrialsTable.best_row``), which the test evaluation takes. ASHA
+    prunes most trials, and each kept its best checkpoint: 3,197 files at 3,300 trials in
+    audit 20, some 300 GB for a model of 100 MB.
+
+    Runs after the trials table has the trial's end. At the session's start it applies the
+    setting to the trials already ended (it may have been lowered on resume). A failure
+    costs only the space, with a warning: the search goes on."""
+
+    def __init__(self, keep: int, table: TrialsTable, exp, mirror=None) -> None:
+        self.keep, self.table, self.exp, self.mirror = keep, table, exp, mirror
+        self._held: set[int] | None = None  # ended trials whose best.ckpt may still be there
+
+    def setup(self, **info) -> None:
+        self._drop_all_but_the_best()
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._drop_all_but_the_best(int(trial.config[TRIAL_NUMBER]))
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._drop_all_but_the_best(int(trial.config[TRIAL_NUMBER]))
+
+    def kept(self) -> set[int]:
+        """The ended trials whose checkpoints stay."""
+        import math
+
+        scored = [row for row in self.table.rows.values() if row.get("state") in (COMPLETE, PRUNED)
+                  and isinstance(row.get("best"), (int, float)) and math.isfinite(row["best"])]
+        sign = -1 if self.table.mode == "max" else 1
+        scored.sort(key=lambda row: (sign * row["best"], int(row["trial"])))
+        best = self.table.best_row()
+        return {int(row["trial"]) for row in scored[:self.keep]} | ({int(best["trial"])} if best else set())
+
+    def _drop_all_but_the_best(self, ended: int | None = None) -> None:
+        from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
+        from .experiment import trial_name
+
+        if self._held is None:
+            self._held = {int(row["trial"]) for row in self.table.rows.values() if row.get("state") in FINISHED_STATES}
+        if ended is not None:
+            self._held.add(ended)
+        for number in sorted(self._held - self.kept()):
+            folder = checkpoint_dir(self.exp.trial_dir(trial_name(number)))
+            try:
+                (folder / BEST_CHECKPOINT).unlink(missing_ok=True)
+                if self.mirror is not None:
+                    self.mirror.delete_matching(folder.relative_to(self.exp.root).as_posix(), BEST_CHECKPOINT)
+                self._held.discard(number)
+            except Exception as exc:  # noqa: BLE001 - costs disk space, never the search
+                warnings.warn(f"best checkpoint of trial {number} not deleted: {exc}", stacklevel=2)
 
 
 class FreeRankReservations(Callback):

@@ -335,8 +335,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
     from .tune_callbacks import (DropResumeCheckpoints, FinishedTrials, FreeRankReservations, KeepTracebacks,
-                                 ProgressDisplay, PushStudyFiles, RetryPolicy, TensorBoardSessions, TimeBudget,
-                                 TrialsTableRecorder, quiet_trial_tracebacks)
+                                 KeepBestCheckpoints, ProgressDisplay, PushStudyFiles, RetryPolicy,
+                                 TensorBoardSessions, TimeBudget, TrialsTableRecorder, quiet_trial_tracebacks)
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)
@@ -357,6 +357,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     callbacks = [*ranks, DropResumeCheckpoints(exp, mirror), KeepTracebacks(exp),
                  RetryPolicy(table, config.failure.max_retries, exp),
                  TrialsTableRecorder(table, exp.trials_csv, prunes, planned=planned_columns(config)),
+                 *([KeepBestCheckpoints(config.search.keep_checkpoints, table, exp, mirror)]
+                   if config.search.keep_checkpoints else []),
                  TensorBoardSessions(config, table, exp.tensorboard_dir),
                  *([PushStudyFiles(mirror)] if mirror is not None else []),
                  ProgressDisplay(table, searcher.trial_limit, exp), *(extra_callbacks or [])]

@@ -56,6 +56,7 @@ BAD_SCHEMA = [
     ("searched epochs", _set("space/trainer.max_epochs", {"type": "int", "low": 1, "high": 9}), "space.trainer.max_epochs", "the epochs are scheduler.max_epochs"),
     ("searched strategy", _set("space/trainer.strategy", {"type": "categorical", "choices": ["ddp"]}), "space.trainer.strategy", "set trainer.strategy instead"),
     ("num_trials zero", _set("search/num_trials", 0), "search.num_trials", "greater than 0"),
+    ("keep_checkpoints zero", _set("search/keep_checkpoints", 0), "search.keep_checkpoints", "greater than 0"),
     ("num_trials negative", _set("search/num_trials", -3), "search.num_trials", "greater than 0"),
     ("num_trials true", _set("search/num_trials", True), "search.num_trials", "valid integer"),
     ("max_epochs 3.0", _set("scheduler/max_epochs", 3.0), "scheduler.max_epochs", "valid integer"),
