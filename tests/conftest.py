@@ -120,6 +120,7 @@ def finished_search(tmp_path_factory):
     finished study (end-to-end, TensorBoard, report, compare)."""
     root = tmp_path_factory.mktemp("e2e")
     config = shrunk_example(root / "runs", **{"search/num_trials": 6, "scheduler/max_epochs": 4,
+                                              "search/keep_checkpoints": 3,
                                               "space/model.lr": {"type": "float", "low": 1e-5, "high": 0.1, "log": True}})
     path = write_yaml(root / "exp.yaml", config)
     result = run_cli("run", str(path), cwd=root, timeout=400)

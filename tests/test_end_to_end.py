@@ -40,11 +40,16 @@ def test_every_trial_finished_and_asha_stopped_some_early(finished_search):
 
 
 def test_ended_trials_keep_only_their_best_checkpoint(finished_search):
-    # Epoch checkpoints are for resume, and an ended trial is never resumed.
+    # Epoch checkpoints are for resume, and an ended trial is never resumed; and with
+    # search.keep_checkpoints: 3, only the 3 best trials and the study's best keep theirs.
     exp_dir, _, _ = finished_search
-    for row in rows_of(exp_dir):
+    rows = rows_of(exp_dir)
+    best = json.loads((exp_dir / "best.json").read_text())["trial"]
+    top = {int(r["trial"]) for r in sorted(rows, key=lambda r: (-float(r["best"]), int(r["trial"])))[:3]} | {best}
+    assert len(top) < len(rows)
+    for row in rows:
         kept = sorted(p.name for p in (exp_dir / "trials" / f"trial_{int(row['trial']):04d}" / "checkpoints").iterdir())
-        assert kept == ["best.ckpt"], (row["trial"], row["state"], kept)
+        assert kept == (["best.ckpt"] if int(row["trial"]) in top else []), (row["trial"], row["state"], kept)
 
 
 def test_a_search_prints_none_of_rays_own_warnings(finished_search):
