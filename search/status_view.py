@@ -12,6 +12,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from .errors import counted, resume_command
+from .outcome import best_of
 from .experiment import ExperimentDir, read_sessions
 from .study_lock import dead_holder
 from .trials_table import read_rows
@@ -54,7 +55,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
             console.print(f"{len(rows) - len(shown)} more trials not shown (the latest {SHOWN_TRIALS} are, and "
                           f"those running or paused, and the best); `hpsearch status {exp.root} --all` shows "
                           f"every one, and trials.csv has them.", markup=False, soft_wrap=True)
-        console.print(_summary_line(rows, best, metric), markup=False, soft_wrap=True)
+        console.print(_summary_line(rows, best, metric, config["mode"]), markup=False, soft_wrap=True)
     else:
         console.print(f"{exp.root}: no trial has started yet", markup=False)
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
@@ -94,7 +95,7 @@ def _worth_showing(rows: list[dict[str, Any]], best: dict[str, Any] | None) -> l
     return [row for row in rows if row["trial"] in latest or row is best or row.get("state") in ("RUNNING", "PAUSED")]
 
 
-def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metric: str) -> str:
+def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metric: str, mode: str) -> str:
     """``3300 trials: 1276 complete, 1921 pruned, 103 failed; best val_loss = 0.1667 (trial 3257)``"""
     states: dict[str, int] = {}
     for row in rows:
@@ -103,7 +104,19 @@ def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metri
     line = f"{counted(len(rows), 'trial')}: " + ", ".join(f"{states[state]} {state.lower()}" for state in order)
     if best is not None:
         line += f"; best {metric} = {_fmt(best.get('best'))} (trial {best['trial']})"
+    # A trial not ended is not the study's best yet (the test evaluation takes ended ones),
+    # but its better value so far is worth a word: the line seemed to skip it (audit 21, D4).
+    going = [row for row in rows if row.get("state") in ("RUNNING", "PAUSED") and _is_number(row.get("best"))]
+    if going:
+        ahead = best_of(going, mode, key=lambda row: float(row["best"]))
+        if best is None or best_of([float(ahead["best"]), float(best["best"])], mode) != float(best["best"]):
+            line += (f"; {'none ended yet, but ' if best is None else ''}{ahead['state'].lower()} trial "
+                     f"{ahead['trial']} has {metric} = {_fmt(ahead['best'])} so far")
     return line
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:

@@ -390,6 +390,23 @@ def test_a_search_whose_every_trial_failed_exits_with_1_saying_so(tmp_path, caps
     assert _report(result) == 0
 
 
+def test_a_search_stopped_before_any_trial_ended_says_none_was_evaluated(tmp_path, capsys):
+    """The stop's message promises the best trial so far is evaluated; with no trial ended
+    nothing was, and nothing said so (audit 21, D4)."""
+    from hpsearch.search.api import SearchResult
+    from hpsearch.search.cli import EXIT_INTERRUPTED, _report
+    from hpsearch.search.outcome import SESSION_INTERRUPTED
+
+    result = SearchResult(tmp_path, SESSION_INTERRUPTED, None, [{"state": "PAUSED"}, {"state": "PAUSED"}], 9.0)
+    assert _report(result) == EXIT_INTERRUPTED
+    assert "no trial had ended with a result, so none was evaluated" in capsys.readouterr().err
+    best = {"value": 0.9, "metric": "val_acc", "mode": "max", "trial": 0, "params": {}, "state": "COMPLETE",
+            "epochs": 1, "checkpoint": None, "test_metrics": {}}
+    result = SearchResult(tmp_path, SESSION_INTERRUPTED, best, [{"state": "COMPLETE"}, {"state": "PAUSED"}], 9.0)
+    assert _report(result) == EXIT_INTERRUPTED
+    assert "none was evaluated" not in capsys.readouterr().err
+
+
 def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp_path, capsys):
     from hpsearch.search.api import SearchResult
     from hpsearch.search.cli import _report
@@ -749,6 +766,7 @@ def test_status_of_a_large_study_shows_its_latest_running_and_best_trials_and_su
     exp = _study_with(tmp_path, states)
     table = TrialsTable.load(exp.trials_csv, "val_acc", "max", [])
     table.row(7).update(best=0.97)  # an early trial is the best
+    table.row(10).update(best=0.99)  # a paused one has a better value so far
     table.save(exp.trials_csv)
 
     def shown_trials(output: str) -> list[int]:
@@ -760,10 +778,19 @@ def test_status_of_a_large_study_shows_its_latest_running_and_best_trials_and_su
     assert shown_trials(output) == [7, 10, *range(len(states) - 40, len(states))], output
     assert f"{len(states) - 42} more trials not shown" in output and "--all` shows every one" in output, output
     assert (f"{len(states)} trials: 59 complete, 40 pruned, 40 failed, 1 running, 1 paused; "
-            f"best val_acc = 0.97 (trial 7)") in output, output
+            f"best val_acc = 0.97 (trial 7); paused trial 10 has val_acc = 0.99 so far") in output, output
     assert main(["status", str(exp.root), "--all"]) == 0
     output = capsys.readouterr().out
     assert shown_trials(output) == list(range(len(states))) and "not shown" not in output, output
+    # No trial ended yet: the paused one's value is said as what it is (audit 21, D4).
+    young = _study_with(tmp_path / "young", ["PAUSED", "RUNNING"])
+    table = TrialsTable.load(young.trials_csv, "val_acc", "max", [])
+    table.row(0).update(best=0.5)
+    table.row(1).update(best=1.0)
+    table.save(young.trials_csv)
+    assert main(["status", str(young.root)]) == 0
+    assert "2 trials: 1 running, 1 paused; none ended yet, but running trial 1 has val_acc = 1 so far" \
+        in capsys.readouterr().out
 
 
 def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_path):
