@@ -592,8 +592,8 @@ def _stop_signals_interrupt():
 
 
 GRACEFUL_STOP_MESSAGE = ("hpsearch: stopping. Running trials stop now (resume continues them from their last "
-                         "checkpoint), then the best trial so far is evaluated. A second Ctrl+C or SIGTERM "
-                         "stops at once.")
+                         "checkpoint), then the best trial so far, if one has ended, is evaluated. A second "
+                         "Ctrl+C or SIGTERM stops at once.")
 
 
 class _GracefulStopAnnouncer(logging.Filter):

@@ -305,6 +305,8 @@ def _report(result) -> int:
               f"continue the study (with a fresh budget) with:\n  {result.resume_command}")
         return 0
     if not result.complete:
+        if not result.best:  # the stop's message promised an evaluation if a trial had ended
+            print("no trial had ended with a result, so none was evaluated", file=sys.stderr)
         print(f"search stopped before the study was complete; continue it with:\n  {result.resume_command}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
