@@ -31,6 +31,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     config = trained_with(config, exp, number)
     checkpoint = checkpoint_dir(exp.trial_dir(trial_name(number))) / BEST_CHECKPOINT
     test_metrics, test_error = {}, None
+    _drop_earlier_evaluations(exp, number)
     if checkpoint.is_file():
         if _has_test_split(config):  # it can take a while: say what runs
             print(f"evaluating the best trial ({number}) on the test split", flush=True)
@@ -62,6 +63,17 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     if test_metrics:
         _test_metrics_in_tensorboard(config, exp, number, params, test_metrics, checkpoint, mirror)
     return best
+
+
+def _drop_earlier_evaluations(exp: ExperimentDir, best: int) -> None:
+    """The test folders of trials that were the best at an earlier evaluation: a resume may
+    pick another best, and each former best's test/ stayed beside it, as if evaluated
+    now (audit 21, D2). The best trial's own is replaced by its evaluation."""
+    import shutil
+
+    for folder in exp.root.glob("trials/*/test"):
+        if folder.parent.name != trial_name(best):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _test_metrics_in_tensorboard(config: ExperimentConfig, exp: ExperimentDir, number: int, params: dict[str, Any],

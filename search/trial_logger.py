@@ -11,7 +11,8 @@ epoch here; this one does the same for what is logged once an epoch:
                                             hpsearch's speed/ and hp/), at the epoch: 1, 2, ...
     tensorboard/trial_0003-lr=0.01/steps/   what is logged at training steps (``self.log``
                                             in ``training_step``, Lightning's default
-                                            there), at the batches trained; only for models
+                                            there), at Lightning's step (the batches that
+                                            stepped an optimizer, from 0); only for models
                                             that log any
 
 A resumed attempt redoes what came after its checkpoint: each run hides the events an
@@ -38,7 +39,7 @@ from .tensorboard_layout import STEPS_RUN
 
 class TrialLogger(TensorBoardLogger):
     """A ``TensorBoardLogger`` whose once-an-epoch scalars go to the trial's run at the
-    epoch's number, and whose per-step scalars go to its ``steps`` run at the batch count.
+    epoch's number, and whose per-step scalars go to its ``steps`` run at Lightning's step.
     ``logger.experiment`` is the trial's run, as with Lightning's logger: give what you
     write there the epoch as its step (``self.current_epoch + 1``) to line it up."""
 

@@ -126,6 +126,9 @@ def test_the_best_trial_is_evaluated_and_described_as_it_was_trained_after_a_res
     shutil.copytree(exp_dir, copy)
     assert all((trial / "experiment.json").is_file() for trial in (copy / "trials").iterdir())
     (copy / "best.json").unlink()  # the search is complete: resume runs only the evaluation
+    earlier_best = copy / "trials" / "trial_0099" / "test"  # a trial that was the best at an earlier evaluation
+    earlier_best.mkdir(parents=True)
+    (earlier_best / "events.out.tfevents.1.host").write_bytes(b"")
     evaluated = []
     monkeypatch.setattr(results, "evaluate_on_cluster", lambda config, params, checkpoint, mirror=None:
                         evaluated.append(config.trainer.precision) or {"test_acc": 0.5})
@@ -144,6 +147,7 @@ def test_the_best_trial_is_evaluated_and_described_as_it_was_trained_after_a_res
     accumulator = EventAccumulator(str(test_record.parent))
     accumulator.Reload()
     assert [event.value for event in accumulator.Scalars("test_acc")] == [0.5]
+    assert not earlier_best.exists()  # only the best trial's own evaluation is left
 
 
 def test_resuming_a_complete_study_starts_nothing_and_changes_nothing(finished_search, tmp_path, monkeypatch):
