@@ -472,11 +472,11 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     if outcome == SESSION_INTERRUPTED:
         # A Ctrl+C or SIGTERM that stopped the search gracefully: the call returns as if
         # all went well, and a notebook showed nothing of how to go on.
-        again = f"{exp.root}" if address is None else f"{exp.root}', address='{address}"
+        call = f"hpsearch.resume({str(exp.root)!r}" + (f", address={address!r})" if address else ")")
         finished = sum(1 for trial in trials if trial.get("state") in FINISHED_STATES)
         warn_user(StoppedEarlyWarning(f"search stopped before the study was complete ({finished} of "
                                       f"{counted(trial_limit(config), 'trial')} finished); continue it with "
-                                      f"hpsearch.resume('{again}'), or: {resume_command(exp.root, address)}"))
+                                      f"{call}, or: {resume_command(exp.root, address)}"))
     return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started, address=address,
                         finished_before=finished_before)
 
