@@ -15,7 +15,7 @@ from .errors import counted, resume_command
 from .outcome import best_of
 from .experiment import ExperimentDir, read_sessions
 from .study_lock import dead_holder
-from .trials_table import read_rows
+from .trials_table import TrialsTable, has_value, read_rows
 
 if TYPE_CHECKING:
     from .study_summary import StudySummary
@@ -80,8 +80,6 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
 
 
 def _best_row(rows: list[dict[str, Any]], metric: str, mode: str, params: list[str]) -> dict[str, Any] | None:
-    from .trials_table import TrialsTable
-
     table = TrialsTable(metric, mode, params)
     table.rows.update((int(row["trial"]), row) for row in rows)
     return table.best_row()
@@ -106,17 +104,13 @@ def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metri
         line += f"; best {metric} = {_fmt(best.get('best'))} (trial {best['trial']})"
     # A trial not ended is not the study's best yet (the test evaluation takes ended ones),
     # but its better value so far is worth a word: the line seemed to skip it (audit 21, D4).
-    going = [row for row in rows if row.get("state") in ("RUNNING", "PAUSED") and _is_number(row.get("best"))]
+    going = [row for row in rows if row.get("state") in ("RUNNING", "PAUSED") and has_value(row)]
     if going:
         ahead = best_of(going, mode, key=lambda row: float(row["best"]))
         if best is None or best_of([float(ahead["best"]), float(best["best"])], mode) != float(best["best"]):
             line += (f"; {'none ended yet, but ' if best is None else ''}{ahead['state'].lower()} trial "
                      f"{ahead['trial']} has {metric} = {_fmt(ahead['best'])} so far")
     return line
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:

@@ -120,12 +120,8 @@ class TrialsTable:
         tied on the value, the lowest numbered: the rows' order is the order trials started
         in (not their numbers) while a search runs, and the live summary named another of
         two tied trials than the result did."""
-        def finite(row):
-            value = _as_float(row.get("best"))
-            return value is not None and math.isfinite(value)
-
         for states in (("COMPLETE",), ("COMPLETE", "PRUNED")):
-            candidates = sorted((r for r in self.rows.values() if r.get("state") in states and finite(r)),
+            candidates = sorted((r for r in self.rows.values() if r.get("state") in states and has_value(r)),
                                 key=lambda row: int(row["trial"]))
             if candidates:
                 return best_of(candidates, self.mode, key=lambda row: _as_float(row["best"]))
@@ -209,6 +205,12 @@ def _parse(text: str) -> Any:
         except (TypeError, ValueError):
             pass
     return text
+
+
+def has_value(row: dict[str, Any]) -> bool:
+    """Whether a trial's row has a best value of the metric, and a finite one."""
+    value = _as_float(row.get("best"))
+    return value is not None and math.isfinite(value)
 
 
 def _as_float(value: Any) -> float | None:

@@ -21,7 +21,7 @@ from .errors import counted
 from .outcome import (COMPLETE, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP,
                       PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
 from .searcher import RAY_TRIAL_ID
-from .trials_table import RESULT_TO_COLUMN, TrialsTable
+from .trials_table import RESULT_TO_COLUMN, TrialsTable, has_value
 
 
 NODE_LOST = "its node was lost"  # a fault's error line, when it was taken for a node loss
@@ -531,12 +531,9 @@ class KeepBestCheckpoints(Callback):
 
     def kept(self) -> set[int]:
         """The ended trials whose checkpoints stay."""
-        import math
-
-        scored = [row for row in self.table.rows.values() if row.get("state") in (COMPLETE, PRUNED)
-                  and isinstance(row.get("best"), (int, float)) and math.isfinite(row["best"])]
+        scored = [row for row in self.table.rows.values() if row.get("state") in (COMPLETE, PRUNED) and has_value(row)]
         sign = -1 if self.table.mode == "max" else 1
-        scored.sort(key=lambda row: (sign * row["best"], int(row["trial"])))
+        scored.sort(key=lambda row: (sign * float(row["best"]), int(row["trial"])))
         best = self.table.best_row()
         return {int(row["trial"]) for row in scored[:self.keep]} | ({int(best["trial"])} if best else set())
 
