@@ -25,7 +25,9 @@ demo: setup
 	$(VENV)/bin/hpsearch run examples/digits-cnn.yaml
 
 # Two test processes (pytest-xdist): on 2 cores the suite runs in about 0.7x the time of
-# one, since its real searches wait on processes, Ray and signals 40% of the time.
+# one, since its real searches wait on processes, Ray and signals 40% of the time. Three
+# were no faster (754 s of pytest against 705-772 s, 2026-12-05), and two loopback-cluster
+# tests failed under the contention.
 test: setup browser
 	$(PY) -m pytest -n 2 --dist worksteal
 
