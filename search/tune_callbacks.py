@@ -3,6 +3,8 @@ live progress display, and the stoppers: finished trials, the search's time budg
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import itertools
 import logging
 import re
@@ -519,6 +521,11 @@ class KeepBestCheckpoints(Callback):
     def __init__(self, keep: int, table: TrialsTable, exp, mirror=None) -> None:
         self.keep, self.table, self.exp, self.mirror = keep, table, exp, mirror
         self._held: set[int] | None = None  # ended trials whose best.ckpt may still be there
+        # The best ``keep`` scored ended trials, as (rank, number): ranked over the whole
+        # table once, then kept as trials end (an ended trial's value never changes). A
+        # full ranking at every trial's end took 7 ms at 3,600 trials, between one trial
+        # and the next.
+        self._best: list[tuple[tuple[float, int], int]] | None = None
 
     def setup(self, **info) -> None:
         self._drop_all_but_the_best()
@@ -529,13 +536,22 @@ class KeepBestCheckpoints(Callback):
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self._drop_all_but_the_best(int(trial.config[TRIAL_NUMBER]))
 
-    def kept(self) -> set[int]:
-        """The ended trials whose checkpoints stay."""
-        scored = [row for row in self.table.rows.values() if row.get("state") in (COMPLETE, PRUNED) and has_value(row)]
-        sign = -1 if self.table.mode == "max" else 1
-        scored.sort(key=lambda row: (sign * float(row["best"]), int(row["trial"])))
+    def _rank(self, row: dict[str, Any]) -> tuple[tuple[float, int], int] | None:
+        """A scored ended trial's place: better values first, then lower numbers."""
+        if row.get("state") not in (COMPLETE, PRUNED) or not has_value(row):
+            return None
+        number = int(row["trial"])
+        return ((-1 if self.table.mode == "max" else 1) * float(row["best"]), number), number
+
+    def kept(self, ended: int | None = None) -> set[int]:
+        """The ended trials whose checkpoints stay (``ended``: the trial that just ended)."""
+        if self._best is None:
+            self._best = heapq.nsmallest(self.keep, filter(None, map(self._rank, self.table.rows.values())))
+        elif ended is not None and (rank := self._rank(self.table.row(ended))) is not None and rank not in self._best:
+            bisect.insort(self._best, rank)
+            del self._best[self.keep:]
         best = self.table.best_row()
-        return {int(row["trial"]) for row in scored[:self.keep]} | ({int(best["trial"])} if best else set())
+        return {number for _, number in self._best} | ({int(best["trial"])} if best else set())
 
     def _drop_all_but_the_best(self, ended: int | None = None) -> None:
         from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
@@ -545,7 +561,7 @@ class KeepBestCheckpoints(Callback):
             self._held = {int(row["trial"]) for row in self.table.rows.values() if row.get("state") in FINISHED_STATES}
         if ended is not None:
             self._held.add(ended)
-        for number in sorted(self._held - self.kept()):
+        for number in sorted(self._held - self.kept(ended)):
             folder = checkpoint_dir(self.exp.trial_dir(trial_name(number)))
             try:
                 (folder / BEST_CHECKPOINT).unlink(missing_ok=True)
