@@ -254,3 +254,27 @@ def test_keep_checkpoints_leaves_the_best_ended_trials_theirs(tmp_path, mode):
     table.row(4).update(state="COMPLETE", best=0.95 if mode == "max" else 0.05)
     keeper.on_trial_complete(0, [], SimpleNamespace(config={TRIAL_NUMBER: 4}))
     assert {n for n in ended.keys() | {4} if checkpoint(n).exists()} == {3, 4}  # the paused trial's is untouched
+
+
+def test_a_best_checkpoint_that_storage_will_not_delete_warns_and_the_search_goes_on(tmp_path):
+    from types import SimpleNamespace
+
+    from hpsearch.search.outcome import TRIAL_NUMBER
+    from hpsearch.search.storage import StorageError
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tune_callbacks import KeepBestCheckpoints
+
+    class UnwritableStorage:
+        def delete_matching(self, folder, pattern):
+            raise StorageError(f"cannot delete {folder}/{pattern} in 's3://bucket/study': access denied")
+
+    exp, table = ExperimentDir(tmp_path), TrialsTable("val_acc", "max", [])
+    for number, best in ((0, 0.9), (1, 0.5)):
+        table.row(number).update(state="COMPLETE", best=best)
+        (exp.trial_dir(f"trial_{number:04d}") / "checkpoints").mkdir(parents=True)
+        (exp.trial_dir(f"trial_{number:04d}") / "checkpoints" / "best.ckpt").write_bytes(b"x")
+    with pytest.warns(UserWarning, match="best checkpoint of trial 1 not deleted: cannot delete"):
+        KeepBestCheckpoints(1, table, exp, UnwritableStorage()).on_trial_complete(
+            0, [], SimpleNamespace(config={TRIAL_NUMBER: 1}))
+    assert not (exp.trial_dir("trial_0001") / "checkpoints" / "best.ckpt").exists()  # the local copy went
+    assert (exp.trial_dir("trial_0000") / "checkpoints" / "best.ckpt").exists()
