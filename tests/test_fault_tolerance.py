@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 NUM_TRIALS = 8
 
 
-def experiment(root: Path, name: str, **model_args) -> Path:
+def experiment(root: Path, name: str, num_trials: int = NUM_TRIALS, **model_args) -> Path:
     shutil.copytree(FIXTURES / "userpkg", root / "userpkg", dirs_exist_ok=True)
     (root / "markers").mkdir(exist_ok=True)
     config = {
@@ -35,7 +35,7 @@ def experiment(root: Path, name: str, **model_args) -> Path:
         "space": {"model.lr": {"type": "float", "low": 1e-3, "high": 0.05, "log": True},
                   "data.batch_size": {"type": "int", "low": 64, "high": 256, "log": True}},
         "metric": "val_acc", "mode": "max",
-        "search": {"num_trials": NUM_TRIALS, "max_concurrent": 2, "sampler": "random", "seed": 0},
+        "search": {"num_trials": num_trials, "max_concurrent": 2, "sampler": "random", "seed": 0},
         "scheduler": {"type": "none", "max_epochs": 3},
         "trainer": {"early_stopping_patience": None},
         "failure": {"max_retries": 2},
@@ -131,102 +131,22 @@ def hparams_state(run: Path) -> str:
     return metadata.parse_session_start_info_plugin_data(content).hparams["state"].string_value
 
 
-def assert_complete_study(exp_dir: Path, name: str) -> None:
+def assert_complete_study(exp_dir: Path, name: str, num_trials: int = NUM_TRIALS) -> None:
     table = rows(exp_dir)
-    assert len(table) == NUM_TRIALS and all(r["state"] == "COMPLETE" for r in table), table
+    assert len(table) == num_trials and all(r["state"] == "COMPLETE" for r in table), table
     trials = study(exp_dir, name).trials
-    assert len(trials) == NUM_TRIALS and all(t.state.name == "COMPLETE" for t in trials)
+    assert len(trials) == num_trials and all(t.state.name == "COMPLETE" for t in trials)
     params = [tuple(sorted(t.params.items())) for t in trials]
     assert len(set(params)) == len(params), "a parameter set was sampled twice"
-    for number in range(NUM_TRIALS):
+    for number in range(num_trials):
         steps = tensorboard_steps(tensorboard_run(exp_dir, number))
         assert steps == [1, 2, 3], (number, steps)
 
 
-def test_sigkill_then_resume_loses_nothing_and_falls_back_from_a_damaged_checkpoint(tmp_path):
-    path = experiment(tmp_path, "killed", epoch_sleep=1.5)
-    exp_dir = tmp_path / "runs" / "killed"
-    driver = start("run", path.name, cwd=tmp_path)
-    wait_for(lambda: len(finished(exp_dir)) >= 2 and any(r["state"] == "RUNNING" and r.get("epochs") for r in rows(exp_dir)),
-             what="two finished trials and one mid-way")
-    driver.send_signal(signal.SIGKILL)
-    driver.communicate(timeout=60)
-    wait_until_quiet(exp_dir / "trials")  # Ray's reaper stops the orphaned trial workers
-    done_before = [int(r["trial"]) for r in finished(exp_dir)]
-    untouched = snapshot(exp_dir, done_before)
-    running = next(int(r["trial"]) for r in rows(exp_dir) if r["state"] == "RUNNING" and r.get("epochs"))
-    code, output = finish(start("status", str(exp_dir), cwd=tmp_path), timeout=60)
-    assert code == 0 and "No search is running: its driver" in output, output
-    named = re.search(r"trials? ([\d, ]+) (?:is|are) not running", output)
-    assert named and str(running) in named.group(1).split(", "), output
-    checkpoints = sorted((exp_dir / "trials" / f"trial_{running:04d}" / "checkpoints").glob("epoch-*.ckpt"))
-    checkpoints[-1].write_bytes(b"")  # the newest checkpoint is damaged
-
-    stop_slowing_epochs(tmp_path)
-    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
-    assert code == 0, output
-    assert_complete_study(exp_dir, "killed")
-    assert snapshot(exp_dir, done_before) == untouched  # finished trials were not re-run
-    resumed = next(r for r in rows(exp_dir) if int(r["trial"]) == running)
-    assert resumed["resumed"] == "True" or len(checkpoints) == 1, resumed
-    assert checkpoints[-1].with_suffix(".corrupt").exists()  # set aside, not loaded
-    # ... and said on the console, with what the trial resumed from instead.
-    assert f"trial {running}: checkpoint {checkpoints[-1].name} is damaged (moved to " in output, output
-    older = f"resuming from {checkpoints[-2].name}" if len(checkpoints) > 1 else "restarts from its first epoch"
-    assert older in output, output
-    sessions = json.loads((exp_dir / "sessions.json").read_text())
-    assert [s["outcome"] for s in sessions] == ["killed", "complete"], sessions
-    assert 0 < sessions[0]["seconds"] < sessions[1]["started_at"] - sessions[0]["started_at"], sessions
-
-
-def interrupt_after_a_trial(tmp_path: Path, name: str, stop_signal=signal.SIGINT, press_again_once=None,
-                            sigint=signal.default_int_handler, to_group: bool = False, **model_args) -> Path:
-    """Start a search (with ``sigint`` as ``start`` takes it), send ``stop_signal`` once its
-    first trial finished (to its whole process group with ``to_group``, as ``timeout`` or a
-    job scheduler does; and Ctrl+C once ``press_again_once(tmp_path)`` holds), and check it
-    stopped with exit status 130 and the resume command; returns the experiment directory."""
-    path = experiment(tmp_path, name, epoch_sleep=1.0, **model_args)
-    exp_dir = tmp_path / "runs" / name
-    driver = start("run", path.name, cwd=tmp_path, sigint=sigint, own_group=to_group)
-    wait_for(lambda: len(finished(exp_dir)) >= 1, what="a finished trial")
-    if to_group:
-        os.killpg(driver.pid, stop_signal)
-    else:
-        driver.send_signal(stop_signal)
-    if press_again_once is not None:
-        wait_for(lambda: press_again_once(tmp_path), what="the moment for a second Ctrl+C")
-        driver.send_signal(signal.SIGINT)
-    code, output = finish(driver, timeout=120)
-    assert code == 130 and f"hpsearch resume {exp_dir}" in output, output
-    assert output.count(GRACEFUL_STOP_MESSAGE) == 1, output  # said once, at the first signal
-    assert "hpsearch.resume(" not in output, output  # the Python caller's notice: the CLI says its own
-    unfinished = [r for r in rows(exp_dir) if r not in finished(exp_dir)]
-    assert all((r["state"], r["reason"]) == ("PAUSED", "search stopped") for r in unfinished), unfinished
-    return exp_dir
-
-
-def test_sigterm_stops_gracefully_and_only_one_of_two_resumes_runs(tmp_path):
-    """A scheduler's or a pre-emption's stop; Ctrl+C's first press is the twice test's.
-    Sent to the driver's whole process group, as ``timeout`` and ``kill -- -PGID`` send it:
-    there it also killed the local Ray's GCS, which sat in that group, and the search hung
-    60 s, then died with its session left "running"."""
-    exp_dir = interrupt_after_a_trial(tmp_path, "interrupted", stop_signal=signal.SIGTERM, to_group=True)
-    assert 1 <= len(finished(exp_dir)) < NUM_TRIALS
-
-    first = start("resume", str(exp_dir), cwd=tmp_path)
-    wait_for(lambda: json.loads((exp_dir / "driver.json").read_text()).get("pid") == first.pid,
-             what="the first resume to hold the study")
-    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path), timeout=120)
-    assert code == 1 and f"pid {first.pid}" in output and "already being searched" in output, output
-    stop_slowing_epochs(tmp_path)
-    code, output = finish(first)
-    assert code == 0, output
-    assert_complete_study(exp_dir, "interrupted")
-
-
 def test_a_time_budget_ends_the_session_cleanly_and_pauses_the_running_trials(tmp_path):
     # Trials of 3 one-second epochs: at the end of a 10 s budget some are mid-way. (Resume
-    # continues PAUSED trials as it does interrupted ones: the SIGTERM test shows that.)
+    # continues PAUSED trials as it does interrupted ones: the test of one study stopped every
+    # way shows that.)
     path = experiment(tmp_path, "budget", epoch_sleep=1.0)
     exp_dir = tmp_path / "runs" / "budget"
     code, output = finish(start("run", path.name, "--set", "search.time_budget_s=10", cwd=tmp_path))
@@ -334,39 +254,107 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_full_disk_is_reported_state_stays_loadable_and_resume_completes(tmp_path):
-    path = experiment(tmp_path, "fulldisk")
-    exp_dir = tmp_path / "runs" / "fulldisk"
-    (tmp_path / "full_disk_driver.py").write_text(FULL_DISK_DRIVER)
-    # trials.csv is written to a temporary file, fsynced, then renamed: the fsync fails.
-    result = subprocess.run([sys.executable, "full_disk_driver.py", "run", path.name], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=400,
-                            env={**os.environ, "FAIL_AFTER_WRITES": "6"})
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "disk full while writing" in result.stderr and "trials.csv" in result.stderr
-    assert rows(exp_dir), "the last good trials.csv must still load"
-    assert not list(exp_dir.glob(".*.tmp")), "no temporary file left behind"
-    study(exp_dir, "fulldisk")  # the Optuna journal loads
-    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
-    assert code == 0, output
-    table = rows(exp_dir)
-    assert len(table) == NUM_TRIALS and all(r["state"] == "COMPLETE" for r in table)
-    assert len(study(exp_dir, "fulldisk").trials) == NUM_TRIALS
+CHAIN_TRIALS = 10
 
 
-def test_ctrl_c_twice_stops_at_once_and_the_study_still_resumes(tmp_path):
-    # The second press lands in the slowest step after the first: the best trial's test
+def stop_once_a_trial_finished(driver: subprocess.Popen, exp_dir: Path, trial: int | None = None,
+                               stop_signal=signal.SIGINT, to_group: bool = False, press_again_once=None) -> str:
+    """Send ``stop_signal`` once a trial (``trial``, else any) finished in this session (to
+    the driver's whole process group with ``to_group``, as ``timeout`` or a job scheduler
+    does; and Ctrl+C once ``press_again_once()`` holds), and check the session stopped with
+    exit status 130, the resume command and every unfinished trial paused; returns its output."""
+    done_before = {r["trial"] for r in finished(exp_dir)}
+    wait_for(lambda: any(r["trial"] not in done_before and (trial is None or int(r["trial"]) == trial)
+                         for r in finished(exp_dir)), what="a trial finished in this session")
+    if to_group:
+        os.killpg(driver.pid, stop_signal)
+    else:
+        driver.send_signal(stop_signal)
+    if press_again_once is not None:
+        wait_for(press_again_once, what="the moment for a second Ctrl+C")
+        driver.send_signal(signal.SIGINT)
+    code, output = finish(driver, timeout=120)
+    assert code == 130 and f"hpsearch resume {exp_dir}" in output, output
+    assert output.count(GRACEFUL_STOP_MESSAGE) == 1, output  # said once, at the first signal
+    assert "hpsearch.resume(" not in output, output  # the Python caller's notice: the CLI says its own
+    unfinished = [r for r in rows(exp_dir) if r not in finished(exp_dir)]
+    assert all((r["state"], r["reason"]) == ("PAUSED", "search stopped") for r in unfinished), unfinished
+    assert 1 <= len(finished(exp_dir)) < CHAIN_TRIALS
+    return output
+
+
+def test_one_study_survives_a_kill_a_double_ctrl_c_a_sigterm_and_a_full_disk_in_a_row(tmp_path):
+    """Every bad end a session can have, one after the other, each session resuming the one
+    before (one study rather than one each: every session pays Ray's and the imports' start).
+    Nothing finished is lost or re-run, and the last resume completes the study."""
+    name = "stopped"
+    path = experiment(tmp_path, name, num_trials=CHAIN_TRIALS, epoch_sleep=1.5, hang_first_test=True)
+    exp_dir = tmp_path / "runs" / name
+    testing = tmp_path / "markers" / "testing"
+
+    # 1. SIGKILL of the driver mid-search; then the newest checkpoint of the trial it cut is damaged.
+    driver = start("run", path.name, cwd=tmp_path)
+    wait_for(lambda: len(finished(exp_dir)) >= 2 and any(r["state"] == "RUNNING" and r.get("epochs") for r in rows(exp_dir)),
+             what="two finished trials and one mid-way")
+    driver.send_signal(signal.SIGKILL)
+    driver.communicate(timeout=60)
+    wait_until_quiet(exp_dir / "trials")  # Ray's reaper stops the orphaned trial workers
+    done_before = [int(r["trial"]) for r in finished(exp_dir)]
+    untouched = snapshot(exp_dir, done_before)
+    running = next(int(r["trial"]) for r in rows(exp_dir) if r["state"] == "RUNNING" and r.get("epochs"))
+    code, output = finish(start("status", str(exp_dir), cwd=tmp_path), timeout=60)
+    assert code == 0 and "No search is running: its driver" in output, output
+    named = re.search(r"trials? ([\d, ]+) (?:is|are) not running", output)
+    assert named and str(running) in named.group(1).split(", "), output
+    checkpoints = sorted((exp_dir / "trials" / f"trial_{running:04d}" / "checkpoints").glob("epoch-*.ckpt"))
+    checkpoints[-1].write_bytes(b"")  # the newest checkpoint is damaged
+
+    # 2. Ctrl+C twice, the second in the slowest step after the first: the best trial's test
     # evaluation in the driver, which here hangs (Lightning alone would exit with 1). The
     # search runs as a background job in a script would, with SIGINT ignored: Ray Tune
     # takes the first press regardless, and the second must not be lost.
-    exp_dir = interrupt_after_a_trial(tmp_path, "twice", hang_first_test=True, sigint=signal.SIG_IGN,
-                                      press_again_once=lambda root: (root / "markers" / "testing").exists())
+    resumed = start("resume", str(exp_dir), cwd=tmp_path, sigint=signal.SIG_IGN)
+    output = stop_once_a_trial_finished(resumed, exp_dir, trial=running, press_again_once=testing.exists)
     assert not (exp_dir / "best.json").exists()  # the evaluation was cut short
+    # The damaged checkpoint was set aside, not loaded, and the console said what the trial resumed from instead.
+    assert checkpoints[-1].with_suffix(".corrupt").exists()
+    assert f"trial {running}: checkpoint {checkpoints[-1].name} is damaged (moved to " in output, output
+    older = f"resuming from {checkpoints[-2].name}" if len(checkpoints) > 1 else "restarts from its first epoch"
+    assert older in output, output
+    resumed_row = next(r for r in rows(exp_dir) if int(r["trial"]) == running)
+    assert resumed_row["resumed"] == "True" or len(checkpoints) == 1, resumed_row
+
+    # 3. SIGTERM, a scheduler's or a pre-emption's stop, sent to the driver's whole process
+    # group, as ``timeout`` and ``kill -- -PGID`` send it: there it also killed the local
+    # Ray's GCS, which sat in that group, and the search hung 60 s, then died with its
+    # session left "running". Meanwhile a second resume of the study is refused.
+    resumed = start("resume", str(exp_dir), cwd=tmp_path, own_group=True)
+    wait_for(lambda: json.loads((exp_dir / "driver.json").read_text()).get("pid") == resumed.pid,
+             what="the resume to hold the study")
+    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path), timeout=120)
+    assert code == 1 and f"pid {resumed.pid}" in output and "already being searched" in output, output
+    stop_once_a_trial_finished(resumed, exp_dir, stop_signal=signal.SIGTERM, to_group=True)
+
+    # 4. A full disk: trials.csv is written to a temporary file, fsynced, then renamed; the fsync fails.
     stop_slowing_epochs(tmp_path)
+    (tmp_path / "full_disk_driver.py").write_text(FULL_DISK_DRIVER)
+    result = subprocess.run([sys.executable, "full_disk_driver.py", "resume", str(exp_dir)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=400, env={**os.environ, "FAIL_AFTER_WRITES": "2"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "disk full while writing" in result.stderr and "trials.csv" in result.stderr, result.stderr
+    assert rows(exp_dir), "the last good trials.csv must still load"
+    assert not list(exp_dir.glob(".*.tmp")), "no temporary file left behind"
+    study(exp_dir, name)  # the Optuna journal loads
+
+    # 5. The last resume completes the study, and evaluates its best trial.
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
     assert code == 0, output
-    assert_complete_study(exp_dir, "twice")
-    assert "test_acc" in json.loads((exp_dir / "best.json").read_text())["test_metrics"]  # evaluated on resume
+    assert_complete_study(exp_dir, name, CHAIN_TRIALS)
+    assert snapshot(exp_dir, done_before) == untouched  # finished trials were not re-run
+    assert "test_acc" in json.loads((exp_dir / "best.json").read_text())["test_metrics"]
+    sessions = json.loads((exp_dir / "sessions.json").read_text())
+    assert [s["outcome"] for s in sessions] == ["killed", "interrupted", "interrupted", "crashed", "complete"], sessions
+    assert 0 < sessions[0]["seconds"] < sessions[1]["started_at"] - sessions[0]["started_at"], sessions
 
 
 def test_ctrl_c_during_start_up_stops_a_background_job_too(tmp_path):
