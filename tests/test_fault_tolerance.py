@@ -372,21 +372,34 @@ def test_ctrl_c_during_start_up_stops_a_background_job_too(tmp_path):
     assert not any(r["state"] == "COMPLETE" for r in rows(tmp_path / "runs" / "early"))
 
 
-def test_an_interrupted_or_failing_test_evaluation_keeps_the_result_and_resume_only_evaluates(tmp_path):
-    # The first evaluation of the best trial hangs and gets a Ctrl+C; the next one hits a
-    # test_step that breaks only on a trained model, not in the preflight's test batch.
+def test_an_evaluation_killed_interrupted_or_failing_keeps_the_result_and_resume_only_evaluates(tmp_path):
+    # The first evaluation of the best trial hangs and its driver is killed; the resume's
+    # hangs too and gets a Ctrl+C; the next one hits a test_step that breaks only on a
+    # trained model, not in the preflight's test batch; the user fixes it and resumes.
     path = experiment(tmp_path, "broken-test", broken_test=True, hang_first_test=True)
     exp_dir = tmp_path / "runs" / "broken-test"
-    shrink = ["--set", "search.num_trials=2", "--set", "scheduler.max_epochs=1"]
-    driver = start("run", path.name, *shrink, cwd=tmp_path)
-    wait_for(lambda: (tmp_path / "markers" / "testing").exists(), what="the test evaluation")
-    driver.send_signal(signal.SIGINT)
-    code, first_output = finish(driver, timeout=120)
-    assert code == 130 and f"hpsearch resume {exp_dir}" in first_output, first_output
+    testing = tmp_path / "markers" / "testing"
+    driver = start("run", path.name, "--set", "search.num_trials=2", "--set", "scheduler.max_epochs=1", cwd=tmp_path)
+    wait_for(testing.exists, what="the test evaluation")
+    driver.send_signal(signal.SIGKILL)
+    first_output = "".join(driver.communicate(timeout=60))
+    # In a log (no terminal): where the results go is said at the start, metrics in short
+    assert f"searching: 2 trials in all; results in {exp_dir}" in first_output, first_output
+    assert re.search(r"trial \d: COMPLETE \(max_epochs\) val_acc=\d\.\d{1,4} after 1 epoch\b", first_output), \
+        first_output
+
+    # The resume's evaluation hangs too, and a Ctrl+C stops it as it stops a search.
+    testing.unlink()
+    resuming = start("resume", str(exp_dir), cwd=tmp_path)
+    wait_for(testing.exists, what="the resume's test evaluation")
+    resuming.send_signal(signal.SIGINT)
+    code, output = finish(resuming, timeout=120)
+    assert code == 130 and "search interrupted" in output and f"hpsearch resume {exp_dir}" in output, output
     assert not (exp_dir / "best.json").exists()
-    # Tune had ended with every trial done: the session says so, and resume runs only the evaluation.
+    # Tune had ended with every trial done: the sessions say so, and resume runs only the evaluation.
     assert [(s["outcome"], s["search_complete"]) for s in json.loads((exp_dir / "sessions.json").read_text())] == [
-        ("interrupted", True)]
+        ("killed", True), ("interrupted", True)]
+
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
     assert code == 1 and "Traceback" not in output, output
     assert "searching:" not in output and len(list((exp_dir / "tune").glob("session-*"))) == 1, output
@@ -404,10 +417,6 @@ def test_an_interrupted_or_failing_test_evaluation_keeps_the_result_and_resume_o
     # The best trial is known (its JSON is printed), but the evaluation asked for failed: exit 1, as run does.
     assert best_command.returncode == 1 and json.loads(best_command.stdout)["test_error"], best_command
     assert f"hpsearch resume {exp_dir}" in best_command.stderr, best_command.stderr
-    # In a log (no terminal): where the results go is said at the start, metrics in short
-    assert f"searching: 2 trials in all; results in {exp_dir}" in first_output, first_output
-    assert re.search(r"trial \d: COMPLETE \(max_epochs\) val_acc=\d\.\d{1,4} after 1 epoch\b", first_output), \
-        first_output
 
     (tmp_path / "markers" / "test-fixed").write_text("fixed")  # the user fixes test_step
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
@@ -419,31 +428,10 @@ def test_an_interrupted_or_failing_test_evaluation_keeps_the_result_and_resume_o
     assert best["test_error"] is None and 0 <= best["test_metrics"]["test_acc"] <= 1, best
     assert not (exp_dir / "evaluation-error.txt").exists()  # out of date now
     assert len(rows(exp_dir)) == 2  # no trial ran again
-
-
-def test_a_kill_or_ctrl_c_during_the_test_evaluation_leaves_only_the_evaluation_to_resume(tmp_path):
-    path = experiment(tmp_path, "killed-testing", hang_first_test=True)
-    exp_dir = tmp_path / "runs" / "killed-testing"
-    driver = start("run", path.name, "--set", "search.num_trials=2", "--set", "scheduler.max_epochs=1", cwd=tmp_path)
-    wait_for(lambda: (tmp_path / "markers" / "testing").exists(), what="the test evaluation")
-    driver.send_signal(signal.SIGKILL)
-    driver.communicate(timeout=60)
-    # The resume's evaluation hangs too, and a Ctrl+C stops it as it stops a search.
-    (tmp_path / "markers" / "testing").unlink()
-    resuming = start("resume", str(exp_dir), cwd=tmp_path)
-    wait_for(lambda: (tmp_path / "markers" / "testing").exists(), what="the resume's test evaluation")
-    resuming.send_signal(signal.SIGINT)
-    code, output = finish(resuming, timeout=120)
-    assert code == 130 and "search interrupted" in output and f"hpsearch resume {exp_dir}" in output, output
-    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
-    assert code == 0 and "only the best trial's test evaluation ran again" in output, output
-    assert "searching:" not in output and len(list((exp_dir / "tune").glob("session-*"))) == 1, output
-    assert "test_acc" in json.loads((exp_dir / "best.json").read_text())["test_metrics"]
     sessions = json.loads((exp_dir / "sessions.json").read_text())
     # each evaluation's own session counts in the study's time
-    assert [(s["outcome"], s["search_complete"]) for s in sessions] == [
-        ("killed", True), ("interrupted", True), ("complete", True)], sessions
-    assert all(s["seconds"] > 0 for s in sessions), sessions
+    assert [s["outcome"] for s in sessions] == ["killed", "interrupted", "complete", "complete"], sessions
+    assert all(s["search_complete"] and s["seconds"] > 0 for s in sessions), sessions
 
 
 def test_resume_runs_the_preflight_in_its_own_directory(tmp_path):
