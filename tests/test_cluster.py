@@ -48,37 +48,6 @@ def rows(exp_dir: Path) -> dict[int, dict]:
     return {int(r["trial"]): r for r in csv.DictReader(path.open())} if path.is_file() else {}
 
 
-@pytest.fixture
-def two_node_cluster():
-    """One 2-CPU node, and one 1-CPU node that advertises a (fake) GPU. One cluster at a
-    time: two on one machine fight over Ray's fixed ports (metrics, agents)."""
-    cluster, (cpu_node, gpu_node) = start_cluster({"num_cpus": 2}, {"num_cpus": 1, "num_gpus": 1})
-    yield cluster, cpu_node, gpu_node
-    cluster.shutdown()
-
-
-def test_trials_spread_over_nodes_and_gpu_trials_run_only_on_the_gpu_node(two_node_cluster, tmp_path):
-    cluster, cpu_node, gpu_node = two_node_cluster
-    # Three trials at once need both nodes: the CPU node holds two, the GPU node one.
-    spread = shrunk_example(tmp_path / "runs", **{"name": "spread", "search/num_trials": 6,
-                                                  "search/max_concurrent": 3, "scheduler/type": "none",
-                                                  "scheduler/max_epochs": 2})
-    gpu = shrunk_example(tmp_path / "runs", **{"name": "on-gpu", "search/num_trials": 2, "search/max_concurrent": 2,
-                                               "scheduler/type": "none", "scheduler/max_epochs": 1,
-                                               "resources/gpus_per_trial": 1})
-    for config in (spread, gpu):
-        path = write_yaml(tmp_path / f"{config['name']}.yaml", config)
-        result = run_cli("run", str(path), "--address", cluster.address, cwd=tmp_path, timeout=400)
-        assert result.returncode == 0, result.stdout + result.stderr
-
-    spread_rows = rows(tmp_path / "runs" / "spread")
-    assert len(spread_rows) == 6 and all(r["state"] == "COMPLETE" for r in spread_rows.values())
-    assert {r["node_id"] for r in spread_rows.values()} == {cpu_node.node_id, gpu_node.node_id}
-    gpu_rows = rows(tmp_path / "runs" / "on-gpu")
-    assert len(gpu_rows) == 2 and all(r["state"] == "COMPLETE" for r in gpu_rows.values())
-    assert {r["node_id"] for r in gpu_rows.values()} == {gpu_node.node_id}  # never the CPU-only node
-
-
 def node_loss_experiment(root: Path, name: str, epoch_sleep: float, num_trials: int, max_concurrent: int,
                          max_epochs: int, **sections) -> Path:
     """``experiment``'s search, slowed and sized for a node to be lost under it, with
@@ -94,16 +63,40 @@ def node_loss_experiment(root: Path, name: str, epoch_sleep: float, num_trials: 
     return path
 
 
-def test_a_worker_node_dies_mid_search_and_its_trials_finish_elsewhere(tmp_path, monkeypatch):
-    """``max_retries: 0``: the node loss must not count as the trial's fault, or the
-    trial on the lost node would end FAILED. The nodes run in a folder that holds a stray,
-    broken ``userpkg``: trials import the one the search shipped, never a node's own."""
+def test_trials_spread_over_nodes_gpu_trials_keep_to_the_gpu_node_and_a_lost_nodes_trials_finish_elsewhere(
+        tmp_path, monkeypatch):
+    """Three searches on one cluster (each cluster's start is costly here): one node of 2 CPUs,
+    one of 1 CPU that advertises a (fake) GPU.
+    - Three trials at once need both nodes: the CPU node holds two, the GPU node one.
+    - Trials that ask for a GPU run on the GPU node only.
+    - The 1-CPU node dies under a search with ``max_retries: 0``: the node loss must not
+      count as the trial's fault, or the trial on the lost node would end FAILED.
+    The nodes run in a folder that holds a stray, broken ``userpkg``: trials import the one
+    the search shipped, never a node's own."""
     stray = tmp_path / "nodes-folder" / "userpkg"
     stray.mkdir(parents=True)
     (stray / "__init__.py").write_text("raise ImportError('a stray userpkg in the nodes folder shadowed the shipped one')\n")
     monkeypatch.chdir(stray.parent)  # where the nodes' processes start, and so their workers
-    cluster, (survivor, doomed) = start_cluster({"num_cpus": 2}, {"num_cpus": 1})
+    cluster, (cpu_node, gpu_node) = start_cluster({"num_cpus": 2}, {"num_cpus": 1, "num_gpus": 1})
     try:
+        spread = shrunk_example(tmp_path / "runs", **{"name": "spread", "search/num_trials": 6,
+                                                      "search/max_concurrent": 3, "scheduler/type": "none",
+                                                      "scheduler/max_epochs": 2})
+        gpu = shrunk_example(tmp_path / "runs", **{"name": "on-gpu", "search/num_trials": 2,
+                                                   "search/max_concurrent": 2, "scheduler/type": "none",
+                                                   "scheduler/max_epochs": 1, "resources/gpus_per_trial": 1})
+        for config in (spread, gpu):
+            path = write_yaml(tmp_path / f"{config['name']}.yaml", config)
+            result = run_cli("run", str(path), "--address", cluster.address, cwd=tmp_path, timeout=400)
+            assert result.returncode == 0, result.stdout + result.stderr
+        spread_rows = rows(tmp_path / "runs" / "spread")
+        assert len(spread_rows) == 6 and all(r["state"] == "COMPLETE" for r in spread_rows.values())
+        assert {r["node_id"] for r in spread_rows.values()} == {cpu_node.node_id, gpu_node.node_id}
+        gpu_rows = rows(tmp_path / "runs" / "on-gpu")
+        assert len(gpu_rows) == 2 and all(r["state"] == "COMPLETE" for r in gpu_rows.values())
+        assert {r["node_id"] for r in gpu_rows.values()} == {gpu_node.node_id}  # never the CPU-only node
+
+        survivor, doomed = cpu_node, gpu_node
         path = node_loss_experiment(tmp_path, "node-loss", epoch_sleep=1.5, num_trials=4, max_concurrent=3,
                                     max_epochs=4)
         exp_dir = tmp_path / "runs" / "node-loss"
