@@ -109,6 +109,17 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
                           capture_output=True, text=True, timeout=timeout)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slowest tests first, then the other real searches, then the rest. pytest-xdist's
+    worksteal hands each process a contiguous half of this order and an idle process steals
+    from the back of the other's: the suite then ends on short tests in both processes, not
+    with one process idle while the other runs a long search it started last."""
+    def rank(item: pytest.Item) -> int:
+        return 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("e2e") else 2
+
+    items.sort(key=rank)  # stable: the file order within each rank (a module's shared fixture stays together)
+
+
 @pytest.fixture
 def example_config() -> dict:
     return example_dict()

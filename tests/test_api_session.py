@@ -11,9 +11,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from conftest import FIXTURES, free_port, run_cli, shrunk_example, stop_ray_at, write_yaml
 
 
+@pytest.mark.slow
 def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path):
     """A web app or notebook tool runs the search in a thread: the interpreter then exits
     at once with status 0 (Ray's exit handler waited 60 s for its GCS and exited 1). A
@@ -47,6 +50,7 @@ def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path)
     assert "SIGTERM handler" not in out.stderr, out.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_one_python_session_through_a_ctrl_c_at_ray_start_a_failed_search_and_a_stopped_one(tmp_path):
     """Three things a Python caller (a notebook) must be told or spared, in one session, as
     a notebook would meet them one after the other:
@@ -127,6 +131,7 @@ def test_one_python_session_through_a_ctrl_c_at_ray_start_a_failed_search_and_a_
                      rf"resume {re.escape(str(study))}\n", out.stdout), out.stdout + out.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_callbacks_that_raise_and_a_second_ctrl_c_stop_searches_that_free_the_sessions_cpus(tmp_path):
     """In one Python session, as a notebook's kernel keeps the Ray the first search started:
     - a user's callback that raises stops the search with an error naming it (Ray Tune

@@ -63,6 +63,7 @@ def node_loss_experiment(root: Path, name: str, epoch_sleep: float, num_trials: 
     return path
 
 
+@pytest.mark.slow
 def test_trials_spread_over_nodes_gpu_trials_keep_to_the_gpu_node_and_a_lost_nodes_trials_finish_elsewhere(
         tmp_path, monkeypatch):
     """Three searches on one cluster (each cluster's start is costly here): one node of 2 CPUs,
@@ -156,6 +157,7 @@ def kill_ranks_on(node) -> int:
     return killed
 
 
+@pytest.mark.slow
 def test_a_distributed_trials_pre_empted_node_is_a_node_loss_and_the_trial_resumes_elsewhere(tmp_path):
     """A node that Ray is told will be reclaimed (a spot instance's notice: the autoscaler
     drains it), then removed, under a two-rank trial whose ranks it shares with another
@@ -281,6 +283,7 @@ def fake_cloud_launcher_config(gcs_port: int, workers: int) -> dict:
             **{key: [] for key in empty_lists}}
 
 
+@pytest.mark.slow
 def test_cluster_yamls_head_adds_nodes_for_a_search_that_joins_it_with_its_token(tmp_path):
     """cluster.yaml's own head command on loopback: its launcher config where ``ray up``
     puts it, the token where its file_mounts put it, and the cloud played by Ray's fake

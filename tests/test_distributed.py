@@ -10,7 +10,7 @@ import pytest
 
 from conftest import FIXTURES, run_cli, shrunk_example, tensorboard_run, tensorboard_steps, write_yaml
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

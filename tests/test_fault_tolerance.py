@@ -163,6 +163,7 @@ def test_a_time_budget_ends_the_session_cleanly_and_pauses_the_running_trials(tm
             {int(r["trial"]) for r in paused}} == {"RUNNING"}  # what makes resume continue them
 
 
+@pytest.mark.slow
 def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     faults = {"0": "killed", "1": "raise_once", "2": "raise_always", "3": "nan", "4": "oom", "5": "init_error",
               "6": "type_error", "7": "raise_same"}
@@ -283,6 +284,7 @@ def stop_once_a_trial_finished(driver: subprocess.Popen, exp_dir: Path, trial: i
     return output
 
 
+@pytest.mark.slow
 def test_one_study_survives_a_kill_a_double_ctrl_c_a_sigterm_and_a_full_disk_in_a_row(tmp_path):
     """Every bad end a session can have, one after the other, each session resuming the one
     before (one study rather than one each: every session pays Ray's and the imports' start).
@@ -372,6 +374,7 @@ def test_ctrl_c_during_start_up_stops_a_background_job_too(tmp_path):
     assert not any(r["state"] == "COMPLETE" for r in rows(tmp_path / "runs" / "early"))
 
 
+@pytest.mark.slow
 def test_an_evaluation_killed_interrupted_or_failing_keeps_the_result_and_resume_only_evaluates(tmp_path):
     # The first evaluation of the best trial hangs and its driver is killed; the resume's
     # hangs too and gets a Ctrl+C; the next one hits a test_step that breaks only on a
@@ -434,6 +437,7 @@ def test_an_evaluation_killed_interrupted_or_failing_keeps_the_result_and_resume
     assert all(s["search_complete"] and s["seconds"] > 0 for s in sessions), sessions
 
 
+@pytest.mark.slow
 def test_resume_runs_the_preflight_in_its_own_directory(tmp_path):
     # The data's root is relative to where the first session ran. Resumed from elsewhere
     # without a preflight, the new trials failed for good (resume reruns no failed trial).

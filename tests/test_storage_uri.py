@@ -116,6 +116,7 @@ def test_a_bad_storage_uri_is_refused_before_ray_starts(s3_server, tmp_path, exa
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_study_in_s3_survives_its_machine_and_resumes_from_a_fresh_process(s3_server, tmp_path):
     """SIGKILL the driver mid-trial, delete its local working copy (the cluster is gone),
     resume from the URI in a fresh process with an empty cache: nothing is lost and the
