@@ -23,6 +23,18 @@ FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_m
                       "health_check_failure_threshold": 3}
 
 
+@pytest.fixture(autouse=True)
+def one_cluster_at_a_time(tmp_path_factory):
+    """Two Ray clusters on one machine fight over Ray's fixed ports (its agents', its
+    metrics'): with the suite in two processes (pytest-xdist), the other one waits here
+    until this test's cluster is gone. (The job API's dashboard never came up beside
+    another test's cluster.)"""
+    from filelock import FileLock
+
+    with FileLock(tmp_path_factory.getbasetemp().parent / "one-ray-cluster.lock"):
+        yield
+
+
 def start_cluster(*workers: dict):
     """A head that runs no trials (0 CPUs) and the given worker nodes."""
     from ray.cluster_utils import Cluster
@@ -204,6 +216,7 @@ def test_a_distributed_trials_pre_empted_node_is_a_node_loss_and_the_trial_resum
     assert set(row["rank_nodes"].split(",")) == {node.node_id for node in (*nodes, survivor)} - {doomed.node_id}, row
 
 
+@pytest.mark.slow  # beside the other cluster tests: one cluster at a time
 def test_a_search_submitted_as_a_ray_job_joins_the_cluster(tmp_path):
     """The README's laptop-to-cluster command, ``ray job submit --working-dir . --
     hpsearch run ...``, through the job API of a cluster whose dashboard listens on
