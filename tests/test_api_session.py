@@ -16,6 +16,7 @@ import pytest
 from conftest import FIXTURES, free_port, run_cli, shrunk_example, stop_ray_at, write_yaml
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path):
     """A web app or notebook tool runs the search in a thread: the interpreter then exits
@@ -50,6 +51,7 @@ def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path)
     assert "SIGTERM handler" not in out.stderr, out.stderr[-3000:]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_one_python_session_through_a_ctrl_c_at_ray_start_a_failed_search_and_a_stopped_one(tmp_path):
     """Three things a Python caller (a notebook) must be told or spared, in one session, as
@@ -131,6 +133,7 @@ def test_one_python_session_through_a_ctrl_c_at_ray_start_a_failed_search_and_a_
                      rf"resume {re.escape(str(study))}\n", out.stdout), out.stdout + out.stderr[-3000:]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_callbacks_that_raise_and_a_second_ctrl_c_stop_searches_that_free_the_sessions_cpus(tmp_path):
     """In one Python session, as a notebook's kernel keeps the Ray the first search started:
@@ -210,6 +213,7 @@ def test_callbacks_that_raise_and_a_second_ctrl_c_stop_searches_that_free_the_se
     assert "RESUMED complete 2" in out.stdout, out.stdout + out.stderr[-3000:]
 
 
+@pytest.mark.e2e
 def test_trials_beside_an_unrelated_ray_never_ask_it_about_themselves(tmp_path):
     """Another Ray started with ``ray start`` on this machine (its dashboard on): Ray's state
     API, called inside a trial with no address, used to find that cluster by
