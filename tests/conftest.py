@@ -109,15 +109,55 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
                           capture_output=True, text=True, timeout=timeout)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slowest tests first, then the other real searches, then the rest. pytest-xdist's
-    worksteal hands each process a contiguous half of this order and an idle process steals
-    from the back of the other's: the suite then ends on short tests in both processes, not
-    with one process idle while the other runs a long search it started last."""
-    def rank(item: pytest.Item) -> int:
-        return 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("e2e") else 2
+# Modules whose tests share one search (a module fixture) or one loopback cluster at a time.
+SHARED_BY_MODULE = ("test_distributed.py", "test_cluster.py")
 
-    items.sort(key=rank)  # stable: the file order within each rank (a module's shared fixture stays together)
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the suite for its two processes (``make test``: pytest-xdist's worksteal, which
+    hands each process a contiguous share of this order, and lets an idle one steal from the
+    back of the other's). Each share starts with its part of the slow searches, balanced
+    between the shares, and ends with the quick unit tests: the run then ends on quick
+    tests in both, not with one process idle while the other runs a long search it took
+    last. Tests that share one search (``finished_search``, a module's fixture) or one
+    cluster stay together, so that search runs once, not once in each process.
+    (pytest-xdist's ``loadgroup`` would group them itself, but with pytest 9.2 it groups
+    nothing: it renames ``item._nodeid``, which pytest no longer reads.)"""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if "finished_search" in getattr(item, "fixturenames", ()):
+            key = "finished_search"
+        elif item.path.name in SHARED_BY_MODULE:
+            key = item.path.name
+        else:
+            key = item.nodeid
+        units.setdefault(key, []).append(item)
+
+    def weight(unit: list[pytest.Item]) -> float:
+        """Roughly, in searches: a slow test about three; a test of a search shared with its
+        unit (most of them read what it left) a third of one; the unit's shared search three."""
+        shared = len(unit) > 1
+        return sum(3.0 if item.get_closest_marker("slow") else (0.3 if shared else 1.0)
+                   if item.get_closest_marker("e2e") else 0.0 for item in unit) + (3.0 if shared else 0.0)
+
+    heavy = sorted((unit for unit in units.values() if weight(unit)), key=lambda unit: -weight(unit))
+    light = [item for unit in units.values() if not weight(unit) for item in unit]
+    processes = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    shares: list[list[pytest.Item]] = [[] for _ in range(processes)]
+    loads = [0.0] * processes
+    for unit in heavy:  # the heaviest first, each to the share with the least so far
+        lightest = loads.index(min(loads))
+        shares[lightest] += unit
+        loads[lightest] += weight(unit)
+    # worksteal's split: the first process gets len // n of the items, the next len // (n - 1) of the rest, ...
+    remaining = len(items)
+    for number, share in enumerate(shares):
+        size = remaining // (processes - number)
+        while len(share) < size and light:
+            share.append(light.pop(0))
+        remaining -= len(share)
+    shares[-1] += light
+    items[:] = [item for share in shares for item in share]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import FIXTURES, run_cli, shrunk_example, tensorboard_run, tensorboard_steps, write_yaml
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,7 @@ def ddp_search(tmp_path_factory):
     return root / "runs" / "ddp", probe, result
 
 
+@pytest.mark.slow  # the first to use ddp_search, which runs it
 def test_each_trial_ran_two_ddp_ranks_in_bf16(ddp_search):
     exp_dir, _, result = ddp_search
     rows = list(csv.DictReader((exp_dir / "trials.csv").open()))
