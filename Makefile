@@ -27,7 +27,9 @@ demo: setup
 # Two test processes (pytest-xdist): on 2 cores the suite runs in about 0.7x the time of
 # one, since its real searches wait on processes, Ray and signals 40% of the time. Three
 # were no faster (754 s of pytest against 705-772 s, 2026-12-05), and two loopback-cluster
-# tests failed under the contention.
+# tests failed under the contention. worksteal hands each process a contiguous share of
+# the order tests/conftest.py gives (each share starts with its part of the slow searches)
+# and lets an idle one steal from the back of the other's.
 test: setup browser
 	$(PY) -m pytest -n 2 --dist worksteal
 

@@ -216,7 +216,7 @@ def test_a_distributed_trials_pre_empted_node_is_a_node_loss_and_the_trial_resum
     assert set(row["rank_nodes"].split(",")) == {node.node_id for node in (*nodes, survivor)} - {doomed.node_id}, row
 
 
-@pytest.mark.slow  # beside the other cluster tests: one cluster at a time
+@pytest.mark.slow
 def test_a_search_submitted_as_a_ray_job_joins_the_cluster(tmp_path):
     """The README's laptop-to-cluster command, ``ray job submit --working-dir . --
     hpsearch run ...``, through the job API of a cluster whose dashboard listens on
