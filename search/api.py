@@ -91,13 +91,14 @@ def run(
         home = _new_study_home(config)  # a URI is checked for writing here
         from .tuner import ray_for_search
 
-        with ray_for_search(config, address, verbose):
+        with ray_for_search(config, address, verbose) as search_ray:
             concurrency = _plan(config)
             exp = home.create()
             with study_lock(exp):
                 write_config(exp, config.model_dump(mode="json"))
                 interrupted.raise_if_heard()
-                return _search(config, exp, verbose, concurrency, callbacks, home.mirror, address)
+                return _search(config, exp, verbose, concurrency, callbacks, home.mirror, address,
+                               search_ray.local_environment)
 
 
 def check(
@@ -277,11 +278,11 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         room_on_this_machine(config)  # a trial too large for it is refused before Ray starts
     from .tuner import ray_for_search
 
-    with ray_for_search(config, address, verbose):
+    with ray_for_search(config, address, verbose) as search_ray:
         concurrency = _plan(config)
         write_config(exp, config.model_dump(mode="json"))
         interrupted.raise_if_heard()
-        return _search(config, exp, verbose, concurrency, callbacks, mirror, address)
+        return _search(config, exp, verbose, concurrency, callbacks, mirror, address, search_ray.local_environment)
 
 
 def _has_a_result(exp: ExperimentDir, config: ExperimentConfig) -> bool:
@@ -419,7 +420,8 @@ def _plan(config: ExperimentConfig) -> int:
 
 
 def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int,
-            callbacks: Iterable[Any] = (), mirror: Mirror | None = None, address: str | None = None) -> SearchResult:
+            callbacks: Iterable[Any] = (), mirror: Mirror | None = None, address: str | None = None,
+            local_environment: Mapping[str, str] | None = None) -> SearchResult:
     from .results import finalize
     from .searcher import keep_settings
     from .space import trial_limit
@@ -438,7 +440,8 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     held_before = _reservations()
     try:
         with _stop_signals_interrupt() as tune_ended:
-            ended = run_session(config, exp, verbose, concurrency, [RaisedAtTheNextStep(c) for c in callbacks], mirror)
+            ended = run_session(config, exp, verbose, concurrency, [RaisedAtTheNextStep(c) for c in callbacks], mirror,
+                                local_environment)
             tune_ended()
             if ended == SESSION_COMPLETE:
                 search_complete = True  # recorded now, in case the evaluation below is killed

@@ -549,15 +549,20 @@ def test_only_a_cluster_started_elsewhere_gets_the_ray_settings_through_a_runtim
     assert worker_runtime_env([], joins_cluster=True)["env_vars"]["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "5"
 
 
-def test_a_local_rays_workers_inherit_the_ray_settings(example_config, monkeypatch):
+def test_a_local_rays_workers_inherit_the_ray_settings_and_trials_run_in_the_workers_ray_started_with(
+        example_config, monkeypatch, tmp_path):
     """No runtime env for a local Ray with built-in classes: its workers must still see
     RAY_ENV (a trial would otherwise run in its trial folder, or under Train V1) and
-    RAY_DEFAULTS (a distributed trial's end would otherwise be seen seconds late)."""
+    RAY_DEFAULTS (a distributed trial's end would otherwise be seen seconds late).
+    Ray Tune's trial actors, too, get its settings from the local Ray rather than in a
+    runtime env: so Ray hands them the idle workers it started with, not new processes."""
     import os
+    import signal
 
     import ray
+    from ray import tune
 
-    from hpsearch.search.tuner import RAY_DEFAULTS, RAY_ENV, start_ray
+    from hpsearch.search.tuner import RAY_DEFAULTS, RAY_ENV, start_ray, trial_actors_inherit_tune_env, tune_trial_env
 
     for name in RAY_ENV:  # restored after the test; start_ray sets them for this process
         monkeypatch.setenv(name, "unset")
@@ -567,7 +572,7 @@ def test_a_local_rays_workers_inherit_the_ray_settings(example_config, monkeypat
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     expected = {**RAY_DEFAULTS, **RAY_ENV}
     assert not ray.is_initialized()
-    start_ray(load_config(example_config), None, verbose=False)
+    search_ray = start_ray(load_config(example_config), None, verbose=False)
     try:
         @ray.remote(num_cpus=1)
         def environment():
@@ -576,8 +581,55 @@ def test_a_local_rays_workers_inherit_the_ray_settings(example_config, monkeypat
         seen, runtime_env = ray.get(environment.remote())
         assert seen == expected
         assert not runtime_env  # so a new worker skips Ray's runtime-env agent
+
+        def trial(config):
+            tune.report({"pid": os.getpid(), "no_fork": os.environ.get("PL_DISABLE_FORK"),
+                         "runtime_env_vars": sorted((ray.get_runtime_context().runtime_env or {}).get("env_vars", {}))})
+
+        idle = idle_ray_workers()
+        assert idle
+        handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with trial_actors_inherit_tune_env(search_ray.local_environment):
+                trial_saw = tune.Tuner(trial, run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0)).fit()[0]
+        finally:  # Tune's fit leaves its own handlers in place
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+        assert trial_saw.metrics["no_fork"] == "1"  # Ray Tune's setting, inherited
+        assert trial_saw.metrics["runtime_env_vars"] == []
+        assert trial_saw.metrics["pid"] in idle
+        assert tune_trial_env()["PL_DISABLE_FORK"] == "1"  # Ray Tune's own again after the search
     finally:
         ray.shutdown()
+
+
+def idle_ray_workers() -> set[int]:
+    """This machine's idle Ray worker processes (titled ``ray::IDLE``)."""
+    from pathlib import Path
+
+    idle = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::IDLE"):
+                idle.add(int(entry.name))
+        except OSError:
+            pass
+    return idle
+
+
+def test_trial_actors_get_ray_tunes_runtime_env_unless_the_local_ray_inherited_the_same(monkeypatch):
+    from hpsearch.search.tuner import trial_actors_inherit_tune_env, tune_trial_env
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "set after Ray started")
+    at_ray_start = {**tune_trial_env(), "AWS_ACCESS_KEY_ID": "at Ray's start"}
+    with trial_actors_inherit_tune_env(at_ray_start):  # Tune ships the new credentials
+        assert tune_trial_env()["AWS_ACCESS_KEY_ID"] == "set after Ray started"
+    with trial_actors_inherit_tune_env(None):  # a cluster, or a Ray that this search did not start
+        assert tune_trial_env()["PL_DISABLE_FORK"] == "1"
+    with trial_actors_inherit_tune_env(tune_trial_env()):
+        assert tune_trial_env() == {}
+    restored = tune_trial_env()
+    assert (restored["PL_DISABLE_FORK"], restored["AWS_ACCESS_KEY_ID"]) == ("1", "set after Ray started")
 
 
 def test_trials_on_another_machine_import_the_user_code_the_search_shipped_not_what_sits_at_the_drivers_path(
