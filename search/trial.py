@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -241,6 +242,17 @@ def _class_name(klass: type | None) -> str:
 # a CUDA error), OSError (files, network), ImportError (a package missing on one node).
 _PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError, NotImplementedError, AssertionError,
                        KeyError, IndexError, ValueError, ZeroDivisionError)
+# PyTorch's own checks of shapes, sizes, dtypes and devices raise RuntimeError too: code
+# meeting values it cannot take (a sampled width that does not fit the input, a kernel
+# larger than the feature map), which a retry meets again. Each retry cost a new worker
+# process and torch's and Lightning's imports (README, "Failing trials").
+_TORCH_SHAPE_CHECKS = re.compile("|".join((
+    r"shapes cannot be multiplied", r"must have the same dtype", r"Kernel size can't be greater than actual input",
+    r"Output size is too small", r"to have \d+ channels, but got \d+ channels", r"is invalid for input of size",
+    r"The size of tensor a \(\d+\) must match the size of tensor b", r"Sizes of tensors must match",
+    r"should contain \d+ elements not \d+", r"must be equal to input_size",
+    r"Expected all tensors to be on the same device", r"Input type \(.*\) and weight type \(.*\) should be the same",
+)))
 
 
 def _failure_reason(exc: BaseException) -> str | None:
@@ -256,7 +268,8 @@ def _failure_reason(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"disk full: {exc}"[:300]
-    if isinstance(exc, (*_PROGRAMMING_ERRORS, MisconfigurationException)):
+    if isinstance(exc, (*_PROGRAMMING_ERRORS, MisconfigurationException)) or (
+            isinstance(exc, RuntimeError) and _TORCH_SHAPE_CHECKS.search(first_line(exc))):
         where = raised_at(exc)
         return (f"{type(exc).__name__}: {first_line(exc)[:200]}{f' (at {where})' if where else ''}; "
                 f"not retried: the same code would raise it again")

@@ -742,6 +742,44 @@ def test_a_fault_the_same_code_would_raise_again_is_not_retried(exc, retried):
                                                      "which is not available")) is not None
 
 
+@pytest.mark.parametrize("torch_call", [
+    lambda: torch.nn.Linear(10, 5)(torch.randn(4, 12)),  # a sampled width that does not fit the next layer
+    lambda: torch.nn.Conv2d(1, 4, 9)(torch.randn(2, 1, 8, 8)),  # a sampled kernel larger than the feature map
+    lambda: torch.nn.functional.max_pool2d(torch.randn(1, 1, 2, 2), 3),  # pooled below one pixel
+    lambda: torch.nn.Conv2d(3, 4, 3)(torch.randn(2, 1, 8, 8)),
+    lambda: torch.randn(4, 6).view(5, -1),
+    lambda: torch.randn(4, 6) + torch.randn(4, 5),
+    lambda: torch.cat([torch.randn(2, 3), torch.randn(2, 4)]),
+    lambda: torch.nn.Linear(4, 2)(torch.randn(3, 4, dtype=torch.float64)),
+    lambda: torch.nn.BatchNorm1d(4).eval()(torch.randn(3, 5)),
+    lambda: torch.nn.LSTM(4, 8)(torch.randn(3, 2, 5)),
+], ids=["linear", "kernel", "pool", "channels", "view", "broadcast", "cat", "dtype", "batchnorm", "lstm"])
+def test_pytorchs_shape_and_dtype_checks_are_not_retried(torch_call):
+    """PyTorch raises these as RuntimeError, as it does faults a retry may outlive; each
+    retry of one cost a new worker process and the imports (README, "Failing trials")."""
+    from hpsearch.search.trial import _failure_reason
+
+    with pytest.raises(RuntimeError) as caught:
+        torch_call()
+    reason = _failure_reason(caught.value)
+    assert reason is not None and reason.startswith("RuntimeError: "), reason
+    assert reason.endswith("not retried: the same code would raise it again"), reason
+
+
+@pytest.mark.parametrize("message", [
+    "DataLoader worker (pid(s) 4242) exited unexpectedly",
+    "CUDA error: an illegal memory access was encountered",
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:41235",
+    "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
+])
+def test_other_runtime_errors_are_still_retried(message):
+    from hpsearch.search.trial import _failure_reason
+
+    with pytest.raises(RuntimeError) as caught:
+        _raise(RuntimeError(message))
+    assert _failure_reason(caught.value) is None
+
+
 def test_a_misspelt_argument_passed_on_through_kwargs_is_named_as_the_field(example_config, tmp_path):
     # The class takes **kwargs, so the signature check lets it through; its parent refuses.
     from conftest import write_yaml
