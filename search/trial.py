@@ -13,6 +13,7 @@ import errno
 import os
 import re
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,34 @@ def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], exp
     """Ray Tune function trainable for single-process trials: trains in the Tune worker itself."""
     from ray import tune
 
-    fit_trial(trial_config, experiment, experiment_dir, report=tune.report, parallel=Parallelism())
+    try:
+        fit_trial(trial_config, experiment, experiment_dir, report=tune.report, parallel=Parallelism())
+    finally:
+        _free_for_the_next_trial()
+
+
+def _free_for_the_next_trial() -> None:
+    """After a trial on a GPU, free what it leaves in its worker, which Ray Tune reuses for
+    the next trials. Lightning's Trainer, the model and its optimizer hold one another in
+    reference cycles, which only Python's cyclic collector frees: until its next full
+    pass, the finished trial's weights and optimizer state stayed on the GPU beside the
+    next trial's. Then the GPU memory PyTorch keeps cached goes back to the driver, for
+    the other processes sharing the GPU (fractional ``gpus_per_trial``). On CPU nothing
+    is done: a worker's memory rose and fell the same with a pass after every trial
+    (6 ms each), the freed memory staying with the allocator either way."""
+    if not _used_a_gpu():
+        return
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _used_a_gpu() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
 
 
 def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:

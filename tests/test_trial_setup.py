@@ -742,6 +742,59 @@ def test_a_fault_the_same_code_would_raise_again_is_not_retried(exc, retried):
                                                      "which is not available")) is not None
 
 
+def test_a_trial_on_a_gpu_leaves_nothing_alive_for_the_next_trial_in_its_worker(example_config, tmp_path,
+                                                                                monkeypatch):
+    """A reused worker runs trial after trial. Lightning's Trainer, the model and its
+    optimizer hold one another in reference cycles, which only Python's cyclic collector
+    frees: a finished trial's weights and optimizer state stayed on the GPU into the next
+    trials until a full collection came. The trial runs on CPU here, taken for one that
+    used a GPU (whose cache is then emptied)."""
+    import gc
+
+    from conftest import write_yaml
+    from ray import tune
+
+    from hpsearch.search import trial as trial_module
+    from hpsearch.search.gc_pause import thawed_at_exit
+    from hpsearch.search.outcome import TRIAL_NUMBER
+    from hpsearch.search.trial import train_trial
+
+    (tmp_path / "tracked_model.py").write_text(
+        "import weakref\n"
+        "from hpsearch.models.cnn import CNNClassifier\n"
+        "TRAINED = []\n"
+        "class Tracked(CNNClassifier):\n"
+        "    def on_fit_start(self):\n"
+        "        TRAINED.append(weakref.ref(self))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    example_config["model"]["class_path"] = "tracked_model:Tracked"
+    example_config["scheduler"]["max_epochs"] = 1
+    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
+    reports: list[dict] = []
+    monkeypatch.setattr(tune, "report", reports.append)
+    monkeypatch.setattr(trial_module, "_used_a_gpu", lambda: True)
+    model_freed_when_emptied: list[bool] = []  # (Lightning's teardown empties it too)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: model_freed_when_emptied.append(
+        all(ref() is None for ref in sys.modules["tracked_model"].TRAINED)))
+    params = {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64}
+    with thawed_at_exit():  # the trial freezes what its imports left, as in a worker
+        collecting = gc.isenabled()
+        gc.disable()  # only the trial's own collection may free the model
+        try:
+            train_trial({"params": params, TRIAL_NUMBER: 0}, experiment=config.model_dump(mode="json"),
+                        experiment_dir=str(tmp_path / "study"))
+            import tracked_model
+
+            [model] = tracked_model.TRAINED
+            assert any(config.metric in report for report in reports), reports  # it trained and reported
+            assert model() is None
+            assert model_freed_when_emptied[-1], model_freed_when_emptied
+        finally:
+            if collecting:
+                gc.enable()
+            sys.modules.pop("tracked_model", None)
+
+
 @pytest.mark.parametrize("torch_call", [
     lambda: torch.nn.Linear(10, 5)(torch.randn(4, 12)),  # a sampled width that does not fit the next layer
     lambda: torch.nn.Conv2d(1, 4, 9)(torch.randn(2, 1, 8, 8)),  # a sampled kernel larger than the feature map
