@@ -742,13 +742,17 @@ def test_a_fault_the_same_code_would_raise_again_is_not_retried(exc, retried):
                                                      "which is not available")) is not None
 
 
+@pytest.mark.parametrize("device", [
+    "cpu taken for a gpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                     reason="needs CUDA")])])
 def test_a_trial_on_a_gpu_leaves_nothing_alive_for_the_next_trial_in_its_worker(example_config, tmp_path,
-                                                                                monkeypatch):
+                                                                                monkeypatch, device):
     """A reused worker runs trial after trial. Lightning's Trainer, the model and its
     optimizer hold one another in reference cycles, which only Python's cyclic collector
     frees: a finished trial's weights and optimizer state stayed on the GPU into the next
-    trials until a full collection came. The trial runs on CPU here, taken for one that
-    used a GPU (whose cache is then emptied)."""
+    trials until a full collection came. Without CUDA, the trial runs on CPU taken for
+    one that used a GPU (whose cache is then emptied)."""
     import gc
 
     from conftest import write_yaml
@@ -772,10 +776,15 @@ def test_a_trial_on_a_gpu_leaves_nothing_alive_for_the_next_trial_in_its_worker(
     config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
     reports: list[dict] = []
     monkeypatch.setattr(tune, "report", reports.append)
-    monkeypatch.setattr(trial_module, "_used_a_gpu", lambda: True)
     model_freed_when_emptied: list[bool] = []  # (Lightning's teardown empties it too)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: model_freed_when_emptied.append(
-        all(ref() is None for ref in sys.modules["tracked_model"].TRAINED)))
+    if device == "cuda":
+        example_config["resources"]["gpus_per_trial"] = 1
+        config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
+        allocated_before = torch.cuda.memory_allocated()
+    else:
+        monkeypatch.setattr(trial_module, "_used_a_gpu", lambda: True)
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: model_freed_when_emptied.append(
+            all(ref() is None for ref in sys.modules["tracked_model"].TRAINED)))
     params = {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64}
     with thawed_at_exit():  # the trial freezes what its imports left, as in a worker
         collecting = gc.isenabled()
@@ -788,7 +797,11 @@ def test_a_trial_on_a_gpu_leaves_nothing_alive_for_the_next_trial_in_its_worker(
             [model] = tracked_model.TRAINED
             assert any(config.metric in report for report in reports), reports  # it trained and reported
             assert model() is None
-            assert model_freed_when_emptied[-1], model_freed_when_emptied
+            if device == "cuda":
+                assert reports[-1]["hps_device"] == "gpu", reports[-1]
+                assert torch.cuda.memory_allocated() == allocated_before
+            else:
+                assert model_freed_when_emptied[-1], model_freed_when_emptied
         finally:
             if collecting:
                 gc.enable()
