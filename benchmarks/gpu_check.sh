@@ -39,7 +39,7 @@ print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"lightning\",
 
 step nccl 100 6 "$py" benchmarks/nccl_check.py
 
-step gpu_tests 300 25 "$py" -m pytest -v -p no:cacheprovider -o addopts="" tests/test_gpu.py
+step gpu_tests 300 25 "$py" -m pytest -v -p no:cacheprovider -o addopts="" -m gpu tests/test_gpu.py tests/test_trial_setup.py
 
 step precision 240 12 "$py" benchmarks/precision_and_ddp.py
 
