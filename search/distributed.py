@@ -115,6 +115,7 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     # Ray Train started this worker process for the trial: seconds the trial waited for it
     # (the nodes' clocks are assumed to agree, as NTP keeps them).
     workers_start_s = max(0.0, time.time() - loop_config["trial_started_at"])
+    started_at = time.perf_counter()  # the imports below are the trial's start-up too
     config = ExperimentConfig.model_validate(loop_config["experiment"])
     # Before the strategy's Lightning import (see trial.load_training_stack); not for a trial
     # out of retries, which fit_trial ends at once: its tries may have failed in these imports.
@@ -134,7 +135,7 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     decisions = loop_config["decisions"]
     fit_trial(loop_config["trial_config"], loop_config["experiment"], loop_config["experiment_dir"],
               report=lambda metrics: ray.train.report({**metrics, **named}), parallel=parallel,
-              workers_start_s=workers_start_s,
+              workers_start_s=workers_start_s, started_at=started_at,
               stopped_by_scheduler=None if decisions is None else partial(
                   stopped_at_rung, decisions, int(loop_config["trial_config"][TRIAL_NUMBER])))
 

@@ -42,11 +42,20 @@ class Parallelism:
 
 
 def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], experiment_dir: str) -> None:
-    """Ray Tune function trainable for single-process trials: trains in the Tune worker itself."""
+    """Ray Tune function trainable for single-process trials: trains in the Tune worker itself.
+
+    The worker's first imports come here, before ``fit_trial``: they leave objects that
+    keep the frames which called them alive for the process's life (each frame keeps its
+    caller's). Made inside ``fit_trial``, they kept the worker's first trial alive, its
+    model and optimizer included: on a GPU, for as long as the worker ran trials."""
     from ray import tune
 
+    started_at = time.perf_counter()
+    if not trial_config.get(GIVE_UP):  # a trial out of retries ends at once (fit_trial)
+        load_training_stack(ExperimentConfig.model_validate(experiment))
     try:
-        fit_trial(trial_config, experiment, experiment_dir, report=tune.report, parallel=Parallelism())
+        fit_trial(trial_config, experiment, experiment_dir, report=tune.report, parallel=Parallelism(),
+                  started_at=started_at)
     finally:
         _free_for_the_next_trial()
 
@@ -96,13 +105,16 @@ def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:
 
 def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
               report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0,
-              stopped_by_scheduler: Callable[[Any, dict], bool] | None = None) -> None:
+              stopped_by_scheduler: Callable[[Any, dict], bool] | None = None,
+              started_at: float | None = None) -> None:
     """Train one sampled configuration in this process (a Ray worker), reporting after
     every validation. ``workers_start_s``: how long the trial had already waited for this
     process (a distributed trial's worker group); its start-up and first result count it.
     ``stopped_by_scheduler``: for ranks whose report does not wait for Tune, whether the
-    scheduler stopped the trial at a report (see ``TuneReporter``)."""
-    started = time.perf_counter() - workers_start_s
+    scheduler stopped the trial at a report (see ``TuneReporter``). ``started_at``: the
+    ``time.perf_counter()`` at which this process took the trial up, when the caller did
+    work of the trial's before (the imports); its start-up counts from there."""
+    started = (time.perf_counter() if started_at is None else started_at) - workers_start_s
     config = ExperimentConfig.model_validate(experiment)
     params: dict[str, Any] = trial_config["params"]
     number = int(trial_config[TRIAL_NUMBER])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import re
+import subprocess
 import sys
 import warnings
 
@@ -746,22 +747,14 @@ def test_a_fault_the_same_code_would_raise_again_is_not_retried(exc, retried):
     "cpu taken for a gpu",
     pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                                      reason="needs CUDA")])])
-def test_a_trial_on_a_gpu_leaves_nothing_alive_for_the_next_trial_in_its_worker(example_config, tmp_path,
-                                                                                monkeypatch, device):
+def test_a_trial_on_a_gpu_leaves_nothing_alive_for_the_next_trial_in_its_worker(example_config, tmp_path, device):
     """A reused worker runs trial after trial. Lightning's Trainer, the model and its
     optimizer hold one another in reference cycles, which only Python's cyclic collector
     frees: a finished trial's weights and optimizer state stayed on the GPU into the next
     trials until a full collection came. Without CUDA, the trial runs on CPU taken for
-    one that used a GPU (whose cache is then emptied)."""
-    import gc
-
+    one that used a GPU (whose cache is then emptied). In a process of its own, as in a
+    worker: a trial sets up its process (the collector, Lightning's lookups, threads)."""
     from conftest import write_yaml
-    from ray import tune
-
-    from hpsearch.search import trial as trial_module
-    from hpsearch.search.gc_pause import thawed_at_exit
-    from hpsearch.search.outcome import TRIAL_NUMBER
-    from hpsearch.search.trial import train_trial
 
     (tmp_path / "tracked_model.py").write_text(
         "import weakref\n"
@@ -770,42 +763,44 @@ def test_a_trial_on_a_gpu_leaves_nothing_alive_for_the_next_trial_in_its_worker(
         "class Tracked(CNNClassifier):\n"
         "    def on_fit_start(self):\n"
         "        TRAINED.append(weakref.ref(self))\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
     example_config["model"]["class_path"] = "tracked_model:Tracked"
     example_config["scheduler"]["max_epochs"] = 1
-    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
-    reports: list[dict] = []
-    monkeypatch.setattr(tune, "report", reports.append)
-    model_freed_when_emptied: list[bool] = []  # (Lightning's teardown empties it too)
     if device == "cuda":
         example_config["resources"]["gpus_per_trial"] = 1
-        config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
-        allocated_before = torch.cuda.memory_allocated()
-    else:
-        monkeypatch.setattr(trial_module, "_used_a_gpu", lambda: True)
-        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: model_freed_when_emptied.append(
-            all(ref() is None for ref in sys.modules["tracked_model"].TRAINED)))
-    params = {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64}
-    with thawed_at_exit():  # the trial freezes what its imports left, as in a worker
-        collecting = gc.isenabled()
-        gc.disable()  # only the trial's own collection may free the model
-        try:
-            train_trial({"params": params, TRIAL_NUMBER: 0}, experiment=config.model_dump(mode="json"),
-                        experiment_dir=str(tmp_path / "study"))
-            import tracked_model
+    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
+    (tmp_path / "experiment.json").write_text(json.dumps(config.model_dump(mode="json")))
+    (tmp_path / "one_trial.py").write_text(f"""
+import gc, json, sys
+import torch
+from ray import tune
+from hpsearch.search import trial as trial_module
+from hpsearch.search.outcome import TRIAL_NUMBER
 
-            [model] = tracked_model.TRAINED
-            assert any(config.metric in report for report in reports), reports  # it trained and reported
-            assert model() is None
-            if device == "cuda":
-                assert reports[-1]["hps_device"] == "gpu", reports[-1]
-                assert torch.cuda.memory_allocated() == allocated_before
-            else:
-                assert model_freed_when_emptied[-1], model_freed_when_emptied
-        finally:
-            if collecting:
-                gc.enable()
-            sys.modules.pop("tracked_model", None)
+reports, freed_when_emptied = [], []
+tune.report = reports.append
+if {device != "cuda"!r}:
+    trial_module._used_a_gpu = lambda: True
+    torch.cuda.empty_cache = lambda: freed_when_emptied.append(
+        all(ref() is None for ref in sys.modules["tracked_model"].TRAINED))
+allocated_before = torch.cuda.memory_allocated() if {device == "cuda"!r} else 0
+gc.disable()  # only the trial's own collection may free the model
+trial_module.train_trial({{"params": {{"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64}},
+                          TRIAL_NUMBER: 0}}, experiment=json.load(open("experiment.json")), experiment_dir="study")
+import tracked_model
+[model] = tracked_model.TRAINED
+print(json.dumps({{"reported": any({config.metric!r} in r for r in reports), "device": reports[-1]["hps_device"],
+                  "model_alive": model() is not None, "freed_when_emptied": freed_when_emptied,
+                  "allocated": torch.cuda.memory_allocated() if {device == "cuda"!r} else 0,
+                  "allocated_before": allocated_before}}))
+""")
+    done = subprocess.run([sys.executable, "one_trial.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["reported"] and not seen["model_alive"], seen  # it trained, and its model is gone
+    if device == "cuda":
+        assert seen["device"] == "gpu" and seen["allocated"] == seen["allocated_before"], seen
+    else:
+        assert seen["freed_when_emptied"][-1], seen  # (Lightning's teardown empties the cache too)
 
 
 @pytest.mark.parametrize("torch_call", [
