@@ -44,10 +44,11 @@ class Parallelism:
 def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], experiment_dir: str) -> None:
     """Ray Tune function trainable for single-process trials: trains in the Tune worker itself.
 
-    The worker's first imports come here, before ``fit_trial``: they leave objects that
-    keep the frames which called them alive for the process's life (each frame keeps its
-    caller's). Made inside ``fit_trial``, they kept the worker's first trial alive, its
-    model and optimizer included: on a GPU, for as long as the worker ran trials."""
+    The worker's first imports come here, before ``fit_trial``: the frame that makes them
+    stays alive after them (held by something outside the objects Python's collector
+    tracks), and a frame keeps its caller's. Made inside ``fit_trial``, they kept the
+    worker's first trial alive, model and optimizer included, after the trial and after
+    repeated full collections: on a GPU, its memory."""
     from ray import tune
 
     started_at = time.perf_counter()
