@@ -188,6 +188,22 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def pids_whose_command(matches) -> list[int]:
+    """This machine's processes whose command line (as ``ps`` shows it: a Ray worker's is
+    its title, say ``ray::IDLE``) satisfies ``matches``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if matches(command):
+            found.append(int(entry.name))
+    return found
+
+
 def stop_ray_at(port: int) -> None:
     """Stop every process of the Ray whose GCS listens on ``port`` (the head's, and the
     nodes its autoscaler started, which outlive it): not ``ray stop``, which stops every
@@ -195,15 +211,8 @@ def stop_ray_at(port: int) -> None:
     import signal
 
     def processes() -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except (OSError, ValueError):
-                continue
-            if entry.name.isdigit() and "ray" in command and re.search(rf"(:|gcs_server_port=){port}\b", command):
-                found.append(int(entry.name))
-        return found
+        return pids_whose_command(
+            lambda command: "ray" in command and re.search(rf"(:|gcs_server_port=){port}\b", command) is not None)
 
     for stop_signal in (signal.SIGTERM, signal.SIGKILL):
         for pid in processes():

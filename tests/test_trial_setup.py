@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import FIXTURES
+from conftest import FIXTURES, pids_whose_command
 from hpsearch.search.components import build_datamodule, build_model, check_components, user_code_roots
 from hpsearch.search.config_loading import load_config
 from hpsearch.search.devices import loader_options, resolve_precision
@@ -587,7 +587,7 @@ def test_a_local_rays_workers_inherit_the_ray_settings_and_trials_run_in_the_wor
             tune.report({"pid": os.getpid(), "no_fork": os.environ.get("PL_DISABLE_FORK"),
                          "runtime_env_vars": sorted((ray.get_runtime_context().runtime_env or {}).get("env_vars", {}))})
 
-        idle = idle_ray_workers()
+        idle = set(pids_whose_command(lambda command: command.startswith("ray::IDLE")))  # Ray's idle workers
         assert idle
         handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -602,20 +602,6 @@ def test_a_local_rays_workers_inherit_the_ray_settings_and_trials_run_in_the_wor
         assert tune_trial_env()["PL_DISABLE_FORK"] == "1"  # Ray Tune's own again after the search
     finally:
         ray.shutdown()
-
-
-def idle_ray_workers() -> set[int]:
-    """This machine's idle Ray worker processes (titled ``ray::IDLE``)."""
-    from pathlib import Path
-
-    idle = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::IDLE"):
-                idle.add(int(entry.name))
-        except OSError:
-            pass
-    return idle
 
 
 def test_trial_actors_get_ray_tunes_runtime_env_unless_the_local_ray_inherited_the_same(monkeypatch):
