@@ -79,12 +79,16 @@ def recipe_trainable(config):
 
 
 def measure_fixed_costs() -> dict[str, float]:
-    """CPU seconds, all processes together, of Ray's start (as every way starts it), and of
-    the imports a trial process needs before its first epoch beyond Ray itself (which
-    Ray's start already counted), with the collector off: the fastest this import gets here.
-    Linux only (the machine's busy time is read from /proc/stat)."""
+    """CPU seconds, all processes together, of Ray's start (as hpsearch starts it, without
+    the processes a local search does not use: the least any way needs), and of the imports
+    a trial process needs before its first epoch beyond Ray itself (which Ray's start
+    already counted), with the collector off: the fastest this import gets here. Linux only
+    (the machine's busy time is read from /proc/stat)."""
+    from hpsearch.search.tuner import local_ray_without_idle_services
+
     busy_before = _machine_busy_s()
-    ray.init(num_cpus=CONCURRENCY, include_dashboard=False, log_to_driver=False)
+    with local_ray_without_idle_services(local=True, verbose=False):
+        ray.init(num_cpus=CONCURRENCY, include_dashboard=False, log_to_driver=False)
     ray_start = _machine_busy_s() - busy_before
     ray.shutdown()
     stack = _import_cpu_s("ray.tune, pytorch_lightning, hpsearch.models.cnn, hpsearch.models.digits")
@@ -199,7 +203,8 @@ def main() -> int:
               f"{r['startup_s']:>11.2f}{r['epochs']:>8.0f}{r['compute_floor_s']:>9.1f}{r['bound_s']:>9.1f}"
               f"{r['wall_s'] / r['bound_s']:>11.2f}x")
     print("floor s: the epochs' own train+validation time over the slots (a perfect scheduler's wall time)")
-    print(f"bound s: the epochs' CPU time over the slots + (Ray's start, {start['ray_start_cpu_s']:.1f} CPU s, + one "
+    print(f"bound s: the epochs' CPU time over the slots + (Ray's start as hpsearch starts it, "
+          f"{start['ray_start_cpu_s']:.1f} CPU s, + one "
           f"import of Ray Tune, torch, Lightning and the model, {start['stack_import_cpu_s']:.1f} CPU s) over "
           f"{CONCURRENCY} CPUs, {fixed_s:.1f} s: the shortest wall time in which any implementation could run "
           "that way's epochs on this machine (medians)")

@@ -191,7 +191,12 @@ def free_port() -> int:
 def pids_whose_command(matches) -> list[int]:
     """This machine's processes whose command line (as ``ps`` shows it: a Ray worker's is
     its title, say ``ray::IDLE``) satisfies ``matches``."""
-    found = []
+    return list(commands_matching(matches))
+
+
+def commands_matching(matches) -> dict[int, str]:
+    """The command lines that satisfy ``matches``, by process id."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -200,7 +205,7 @@ def pids_whose_command(matches) -> list[int]:
         except (OSError, ValueError):
             continue
         if matches(command):
-            found.append(int(entry.name))
+            found[int(entry.name)] = command
     return found
 
 

@@ -7,12 +7,14 @@ import multiprocessing
 import re
 import subprocess
 import sys
+import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import FIXTURES, pids_whose_command
+from conftest import FIXTURES, commands_matching, pids_whose_command
 from hpsearch.search.components import build_datamodule, build_model, check_components, user_code_roots
 from hpsearch.search.config_loading import load_config
 from hpsearch.search.devices import loader_options, resolve_precision
@@ -575,6 +577,11 @@ def test_a_local_rays_workers_inherit_the_ray_settings_and_trials_run_in_the_wor
     assert not ray.is_initialized()
     search_ray = start_ray(load_config(example_config), None, verbose=False)
     try:
+        programs = _ray_session_programs()
+        assert {"gcs_server", "raylet"} <= programs  # this Ray's processes, found by its session
+        # what a local search's Ray starts without (README, Performance): they only cost its start
+        assert not programs & {"dashboard.py", "monitor.py", "log_monitor.py"}
+
         @ray.remote(num_cpus=1)
         def environment():
             return {name: os.environ.get(name) for name in expected}, ray.get_runtime_context().runtime_env
@@ -602,6 +609,43 @@ def test_a_local_rays_workers_inherit_the_ray_settings_and_trials_run_in_the_wor
         assert tune_trial_env()["PL_DISABLE_FORK"] == "1"  # Ray Tune's own again after the search
     finally:
         ray.shutdown()
+
+
+def test_with_verbose_a_local_rays_workers_output_still_reaches_the_driver(example_config, capfd):
+    """``-v`` keeps Ray's log monitor, which streams the workers' output to the driver."""
+    import ray
+
+    from hpsearch.search.tuner import start_ray
+
+    assert not ray.is_initialized()
+    start_ray(load_config(example_config), None, verbose=True)
+    try:
+        assert {"log_monitor.py", "raylet"} <= _ray_session_programs()
+        assert "monitor.py" not in _ray_session_programs()
+
+        @ray.remote(num_cpus=1)
+        def speak():
+            print("a line from a worker", flush=True)
+
+        ray.get(speak.remote())
+        seen = ""
+        for _ in range(100):
+            time.sleep(0.1)
+            seen += "".join(capfd.readouterr())
+            if "a line from a worker" in seen:
+                break
+        assert "a line from a worker" in seen
+    finally:
+        ray.shutdown()
+
+
+def _ray_session_programs() -> set[str]:
+    """The programs (script or binary names) of the processes of the Ray this process runs."""
+    import ray
+
+    session = ray._private.worker._global_node.get_session_dir_path()
+    commands = commands_matching(lambda command: session in command).values()
+    return {Path(word).name for command in commands for word in command.split()[:3] if not word.startswith("-")}
 
 
 def test_trial_actors_get_ray_tunes_runtime_env_unless_the_local_ray_inherited_the_same(monkeypatch):
