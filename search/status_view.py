@@ -6,10 +6,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from .errors import counted, resume_command
 from .outcome import best_of
@@ -169,43 +171,53 @@ def _trials_table(title: str, rows: list[dict[str, Any]], params: list[str], met
     node_column = ("node",) if len({row.get("node_ip") for row in rows if row.get("node_ip")}) > 1 else ()
     param_columns = ["params"] if params_width is not None else _short_names(params)
     caption = f"{' and '.join(reversed(left_out))} left out at this width (trials.csv has them)" if left_out else None
-    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
     folded = ("params", "why it stopped")  # figures are never cut: these fold instead
-    widths = {"params": params_width}
     telemetry = [column for column in TELEMETRY_COLUMNS if column not in left_out]
-    for column in ("trial", "state", *param_columns, metric, "epochs", "tries", *node_column, *telemetry,
-                   "why it stopped"):
+    titles = ("trial", "state", *param_columns, metric, "epochs", "tries", *node_column, *telemetry, "why it stopped")
+    cells = [_row_cells(row, params, params_width, bool(node_column), telemetry, measuring) for row in rows]
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
+    for index, column in enumerate(titles):
+        # A column of figures is as wide as its widest cell, set here so that rich does not
+        # measure every cell again, twice when the table is wider than the terminal: at
+        # 3,600 trials that measuring took most of ``status --all``'s time.
+        width = params_width if column == "params" else None if column in folded else \
+            max([cell_len(column), *(row_cells[index].cell_len for row_cells in cells)])
         table.add_column(column, justify="left" if column in ("state", *folded) else "right",
                          # a reason ends in its traceback's path: folded onto the next line, not cut off
                          overflow="fold" if column in folded else "ellipsis", no_wrap=column not in folded,
-                         width=widths.get(column), min_width=REASON_WIDTH if column == "why it stopped" else None)
-    for row in rows:
-        state = str(row.get("state", ""))
-        reason = row.get("reason") or ""
-        if row.get("error") and row["error"] != reason:
-            finished_anyway = state in ("COMPLETE", "PRUNED")
-            reason = f"{reason} (retried after: {row['error']})" if finished_anyway else f"{reason}: {row['error']}"
-        if row.get("data_starved") is True:
-            reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
-        if row.get("notes"):
-            reason = f"{reason} ({row['notes']})"
-        values = [_fmt(row.get(p)) for p in params] if params_width is None else \
-            ["" if measuring else _shared_values(row, params)]
-        # Cells hold the user's values and messages, read as they are: "[data-starved: ...]"
-        # or a "[rank0]" in an error is text, not rich markup (which dropped it).
-        table.add_row(
-            escape(str(row["trial"])),
-            f"[{STATE_STYLES.get(state, 'white')}]{escape(state)}[/]",
-            *(escape(value) for value in values),
-            escape(_fmt(row.get("best"))),
-            escape(_fmt(row.get("epochs"))),
-            escape(_fmt(row.get("attempts"))
-                   + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")),
-            *((escape(f"{row.get('node_ip', '')} {str(row.get('node_id', ''))[:8]}"),) if node_column else ()),
-            *(escape(_fmt(row.get(TELEMETRY_COLUMNS[column]))) for column in telemetry),
-            "" if measuring else escape(str(reason)),
-        )
+                         width=width, min_width=REASON_WIDTH if column == "why it stopped" else None)
+    for row_cells in cells:
+        table.add_row(*row_cells)
     return table
+
+
+def _row_cells(row: dict[str, Any], params: list[str], params_width: int | None, node_column: bool,
+               telemetry: list[str], measuring: bool) -> list[Text]:
+    """One trial's cells in ``status``'s table. They hold the user's values and messages as
+    they are: a "[rank0]" in an error is text, not rich markup (which dropped it)."""
+    state = str(row.get("state", ""))
+    reason = row.get("reason") or ""
+    if row.get("error") and row["error"] != reason:
+        finished_anyway = state in ("COMPLETE", "PRUNED")
+        reason = f"{reason} (retried after: {row['error']})" if finished_anyway else f"{reason}: {row['error']}"
+    if row.get("data_starved") is True:
+        reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
+    if row.get("notes"):
+        reason = f"{reason} ({row['notes']})"
+    values = [_fmt(row.get(p)) for p in params] if params_width is None else \
+        ["" if measuring else _shared_values(row, params)]
+    tries = _fmt(row.get("attempts")) + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")
+    return [
+        Text(str(row["trial"])),
+        Text.assemble((state, STATE_STYLES.get(state, "white"))),  # the word styled, not its padding
+        *(Text(value) for value in values),
+        Text(_fmt(row.get("best"))),
+        Text(_fmt(row.get("epochs"))),
+        Text(tries),
+        *((Text(f"{row.get('node_ip', '')} {str(row.get('node_id', ''))[:8]}"),) if node_column else ()),
+        *(Text(_fmt(row.get(TELEMETRY_COLUMNS[column]))) for column in telemetry),
+        Text("" if measuring else str(reason)),
+    ]
 
 
 def _short_names(params: list[str]) -> list[str]:
