@@ -611,12 +611,18 @@ def test_a_local_rays_workers_inherit_the_ray_settings_and_trials_run_in_the_wor
         ray.shutdown()
 
 
-def test_with_verbose_a_local_rays_workers_output_still_reaches_the_driver(example_config, capfd):
+def test_with_verbose_a_local_rays_workers_output_still_reaches_the_driver(example_config, capfd, monkeypatch):
     """``-v`` keeps Ray's log monitor, which streams the workers' output to the driver."""
+    import logging
+
     import ray
 
-    from hpsearch.search.tuner import start_ray
+    from hpsearch.search.tuner import ray_settings, start_ray
 
+    for name in [*ray_settings(), "RAY_ADDRESS"]:  # start_ray sets them for this process: unset again after
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
+    ray_logger_level = logging.getLogger("ray").level  # Ray's INFO lines, with -v, for this process
     assert not ray.is_initialized()
     start_ray(load_config(example_config), None, verbose=True)
     try:
@@ -637,6 +643,7 @@ def test_with_verbose_a_local_rays_workers_output_still_reaches_the_driver(examp
         assert "a line from a worker" in seen
     finally:
         ray.shutdown()
+        logging.getLogger("ray").setLevel(ray_logger_level)
 
 
 def _ray_session_programs() -> set[str]:
