@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 REASON_WIDTH = 20  # the least width of status's "why it stopped" column
 PARAMS_WIDTH = 16  # the least width of status's shared "params" column
+NARROWEST_FOLDED = 6  # how narrow those two get on a terminal too narrow for their least widths
 TELEMETRY_COLUMNS = {"s/epoch": "epoch_time_s", "start-up s": "startup_s"}  # title: trials.csv's field
 # Left out, in this order, where the table would not fit the terminal even with the
 # parameters in one column: trials.csv keeps them.
@@ -51,8 +52,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
     if rows:
         title = f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']})"
         shown = rows if every_trial else _worth_showing(rows, best)
-        params_width, left_out = _layout(console, title, shown, params, metric)
-        console.print(_trials_table(title, shown, params, metric, params_width, left_out))
+        console.print(_trials_table(title, shown, params, metric, *_layout(console, title, shown, params, metric)))
         if len(shown) < len(rows):
             console.print(f"{len(rows) - len(shown)} more trials not shown (the latest {SHOWN_TRIALS} are, and "
                           f"those running or paused, and the best); `hpsearch status {exp.root} --all` shows "
@@ -132,19 +132,22 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
 
 
 def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: list[str],
-            metric: str) -> tuple[int | None, tuple[str, ...]]:
-    """The width of the column the sampled values share (None: a column each), and the
-    telemetry columns left out, for the table to fit the console. Figures are never cut:
-    too many parameters for a column each cut every figure to "0.00…" and header to "mode…"
-    (at 120 columns, with 7 parameters), and at 80 columns the last column was cut at the
-    screen's edge. The shared column's width is set here, not by rich, whose even split of
-    the room between two folding columns ignored their least widths."""
+            metric: str) -> tuple[int | None, tuple[str, ...], int]:
+    """The width of the column the sampled values share (None: a column each), the
+    telemetry columns left out, and the reasons' least width, for the table to fit the
+    console. Figures are never cut: too many parameters for a column each cut every figure
+    to "0.00…" and header to "mode…" (at 120 columns, with 7 parameters), and at 80 columns
+    the last column was cut at the screen's edge. The shared column's width is set here,
+    not by rich, whose even split of the room between two folding columns ignored their
+    least widths. Where even their least widths do not fit (under about 73 columns), the
+    two folding columns give them up, evenly, down to ``NARROWEST_FOLDED``: the reasons
+    were cut at the screen's edge there ("early_stoppin")."""
     def width(params_width: int | None, left_out: tuple[str, ...]) -> int:
         table = _trials_table(title, rows, params, metric, params_width, left_out, measuring=True)
         return Measurement.get(console, console.options.update(width=10**4), table).maximum
 
     if width(None, ()) <= console.width:
-        return None, ()
+        return None, (), REASON_WIDTH
     left_out: tuple[str, ...] = ()
     rest = width(PARAMS_WIDTH, left_out)
     for column in OPTIONAL_COLUMNS:
@@ -152,9 +155,12 @@ def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: li
             break
         left_out += (column,)
         rest = width(PARAMS_WIDTH, left_out)
-    room = max(0, console.width - rest)  # beyond the least widths
+    room = console.width - rest  # beyond the least widths; below 0 where they do not fit
+    if room < 0:
+        params_width = max(NARROWEST_FOLDED, PARAMS_WIDTH + room // 2)
+        return params_width, left_out, max(NARROWEST_FOLDED, REASON_WIDTH + room + (PARAMS_WIDTH - params_width))
     longest = max((len(_shared_values(row, params)) for row in rows), default=0)
-    return PARAMS_WIDTH + min(max(0, longest - PARAMS_WIDTH), room // 2), left_out
+    return PARAMS_WIDTH + min(max(0, longest - PARAMS_WIDTH), room // 2), left_out, REASON_WIDTH
 
 
 def _shared_values(row: dict[str, Any], params: list[str]) -> str:
@@ -162,7 +168,8 @@ def _shared_values(row: dict[str, Any], params: list[str]) -> str:
 
 
 def _trials_table(title: str, rows: list[dict[str, Any]], params: list[str], metric: str,
-                  params_width: int | None, left_out: tuple[str, ...] = (), measuring: bool = False) -> Table:
+                  params_width: int | None, left_out: tuple[str, ...] = (), reason_width: int = REASON_WIDTH,
+                  measuring: bool = False) -> Table:
     """``status``'s table: a row per trial, the sampled values in a column each or, where
     those would not fit, together in one ``params_width`` wide. ``measuring``: the columns
     that fold (the shared values, the reasons) are left empty, to measure the rest."""
@@ -185,7 +192,7 @@ def _trials_table(title: str, rows: list[dict[str, Any]], params: list[str], met
         table.add_column(column, justify="left" if column in ("state", *folded) else "right",
                          # a reason ends in its traceback's path: folded onto the next line, not cut off
                          overflow="fold" if column in folded else "ellipsis", no_wrap=column not in folded,
-                         width=width, min_width=REASON_WIDTH if column == "why it stopped" else None)
+                         width=width, min_width=reason_width if column == "why it stopped" else None)
     for row_cells in cells:
         table.add_row(*row_cells)
     return table

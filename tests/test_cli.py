@@ -942,6 +942,41 @@ def test_status_at_80_columns_fits_the_screen(tmp_path):
     assert "left out" not in text and "3.21" in text, text
 
 
+@pytest.mark.parametrize("width", [72, 64, 56])
+def test_status_under_80_columns_folds_the_values_and_reasons_rather_than_cut_them(tmp_path, width):
+    """Under about 73 columns even the least widths of the shared values and the reasons
+    did not fit: the table ran past the screen's edge, which cut every reason there
+    ("early_stoppin"). They now give up their least widths, evenly, and fold."""
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import print_status
+
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk_example(tmp_path))  # three searched parameters
+    reason = "ValueError: boom (at model.py:12); not retried (traceback: /runs/study/trials/trial_00003/error.txt)"
+    (exp.root / "trials.csv").write_text(
+        "trial,state,reason,best,epochs,attempts,model.lr,model.channels,data.batch_size,epoch_time_s,startup_s\n"
+        "0,COMPLETE,early_stopping,0.8444,7,1,0.004144,8,64,0.1234,3.21\n"
+        f"1,FAILED,{reason},0.358,4,1,0.05052,16,32,0.1234,3.21\n")
+    console = Console(width=width, record=True)
+    print_status(exp, console)
+    text = console.export_text()
+    # the table; the study's line after it is left to the terminal to wrap (soft_wrap)
+    assert max(len(line) for line in text.splitlines() if not line.startswith("2 trials:")) <= width, text
+    lines = text.splitlines()
+    rule = next(number for number, line in enumerate(lines) if line.startswith("─"))
+    first_row = lines[rule + 1]
+    reasons_at = first_row.index("early")  # the reasons' column starts there
+    values_at, values_end = first_row.index("lr="), first_row.index("0.8444")
+    reasons = "".join(line[reasons_at:].strip() for line in lines[rule + 1:])
+    values = "".join(line[values_at:values_end].strip() for line in lines[rule + 1:])
+    assert "early_stopping" in reasons and "".join(reason.split()) in "".join(reasons.split()), text
+    assert "lr=0.004144channels=8batch_size=64" in values, text
+    assert "lr=0.05052channels=16batch_size=32" in values, text
+    assert "0.8444" in text and "0.358" in text and "…" not in text, text
+
+
 def test_status_at_120_columns_cuts_no_figure(tmp_path):
     """With 7 searched parameters at 120 columns, status cut every figure and header to
     "0.00…" and "mode…"; the values now share one folded column when a column each
