@@ -906,22 +906,30 @@ def test_the_resume_command_pastes_into_a_shell_whatever_the_studys_path(monkeyp
     assert shlex.split(command) == ["hpsearch", "resume", "/data/my runs/it's here/study"], command
 
 
+def _a_complete_and_a_failed_trial(tmp_path, first_reason: str):
+    """A study of three searched parameters whose second trial failed with a long reason:
+    the study, and that reason."""
+    from hpsearch.search.experiment import ExperimentDir, write_config
+
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk_example(tmp_path))
+    reason = "ValueError: boom (at model.py:12); not retried (traceback: /runs/study/trials/trial_00003/error.txt)"
+    (exp.root / "trials.csv").write_text(
+        "trial,state,reason,best,epochs,attempts,model.lr,model.channels,data.batch_size,epoch_time_s,startup_s\n"
+        f"0,COMPLETE,{first_reason},0.8444,7,1,0.004144,8,64,0.1234,3.21\n"
+        f"1,FAILED,{reason},0.358,4,1,0.05052,16,32,0.1234,3.21\n")
+    return exp, reason
+
+
 def test_status_at_80_columns_fits_the_screen(tmp_path):
     """At 80 columns the table ran past the screen's edge: the last column was cut to
     "why it s" and a failed trial's reason lost a character a line. Telemetry columns
     now make room, saying so, and every value and reason is shown whole."""
     from rich.console import Console
 
-    from hpsearch.search.experiment import ExperimentDir, write_config
     from hpsearch.search.status_view import print_status
 
-    exp = ExperimentDir.make(tmp_path / "study")
-    write_config(exp, shrunk_example(tmp_path))  # three searched parameters
-    reason = "ValueError: boom (at model.py:12); not retried (traceback: /runs/study/trials/trial_00003/error.txt)"
-    (exp.root / "trials.csv").write_text(
-        "trial,state,reason,best,epochs,attempts,model.lr,model.channels,data.batch_size,epoch_time_s,startup_s\n"
-        "0,COMPLETE,max_epochs,0.8444,7,1,0.004144,8,64,0.1234,3.21\n"
-        f"1,FAILED,{reason},0.358,4,1,0.05052,16,32,0.1234,3.21\n")
+    exp, reason = _a_complete_and_a_failed_trial(tmp_path, "max_epochs")
     console = Console(width=80, record=True)
     print_status(exp, console)
     text = console.export_text()
@@ -949,16 +957,9 @@ def test_status_under_80_columns_folds_the_values_and_reasons_rather_than_cut_th
     ("early_stoppin"). They now give up their least widths, evenly, and fold."""
     from rich.console import Console
 
-    from hpsearch.search.experiment import ExperimentDir, write_config
     from hpsearch.search.status_view import print_status
 
-    exp = ExperimentDir.make(tmp_path / "study")
-    write_config(exp, shrunk_example(tmp_path))  # three searched parameters
-    reason = "ValueError: boom (at model.py:12); not retried (traceback: /runs/study/trials/trial_00003/error.txt)"
-    (exp.root / "trials.csv").write_text(
-        "trial,state,reason,best,epochs,attempts,model.lr,model.channels,data.batch_size,epoch_time_s,startup_s\n"
-        "0,COMPLETE,early_stopping,0.8444,7,1,0.004144,8,64,0.1234,3.21\n"
-        f"1,FAILED,{reason},0.358,4,1,0.05052,16,32,0.1234,3.21\n")
+    exp, reason = _a_complete_and_a_failed_trial(tmp_path, "early_stopping")
     console = Console(width=width, record=True)
     print_status(exp, console)
     text = console.export_text()
