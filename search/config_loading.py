@@ -19,26 +19,12 @@ from pydantic import ValidationError
 
 from .config import ExperimentConfig, FieldValueError, split_field
 from .errors import ConfigError, Problem
+from .yaml_io import ExperimentLoader
 
 # Where each key came from: its line in the file, or the command-line option that set it
 # ("--set", "--name", "--storage"), so that an error blames what the user typed.
 LineMap = dict[tuple[str, ...], int | str]
 SET = "--set"
-
-
-class ExperimentLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, reading ``1e-4`` as the float it is in YAML 1.2 (and in
-    Python, JSON and every config a user has written). PyYAML follows YAML 1.1, which
-    wants a dot (``1.0e-4``) and otherwise keeps a string: ``weight_decay: 1e-4`` in
-    ``init_args`` reached the model as ``'1e-4'`` and failed in the preflight, blamed on
-    the class rather than the value."""
-
-
-ExperimentLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
 
 
 def load_config(

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from .errors import ExperimentError, HpsearchError, first_line, resume_command
+from .yaml_io import dump_yaml, load_yaml
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class ExperimentDir:
     def stored_config(self) -> dict[str, Any]:
         """experiment.yaml as written by run/resume; an ``ExperimentError`` naming the file
         when it was emptied or edited into something else (the readers crashed on it)."""
-        return _readable(self.config_file, yaml.safe_load, "YAML mapping")
+        return _readable(self.config_file, load_yaml, "YAML mapping")
 
     def stored_best(self) -> dict[str, Any] | None:
         """best.json, or None before a search has written it (same errors as ``stored_config``).
@@ -241,4 +242,4 @@ def close_killed_sessions(exp: ExperimentDir) -> int:
 
 
 def write_config(exp: ExperimentDir, config_dump: dict[str, Any]) -> None:
-    atomic_write_text(exp.config_file, yaml.safe_dump(config_dump, sort_keys=False))
+    atomic_write_text(exp.config_file, dump_yaml(config_dump))

@@ -193,6 +193,26 @@ def test_resume_counts_the_trials_the_study_handed_out_before_they_had_a_row(tmp
     assert "fewer than the 2 trials the study already has" in capsys.readouterr().err
 
 
+def test_the_saved_experiment_reads_back_as_the_study_was_searched_with(tmp_path):
+    """Strings that YAML 1.2 reads as floats ("1e3", a commit hash such as "3e41508") were
+    written bare under YAML 1.1's rules, read back as floats, and every resume of the study
+    was refused as if experiment.yaml had been edited (audit 21)."""
+    from hpsearch.search.api import _differs
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.experiment import ExperimentDir, write_config
+
+    raw = shrunk_example(tmp_path)
+    raw["model"]["init_args"] = {**raw["model"].get("init_args", {}), "revision": "3e41508", "note": "5e-4"}
+    raw["space"]["model.channels"] = {"type": "categorical", "choices": ["1e3", "1.5e3", "007", "1_000", None, 8]}
+    config = load_config(raw)
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    write_config(exp, config.model_dump(mode="json"))
+    searched, saved = config.model_dump(mode="json"), load_config(exp.config_file).model_dump(mode="json")
+    assert saved == searched
+    assert not any(_differs(searched[key], saved[key], key == "space") for key in ("model", "space"))
+    assert exp.stored_config()["model"]["init_args"]["revision"] == "3e41508"  # status and compare read it so
+
+
 def test_resume_refuses_a_study_whose_saved_file_was_edited(tmp_path, capsys):
     """Resume compared experiment.yaml with itself: an edited space, scheduler or mode in
     it was taken silently (or crashed Optuna), where --set the same was refused."""
