@@ -180,11 +180,13 @@ class SchedulerConfig(StrictModel):
     @property
     def rung_epochs(self) -> list[int]:
         """The epochs at which ASHA may stop a trial: the milestones of Ray's one ASHA
-        bracket, short of ``max_epochs``, where every trial ends anyway."""
+        bracket, short of ``max_epochs``, where every trial ends anyway. Ray decides at the
+        first report at or past a milestone, so one that is not a whole epoch (6.25, with a
+        reduction factor of 2.5) is decided at the next whole epoch."""
         if self.type != "asha":
             return []
         count = int(math.log(self.max_epochs / self.grace_period) / math.log(self.reduction_factor) + 1)
-        milestones = {int(self.grace_period * self.reduction_factor ** k) for k in range(count)}
+        milestones = {math.ceil(self.grace_period * self.reduction_factor ** k) for k in range(count)}
         return sorted(m for m in milestones if m < self.max_epochs)
 
     @model_validator(mode="after")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from types import SimpleNamespace
+
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
@@ -151,16 +153,28 @@ def test_rank_zero_trains_on_and_says_so_when_no_decision_arrives():
 
 
 @pytest.mark.parametrize("max_epochs,grace_period,reduction_factor",
-                         [(10, 1, 3), (9, 1, 3), (2, 1, 2), (20, 2, 3), (100, 1, 4), (27, 3, 3), (5, 5, 2), (16, 1, 2.5)])
+                         [(10, 1, 3), (9, 1, 3), (2, 1, 2), (20, 2, 3), (100, 1, 4), (27, 3, 3), (5, 5, 2), (16, 1, 2.5),
+                          (10, 1, 2.5), (20, 1, 1.5), (4, 1, 2.5)])
 def test_the_rung_epochs_are_those_of_rays_asha(example_config, max_epochs, grace_period, reduction_factor):
-    """The report's rung counts and the ranks' waits use SchedulerConfig.rung_epochs; ASHA
-    decides at its brackets' milestones, short of max_epochs (where every trial ends)."""
+    """The report's rung counts and the ranks' waits use SchedulerConfig.rung_epochs: they
+    must be the epochs at which Ray's ASHA, fed one report an epoch, enters a trial into a
+    rung, short of max_epochs (where every trial ends). A milestone that is not a whole
+    epoch (reduction factor 2.5: 6.25) is decided at the epoch after it; rung_epochs had
+    rounded it down, so a distributed trial's ranks waited at epoch 6, trained epoch 7
+    and were stopped there, one epoch late (audit 21)."""
     example_config["scheduler"].update(max_epochs=max_epochs, grace_period=grace_period,
                                        reduction_factor=reduction_factor)
     config = load_config(example_config)
     scheduler = make_scheduler(config, PruneLog())
-    milestones = {int(m) for bracket in scheduler._brackets for m, _ in bracket._rungs if m < max_epochs}
-    assert config.scheduler.rung_epochs == sorted(milestones)
+    decided_at = set()
+    for bracket in scheduler._brackets:
+        trial = SimpleNamespace(trial_id="t")
+        for epoch in range(1, max_epochs):
+            entered = sum(trial.trial_id in recorded for _, recorded in bracket._rungs)
+            bracket.on_result(trial, epoch, 1.0)
+            if sum(trial.trial_id in recorded for _, recorded in bracket._rungs) > entered:
+                decided_at.add(epoch)
+    assert config.scheduler.rung_epochs == sorted(decided_at)
 
 
 def test_a_trial_is_stopped_at_the_report_that_says_it_finished():
