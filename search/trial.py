@@ -213,10 +213,10 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         reporter.send_final(trainer)  # Tune may stop the trial here: SystemExit, as above
         if resume_from is not None and not reporter.reported:
             reporter.report_restored(trainer, _validate_quietly(model, datamodule, device))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         reason = _failure_reason(exc)
         if reason is None:
-            raise  # Tune retries it from the last checkpoint (failure.max_retries)
+            raise  # Tune retries it from the last checkpoint (failure.max_retries); Tune's stop ends the thread
         # Not worth a retry: end the trial as failed, with the reason and where its
         # traceback is kept, and let the search go on.
         saved = _save_traceback(exc, trial_dir, trainer.global_rank if parallel.world_size > 1 else None)
@@ -303,6 +303,15 @@ def _failure_reason(exc: BaseException) -> str | None:
 
     from .reporting import MetricNotLoggedError, NonFiniteError
 
+    if isinstance(exc, SystemExit):
+        # Tune's stop at a report, or Lightning's on SIGTERM, carries no code. Another code
+        # is the trial's own ``sys.exit``: it ended the worker, which was taken for a
+        # process killed by the out-of-memory killer and retried to the same end.
+        if exc.code in (0, None):
+            return None
+        where = raised_at(exc)
+        return (f"SystemExit({exc.code!r}): sys.exit() called{f' at {where}' if where else ''}; "
+                f"not retried: the same code would call it again")[:300]
     if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
         return f"OOM: {type(exc).__name__}: {first_line(exc) or 'out of memory'}"[:300]
     if isinstance(exc, (NonFiniteError, MetricNotLoggedError)):

@@ -469,10 +469,20 @@ _PROCESS_DEATH = re.compile(r"(The actor died unexpectedly before finishing this
                             r"Worker exit detail: (.*?)(?: Some common causes.*|$)")
 
 
+# Ray's detail for a worker that ended itself with a code (``os._exit(4)``), where a kill
+# leaves "a connection error code 2. End of file."
+_EXIT_CODE = re.compile(r"exits with an exit code (\d+)\b")
+
+
 def _process_death_in_short(death: re.Match) -> str:
     """Ray's account runs to 800 characters, its likely causes in the middle, and was cut at 300."""
+    detail = death.group(2).strip()
+    exited = _EXIT_CODE.search(detail)
+    if exited and int(exited.group(1)) > 0:
+        return (f"{PROCESS_DIED}: it exited with code {exited.group(1)} (``os._exit``, or an exit in native code "
+                f"or in a thread of its own) (Ray: {detail})")
     return (f"{PROCESS_DIED}: killed (by the system's out-of-memory killer, most often) "
-            f"or crashed in native code (Ray: {death.group(2).strip()})")
+            f"or crashed in native code (Ray: {detail})")
 
 
 class DropResumeCheckpoints(Callback):

@@ -196,6 +196,18 @@ def test_a_trial_process_killed_on_a_live_node_is_the_trials_own_fault_and_said_
                                             f"{in_short}"
 
 
+def test_a_trial_process_that_exited_with_a_code_is_not_said_to_be_killed(tmp_path):
+    """``os._exit(4)`` in a trial was shown as a process killed by the out-of-memory killer
+    or crashed in native code, which a code it chose is neither (audit 21)."""
+    exited = PROCESS_DIED.replace("Worker unexpectedly exits with a connection error code 2. End of file.",
+                                  "Worker exits unexpectedly. Worker exits with an exit code 4.")
+    written = error_file(tmp_path, f"Failure # 1 (occurred at 2026-12-06_05-50-00)\n{dead_actor(exited)}\n")
+    assert _last_error_line(written) == (
+        "its process died without a Python error: it exited with code 4 (``os._exit``, or an exit in native code "
+        "or in a thread of its own) (Ray: Worker exits unexpectedly. Worker exits with an exit code 4.)")
+    assert not node_was_lost(pickled(tmp_path, dead_actor(exited)))
+
+
 def test_node_losses_are_forgiven_a_bounded_number_of_times(tmp_path):
     """A fault taken for a node loss is not counted in max_retries, but never without end."""
     from hpsearch.search.experiment import ExperimentDir

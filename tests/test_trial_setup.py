@@ -19,6 +19,7 @@ from hpsearch.search.components import build_datamodule, build_model, check_comp
 from hpsearch.search.config_loading import load_config
 from hpsearch.search.devices import loader_options, resolve_precision
 from hpsearch.search.errors import ConfigError
+from hpsearch.search.outcome import FAILURE, FINISHED
 from hpsearch.search.preflight import run_preflight
 
 
@@ -862,6 +863,41 @@ def test_pytorchs_shape_and_dtype_checks_are_not_retried(torch_call):
     reason = _failure_reason(caught.value)
     assert reason is not None and reason.startswith("RuntimeError: "), reason
     assert reason.endswith("not retried: the same code would raise it again"), reason
+
+
+def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_keeps_its_worker(example_config, tmp_path):
+    """``sys.exit(4)`` in a training step ended the Ray worker with exit code 4, which the
+    driver took for a process killed by the out-of-memory killer or a native crash, and
+    retried, to the same end each time (audit 21). In a process of its own, as in a worker."""
+    from conftest import write_yaml
+
+    (tmp_path / "exiting_model.py").write_text(
+        "import sys\n"
+        "from hpsearch.models.cnn import CNNClassifier\n"
+        "class Exiting(CNNClassifier):\n"
+        "    def training_step(self, batch, batch_idx):\n"
+        "        sys.exit(4)\n")
+    example_config["model"]["class_path"] = "exiting_model:Exiting"
+    example_config["scheduler"]["max_epochs"] = 1
+    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
+    (tmp_path / "experiment.json").write_text(json.dumps(config.model_dump(mode="json")))
+    (tmp_path / "one_trial.py").write_text("""
+import json
+from ray import tune
+from hpsearch.search import trial as trial_module
+from hpsearch.search.outcome import TRIAL_NUMBER
+
+reports = []
+tune.report = reports.append
+trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64}, TRIAL_NUMBER: 0},
+                         experiment=json.load(open("experiment.json")), experiment_dir="study")
+print(json.dumps(reports[-1], default=str))
+""")
+    done = subprocess.run([sys.executable, "one_trial.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr  # the worker lives on, for the next trial
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert last[FINISHED] and last[FAILURE].startswith("SystemExit(4): sys.exit() called at "), last
+    assert "exiting_model.py:5" in last[FAILURE] and "not retried" in last[FAILURE], last
 
 
 @pytest.mark.parametrize("message", [
