@@ -197,13 +197,17 @@ def _cell(value: Any, whole: bool = False) -> Any:
 
 
 def _parse(text: str) -> Any:
+    """A cell as the value it was written from. Text that only reads as a number ("007",
+    "1_000", "1e3": a categorical choice, a revision) is not how a number is written here,
+    and stays text: status had shown the choices "1e3" and "1_000" both as 1000."""
     if text in ("True", "False"):
         return text == "True"
     for kind in (int, float):
         try:
-            return kind(text)
+            value = kind(text)
         except (TypeError, ValueError):
-            pass
+            continue
+        return value if text in (str(value), _cell(value), _cell(value, whole=True)) else text
     return text
 
 

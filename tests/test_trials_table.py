@@ -29,6 +29,19 @@ def test_sampled_values_and_the_metric_read_back_whole_and_timings_at_six_digits
     assert row["epoch_time_s"] == 0.0764829
 
 
+def test_text_that_only_reads_as_a_number_reads_back_as_text(tmp_path):
+    """Categorical choices "1e3" and "1_000" both came back as 1000 (and "007" as 7), in
+    status and in the Python API's result.trials (audit 21)."""
+    t = TrialsTable("val_acc", "max", ["model.act"])
+    choices = ["007", "1_000", "1e3", "5e-4", " 8", "0x10", "1.50", 8, 0.25, 1e-05, 1e+20, -3, float("inf")]
+    for number, choice in enumerate(choices):
+        t.row(number).update(state="COMPLETE", best=0.5, **{"model.act": choice})
+    t.save(tmp_path / "trials.csv")
+    assert [row["model.act"] for row in read_rows(tmp_path / "trials.csv")] == choices
+    loaded = TrialsTable.load(tmp_path / "trials.csv", "val_acc", "max", ["model.act"])
+    assert [loaded.rows[number]["model.act"] for number in range(len(choices))] == choices
+
+
 def test_of_tied_trials_the_lowest_numbered_is_best_in_whatever_order_they_started():
     # While a search runs, rows are in the order trials started: the live summary said
     # "best val_acc=1 (trial 1)" and the result "best trial 0".
