@@ -134,7 +134,6 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     if mirror is not None:
         mirror.pull(*own_files)
     trial_dir.mkdir(parents=True, exist_ok=True)
-    write_json(trial_dir / TRIAL_SETTINGS, experiment)  # (each rank writes the same, atomically)
     # User code may want to know which trial it is part of (e.g. to write files beside it).
     os.environ[IN_TRIAL_ENV], os.environ["HPSEARCH_TRIAL_DIR"] = str(number), str(trial_dir)
     import pytorch_lightning as pl
@@ -154,6 +153,9 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         # every rank of a trial starts from the same weights.
         pl.seed_everything(config.search.seed + number, workers=True, verbose=False)
     settings = config.with_trainer_params(params)
+    # What the trial trains with, its sampled trainer settings applied: the best trial is
+    # evaluated and described by it (each rank writes the same, atomically).
+    write_json(trial_dir / TRIAL_SETTINGS, {**experiment, "trainer": settings.model_dump(mode="json")})
     device = trial_device(settings, config.loader, config.resources)
     reuses_before = WORKER_DATA.reuses
     try:

@@ -865,7 +865,7 @@ def test_pytorchs_shape_and_dtype_checks_are_not_retried(torch_call):
     assert reason.endswith("not retried: the same code would raise it again"), reason
 
 
-def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_keeps_its_worker(example_config, tmp_path):
+def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_recorded_its_settings(example_config, tmp_path):
     """``sys.exit(4)`` in a training step ended the Ray worker with exit code 4, which the
     driver took for a process killed by the out-of-memory killer or a native crash, and
     retried, to the same end each time (audit 21). In a process of its own, as in a worker."""
@@ -889,7 +889,8 @@ from hpsearch.search.outcome import TRIAL_NUMBER
 
 reports = []
 tune.report = reports.append
-trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64}, TRIAL_NUMBER: 0},
+trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64,
+                                     "trainer.gradient_clip_val": 0.5}, TRIAL_NUMBER: 0},
                          experiment=json.load(open("experiment.json")), experiment_dir="study")
 print(json.dumps(reports[-1], default=str))
 """)
@@ -898,6 +899,10 @@ print(json.dumps(reports[-1], default=str))
     last = json.loads(done.stdout.strip().splitlines()[-1])
     assert last[FINISHED] and last[FAILURE].startswith("SystemExit(4): sys.exit() called at "), last
     assert "exiting_model.py:5" in last[FAILURE] and "not retried" in last[FAILURE], last
+    # The trial's own record of its settings holds its sampled trainer values (it held the
+    # experiment's defaults; audit 21): the best trial is evaluated and described by it.
+    recorded = json.loads((tmp_path / "study/trials/trial_0000/experiment.json").read_text())
+    assert recorded["trainer"]["gradient_clip_val"] == 0.5 and recorded["model"] == config.model_dump(mode="json")["model"]
 
 
 @pytest.mark.parametrize("message", [
