@@ -902,7 +902,8 @@ print(json.dumps(reports[-1], default=str))
     # The trial's own record of its settings holds its sampled trainer values (it held the
     # experiment's defaults; audit 21): the best trial is evaluated and described by it.
     recorded = json.loads((tmp_path / "study/trials/trial_0000/experiment.json").read_text())
-    assert recorded["trainer"]["gradient_clip_val"] == 0.5 and recorded["model"] == config.model_dump(mode="json")["model"]
+    assert recorded["trainer"]["gradient_clip_val"] == 0.5
+    assert recorded["model"] == config.model_dump(mode="json")["model"]
 
 
 @pytest.mark.parametrize("message", [
