@@ -14,7 +14,9 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PrivateAttr, Strict, ValidationError,
                       field_validator, model_validator)
 
-# A count: a whole number above 0, strictly (pydantic would take ``true`` as 1 and ``3.0`` as 3).
+# A whole number, strictly: pydantic would take ``true`` as 1 and ``3.0`` as 3.
+WholeNumber = Annotated[int, Strict()]
+# A count: a whole number above 0.
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
 
 SEARCHABLE_SECTIONS = ("model", "data", "trainer")
@@ -86,8 +88,8 @@ class FloatParam(StrictModel):
 
 class IntParam(StrictModel):
     type: Literal["int"]
-    low: int
-    high: int
+    low: WholeNumber
+    high: WholeNumber
     log: bool = False
     step: PositiveInt = 1
 
@@ -162,7 +164,7 @@ class SearchConfig(StrictModel):
     num_trials: PositiveInt = 16
     max_concurrent: PositiveInt = 2
     sampler: Literal["tpe", "random", "cmaes", "gp", "grid"] = "tpe"
-    seed: int | None = 0
+    seed: WholeNumber | None = 0
     time_budget_s: PositiveFloat | None = None
     keep_checkpoints: PositiveInt | None = Field(
         None, description="ended trials that keep their best.ckpt: the best N by the metric (and the study's best); "
@@ -296,7 +298,7 @@ class ResourcesConfig(StrictModel):
 
 
 class FailureConfig(StrictModel):
-    max_retries: int = Field(2, ge=0, description="restarts of a failed trial from its last checkpoint, for faults a "
+    max_retries: WholeNumber = Field(2, ge=0, description="restarts of a failed trial from its last checkpoint, for faults a "
                              "retry may outlive (a bug in the code, say a TypeError, fails the trial at once)")
 
 

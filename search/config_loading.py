@@ -193,7 +193,7 @@ def _union_members_merged(problems: list[Problem], errors: list[Mapping[str, Any
             merged[key][1].append(message.removeprefix("Input should be "))
         else:
             merged[key] = (replace(problem, field=field), [message], error.get("input"))
-    return [replace(problem, message=f"{' or '.join(messages)}{_got(given)}")
+    return [replace(problem, message=f"{' or '.join(messages)}{'' if '(got ' in ''.join(messages) else _got(given)}")
             for problem, messages, given in merged.values()]
 
 

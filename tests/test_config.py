@@ -60,6 +60,11 @@ BAD_SCHEMA = [
     ("num_trials negative", _set("search/num_trials", -3), "search.num_trials", "greater than 0"),
     ("num_trials true", _set("search/num_trials", True), "search.num_trials", "valid integer"),
     ("max_epochs 3.0", _set("scheduler/max_epochs", 3.0), "scheduler.max_epochs", "valid integer"),
+    # pydantic took true as seed 1 and as a retry or a range's bound (audit 21)
+    ("seed true", _set("search/seed", True), "search.seed", "valid integer"),
+    ("max_retries true", _set("failure", {"max_retries": True}), "failure.max_retries", "valid integer"),
+    ("int range bound true", _set("space/data.batch_size", {"type": "int", "low": True, "high": 64}),
+     "space.data.batch_size.low", "valid integer"),
     ("step above the range", _set("space/model.lr", {"type": "float", "low": 1e-3, "high": 0.1, "step": 1.0}),
      "space.model.lr", "step (1.0) is larger than high - low"),
     ("int step above the range", _set("space/data.batch_size", {"type": "int", "low": 32, "high": 48, "step": 32}),
@@ -408,6 +413,7 @@ def test_limit_batches_take_a_fraction_up_to_one_or_a_whole_count(example_config
     with pytest.raises(ConfigError, match="must be at most 1.0") as caught:
         load_config(example_config)
     assert caught.value.problems[0].field == "trainer.limit_train_batches"
+    assert caught.value.problems[0].message.count("(got 1.5)") == 1  # said twice (audit 21)
     # Zero or less is said once, not once per member of the union ("greater than 0 or greater than 0").
     for value in (0, -0.5):
         example_config["trainer"]["limit_train_batches"] = value
