@@ -7,6 +7,7 @@ in the Optuna study, trials.csv and TensorBoard.
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from typing import Any
 
 import numpy as np
@@ -17,10 +18,15 @@ from .errors import ConfigError, warn_user
 
 
 def to_distribution(param: FloatParam | IntParam | CategoricalParam) -> BaseDistribution:
-    if isinstance(param, FloatParam):
-        return FloatDistribution(param.low, param.high, log=param.log, step=param.step)
-    if isinstance(param, IntParam):
-        return IntDistribution(param.low, param.high, log=param.log, step=param.step)
+    """Optuna's distribution for one parameter. A stepped range that stops short of its
+    ``high`` is said so once, by ``check_steps`` in hpsearch's words: Optuna's own warning
+    for it, which followed, is left out."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The distribution is specified by .* not divisible by `step`")
+        if isinstance(param, FloatParam):
+            return FloatDistribution(param.low, param.high, log=param.log, step=param.step)
+        if isinstance(param, IntParam):
+            return IntDistribution(param.low, param.high, log=param.log, step=param.step)
     return CategoricalDistribution(param.choices)
 
 

@@ -95,6 +95,13 @@ def test_a_range_that_stops_short_of_its_high_is_said(example_config):
         check_steps(load_config(example_config))
     assert [str(w.message) for w in caught] == [
         "space.model.dropout: high (1) is not low plus whole steps of 0.3: the highest value sampled is 0.9"]
+    # ... and only so: Optuna's own warning for it followed hpsearch's (audit 21)
+    from hpsearch.search.space import to_distributions
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dropout = to_distributions(load_config(example_config))["model.dropout"]
+    assert (dropout.high, dropout.step) == (0.9, 0.3)  # the range Optuna samples from, as before
     example_config["space"]["model.dropout"]["step"] = 0.25
     with warnings.catch_warnings():
         warnings.simplefilter("error")
