@@ -45,7 +45,10 @@ def ensure_joined_cluster_answers(address: str | None) -> None:
 
 def ensure_cluster_answers(address: str) -> None:
     """Raise ``ClusterError`` unless something accepts a connection at a ``host:port``
-    address. Other forms (``auto``, ``ray://``) are left to Ray, which answers them at once."""
+    address, or at the one ``auto`` stands for (``started_by_ray_start``). ``ray://``
+    addresses are left to Ray, which answers them at once."""
+    if address == "auto":
+        address = started_by_ray_start()
     host, separator, port = address.rpartition(":")
     if not separator or "://" in address or not port.isdigit():
         return
@@ -87,3 +90,22 @@ def _token_given() -> bool:
     """Whether Ray finds a token to send, where its documentation says it looks."""
     path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
     return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
+
+
+def started_by_ray_start() -> str:
+    """The address ``--address auto`` joins: the Ray that ``ray start`` last began on this
+    machine, as Ray's address file names it. Finding no such file, Ray joins whatever Ray
+    runs here: another search's own private Ray among them, whose end then took the
+    joined search's trials with it (audit 21). ``auto`` itself where this Ray keeps no such
+    file (Ray's lookup then decides, as before)."""
+    try:
+        from ray._private.utils import read_ray_address
+    except ImportError:
+        return "auto"
+    found = read_ray_address()
+    if not found:
+        raise ClusterError(
+            "--address auto joins the Ray that `ray start` began on this machine, and none was (Ray keeps its address "
+            "in ray_current_cluster, in its temporary folder): start one with `ray start --head`, or give the "
+            "cluster's address (a search's own Ray, started without --address, is private to it)")
+    return found

@@ -3,6 +3,8 @@ once and in words (test_cluster.py joins a real one that requires a token)."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from conftest import free_port, run_cli, shrunk_example, write_yaml
@@ -26,8 +28,23 @@ def test_ray_address_from_the_environment_is_checked_too(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
     with pytest.raises(ClusterError, match="no Ray cluster answers at 127.0.0.1:"):
         ensure_joined_cluster_answers(None)
-    monkeypatch.setenv("RAY_ADDRESS", "auto")  # Ray's own lookup, which answers at once
-    ensure_joined_cluster_answers(None)
+
+
+def test_auto_joins_only_the_ray_that_ray_start_began(tmp_path, monkeypatch):
+    """Finding no address file of ``ray start``, Ray's "auto" joined any Ray running on the
+    machine: another search's private Ray, whose end took the joined trials with it (audit 21)."""
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # where Ray keeps ray/ray_current_cluster
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    with pytest.raises(ClusterError, match="--address auto joins the Ray that `ray start` began on this machine"):
+        ensure_joined_cluster_answers(None)
+    (tmp_path / "ray").mkdir()
+    address = f"127.0.0.1:{free_port()}"
+    (tmp_path / "ray" / "ray_current_cluster").write_text(address)  # one that has since stopped
+    with pytest.raises(ClusterError, match=f"no Ray cluster answers at {address}"):
+        ensure_joined_cluster_answers("auto")
+    with socket.create_server(("127.0.0.1", 0)) as listening:  # and one that is up
+        (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{listening.getsockname()[1]}")
+        ensure_joined_cluster_answers(None)
 
 
 def refused_by_the_gcs() -> ConnectionError:
