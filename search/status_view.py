@@ -206,7 +206,10 @@ def _row_cells(row: dict[str, Any], params: list[str], params_width: int | None,
     reason = row.get("reason") or ""
     if row.get("error") and row["error"] != reason:
         finished_anyway = state in ("COMPLETE", "PRUNED")
-        reason = f"{reason} (retried after: {row['error']})" if finished_anyway else f"{reason}: {row['error']}"
+        if finished_anyway:
+            reason = f"{reason} (retried after: {row['error']})"
+        else:  # a trial in its next try, or paused or interrupted before it
+            reason = f"{reason}: {row['error']}" if reason else str(row["error"])
     if row.get("data_starved") is True:
         reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
     if row.get("notes"):

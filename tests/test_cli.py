@@ -776,6 +776,24 @@ def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
     assert "— 1 trial, val_acc (max)" in text, text  # not "1 trials"
 
 
+def test_status_shows_the_error_of_a_trial_waiting_for_its_next_try_as_it_is(tmp_path):
+    """A trial with no reason yet (waiting for its next try, or left so by a session whose
+    cluster went away) showed its error after an empty reason: ": The actor died ..." (audit 21)."""
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import print_status
+
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk_example(tmp_path))
+    (exp.root / "trials.csv").write_text("trial,state,reason,best,epochs,error\n"
+                                         "0,PENDING,,,0,The actor died unexpectedly\n")
+    console = Console(width=110, record=True)
+    print_status(exp, console)
+    row = next(line for line in console.export_text().splitlines() if "PENDING" in line)
+    assert "The actor died" in row and ": The" not in row, row
+
+
 def test_status_of_a_large_study_shows_its_latest_running_and_best_trials_and_sums_it_up(tmp_path, capsys):
     """At 3,000 trials status printed 3,300 lines in 6 s, and nothing of the study as a
     whole: how many trials ended how, and which was best (audit 20, D3)."""
