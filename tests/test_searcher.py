@@ -171,8 +171,8 @@ def test_classify(trial_result, error, pruned, expected):
 
 
 def test_best_json_gives_the_values_exactly_as_sampled(tmp_path, example_config):
-    """trials.csv shows values for reading (6 digits, None as an empty cell, "007" like a
-    number); best.json and the test evaluation must get the sampled ones back."""
+    """trials.csv shows values for reading (6 digits, None as an empty cell); best.json and
+    the test evaluation must get the sampled ones back."""
     import json
 
     from hpsearch.search.experiment import ExperimentDir
@@ -191,7 +191,7 @@ def test_best_json_gives_the_values_exactly_as_sampled(tmp_path, example_config)
     table.row(0).update(state="COMPLETE", best=0.9, **sampled)
     table.save(tmp_path / "trials.csv")
     assert TrialsTable.load(tmp_path / "trials.csv", config.metric, config.mode, list(config.space)).rows[0] \
-        .get("data.split_seed") == 7  # what reading the table back gives
+        .get("data.split_seed") == "007"  # read back as written, no longer as the number 7
 
     best = finalize(config, ExperimentDir(tmp_path))
     assert best["params"] == sampled == json.loads((tmp_path / "best.json").read_text())["params"]
