@@ -264,6 +264,13 @@ def _field_at_fault(config: ExperimentConfig, exc: Exception, params: dict[str, 
     mentioned = _arguments_mentioned(config, exc, params)
     if len(mentioned) == 1:
         return mentioned[0]
+    # A searched value and one set by hand, named together ("val_fraction (0.2) and
+    # test_fraction (-0.1) must be in [0, 1)"): the one set by hand is every trial's,
+    # where the searched one here is a value from inside its range. It had been blamed on
+    # the searched one, which the user had not touched (audit 21).
+    set_by_hand = [field for field in mentioned if not field.startswith("space.")]
+    if len(set_by_hand) == 1:
+        return set_by_hand[0]
     by_value = _searched_fractions_quoted(config, exc, params)
     if len(by_value) == 1:
         return by_value[0]

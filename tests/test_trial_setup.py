@@ -994,6 +994,18 @@ def test_a_value_the_set_up_refuses_by_name_and_value_is_blamed_on_its_argument(
     assert problem.field == "model.init_args.weight_decay" and "Invalid weight_decay value: -0.0001" in problem.message
 
 
+def test_a_value_set_by_hand_named_beside_a_searched_one_is_blamed_not_the_searched_one(example_config):
+    """The split's check names both fractions with their values; the searched one was blamed,
+    though the value set by hand was out of range (audit 21)."""
+    example_config["data"]["init_args"]["test_fraction"] = -0.1
+    example_config["space"]["data.val_fraction"] = {"type": "float", "low": 0.1, "high": 0.3}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "data.init_args.test_fraction" and "test_fraction (-0.1)" in problem.message, problem
+
+
 @pytest.mark.parametrize("param,said", [
     ({"type": "float", "low": 8, "high": 32},
      "type: float samples floats such as 8.0, and CNNClassifier's channels takes int: use type: int"),
