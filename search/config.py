@@ -298,8 +298,9 @@ class ResourcesConfig(StrictModel):
 
 
 class FailureConfig(StrictModel):
-    max_retries: WholeNumber = Field(2, ge=0, description="restarts of a failed trial from its last checkpoint, for faults a "
-                             "retry may outlive (a bug in the code, say a TypeError, fails the trial at once)")
+    max_retries: WholeNumber = Field(2, ge=0, description="restarts of a failed trial from its last checkpoint, for "
+                                     "faults a retry may outlive (a bug in the code, say a TypeError, fails the trial "
+                                     "at once)")
 
 
 class ExperimentConfig(StrictModel):

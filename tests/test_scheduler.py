@@ -153,8 +153,8 @@ def test_rank_zero_trains_on_and_says_so_when_no_decision_arrives():
 
 
 @pytest.mark.parametrize("max_epochs,grace_period,reduction_factor",
-                         [(10, 1, 3), (9, 1, 3), (2, 1, 2), (20, 2, 3), (100, 1, 4), (27, 3, 3), (5, 5, 2), (16, 1, 2.5),
-                          (10, 1, 2.5), (20, 1, 1.5), (4, 1, 2.5)])
+                         [(10, 1, 3), (9, 1, 3), (2, 1, 2), (20, 2, 3), (100, 1, 4), (27, 3, 3), (5, 5, 2),
+                          (16, 1, 2.5), (10, 1, 2.5), (20, 1, 1.5), (4, 1, 2.5)])
 def test_the_rung_epochs_are_those_of_rays_asha(example_config, max_epochs, grace_period, reduction_factor):
     """The report's rung counts and the ranks' waits use SchedulerConfig.rung_epochs: they
     must be the epochs at which Ray's ASHA, fed one report an epoch, enters a trial into a
