@@ -479,7 +479,7 @@ def _process_death_in_short(death: re.Match) -> str:
     detail = death.group(2).strip()
     exited = _EXIT_CODE.search(detail)
     if exited and int(exited.group(1)) > 0:
-        return (f"{PROCESS_DIED}: it exited with code {exited.group(1)} (``os._exit``, or an exit in native code "
+        return (f"{PROCESS_DIED}: it exited with code {exited.group(1)} (os._exit, or an exit in native code "
                 f"or in a thread of its own) (Ray: {detail})")
     return (f"{PROCESS_DIED}: killed (by the system's out-of-memory killer, most often) "
             f"or crashed in native code (Ray: {detail})")

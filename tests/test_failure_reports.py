@@ -203,7 +203,7 @@ def test_a_trial_process_that_exited_with_a_code_is_not_said_to_be_killed(tmp_pa
                                   "Worker exits unexpectedly. Worker exits with an exit code 4.")
     written = error_file(tmp_path, f"Failure # 1 (occurred at 2026-12-06_05-50-00)\n{dead_actor(exited)}\n")
     assert _last_error_line(written) == (
-        "its process died without a Python error: it exited with code 4 (``os._exit``, or an exit in native code "
+        "its process died without a Python error: it exited with code 4 (os._exit, or an exit in native code "
         "or in a thread of its own) (Ray: Worker exits unexpectedly. Worker exits with an exit code 4.)")
     assert not node_was_lost(pickled(tmp_path, dead_actor(exited)))
 
