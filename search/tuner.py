@@ -13,7 +13,7 @@ import os
 import shutil
 import socket
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -80,6 +80,9 @@ class SearchRay:
     # A local Ray that this search started: the environment its processes inherited (they
     # are this process's children); None for any other Ray.
     local_environment: Mapping[str, str] | None = None
+    # This process's values of the variables ``ray_settings`` set (None: unset), given back
+    # when the search ends (``ray_for_search``).
+    environment_before: Mapping[str, str | None] = field(default_factory=dict)
 
 
 @contextmanager
@@ -94,6 +97,10 @@ def ray_for_search(config: ExperimentConfig, address: str | None, verbose: bool)
     try:
         yield search_ray
     finally:
+        # The user's own Ray Tune work later in this Python session gets its environment
+        # back: with hpsearch's settings left in place, a plain Tuner run after
+        # ``hpsearch.run`` wrote none of its result files (audit 22).
+        _restore_environment(search_ray.environment_before)
         if search_ray.started and threading.current_thread() is not threading.main_thread():
             import ray
 
@@ -108,13 +115,15 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
     Tune's logs quieted all the same."""
     import ray
 
-    os.environ.update(ray_settings())
+    settings = ray_settings()  # the driver's Ray Tune reads them too
+    environment_before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     if ray.is_initialized():
         _quiet_tune_logs(verbose)
         if address is not None:
             warn_user(f"address={address!r} is ignored: this process already runs Ray (ray.init was called); "
                       "the search uses that one")
-        return SearchRay(started=False)
+        return SearchRay(started=False, environment_before=environment_before)
     target = cluster_address(address) or "local"
     if target != "local":
         ensure_cluster_answers(target)
@@ -142,7 +151,7 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
                 raise
             raise join_error(target, exc) from exc
     _quiet_tune_logs(verbose)
-    return SearchRay(started=True, local_environment=local_environment)
+    return SearchRay(started=True, local_environment=local_environment, environment_before=environment_before)
 
 
 def tune_trial_env() -> dict[str, str] | None:
@@ -296,11 +305,16 @@ def _inherited_by_local_ray(variables: dict[str, str]) -> Iterator[None]:
     try:
         yield
     finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _restore_environment(previous)
+
+
+def _restore_environment(previous: Mapping[str, str | None]) -> None:
+    """Give variables back their ``previous`` values, unsetting those that were unset (None)."""
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _quiet_tune_logs(verbose: bool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import re
 import subprocess
 import sys
@@ -608,6 +609,28 @@ def test_a_local_rays_workers_inherit_the_ray_settings_and_trials_run_in_the_wor
         assert trial_saw.metrics["runtime_env_vars"] == []
         assert trial_saw.metrics["pid"] in idle
         assert tune_trial_env()["PL_DISABLE_FORK"] == "1"  # Ray Tune's own again after the search
+    finally:
+        ray.shutdown()
+
+
+def test_a_search_gives_this_process_its_environment_back(example_config, monkeypatch):
+    """``hpsearch.run`` left its Ray Tune settings in the user's Python session: a plain
+    Tuner run after it wrote none of its result files (audit 22). Ray stays up for the
+    next search, which sets them again."""
+    import ray
+
+    from hpsearch.search.tuner import RAY_ENV, ray_for_search, ray_settings
+
+    for name in [*ray_settings(), "RAY_ADDRESS"]:  # unset, and as they were again after the test
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RAY_CHDIR_TO_TRIAL_DIR", "1")  # one the user had set
+    assert not ray.is_initialized()
+    try:
+        with ray_for_search(load_config(example_config), None, verbose=False):
+            assert {name: os.environ.get(name) for name in RAY_ENV} == RAY_ENV
+        assert os.environ["RAY_CHDIR_TO_TRIAL_DIR"] == "1"
+        assert [name for name in ray_settings() if name in os.environ] == ["RAY_CHDIR_TO_TRIAL_DIR"]
     finally:
         ray.shutdown()
 
