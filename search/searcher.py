@@ -9,6 +9,7 @@ to safely and which optuna-dashboard opens as is; its Ray checkpoint is only a m
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from pathlib import Path
@@ -90,7 +91,8 @@ def existing_study(experiment_dir: Path, study_name: str, repair: bool = True) -
 def make_sampler(config: ExperimentConfig, seed_offset: int = 0,
                  grid_seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``seed_offset`` (trials already in the study) keeps a resumed
-    search from replaying the random stream it drew before the interruption. Not for a
+    search from replaying the random stream it drew before the interruption (see
+    ``resumed_seed``). Not for a
     grid: its seed shuffles the grid's points, which the study's trials name by their
     place (``grid_id``), so another seed on resume repeated points and skipped others.
     A grid takes the seed its study began with (``grid_seed``), whatever a resume sets;
@@ -99,7 +101,7 @@ def make_sampler(config: ExperimentConfig, seed_offset: int = 0,
     if kind == "grid":
         seed = grid_seed if grid_seed is not None else config.search.seed
     else:
-        seed = None if config.search.seed is None else config.search.seed + seed_offset
+        seed = None if config.search.seed is None else resumed_seed(config.search.seed, seed_offset)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "cmaes":
@@ -110,6 +112,18 @@ def make_sampler(config: ExperimentConfig, seed_offset: int = 0,
         return _Grid({k: grid_values(p) for k, p in config.space.items()}, seed=seed)
     # constant_liar keeps concurrent trials from being sampled at the same point.
     return optuna.samplers.TPESampler(seed=seed, constant_liar=config.search.max_concurrent > 1)
+
+
+def resumed_seed(seed: int, trials_before: int) -> int:
+    """The sampler's seed for a session that finds ``trials_before`` trials in its study:
+    the study's own seed for its first session; after it, one drawn from both numbers. The
+    seed plus the trials before was another seed's stream: a study of seed 0 resumed after
+    3 trials sampled what a fresh study of seed 3 samples, so studies of seeds 0-4 stopped
+    being independent once one was resumed (audit 22)."""
+    if trials_before == 0:
+        return seed
+    digest = hashlib.sha256(f"hpsearch resumed sampler {seed} {trials_before}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")  # what numpy's generators take: below 2**32
 
 
 class _Grid(optuna.samplers.GridSampler):
