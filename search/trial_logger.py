@@ -34,7 +34,7 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities import rank_zero_only
 
 from .checkpoints import TENSORBOARD_BY_EPOCH, ResumedAt
-from .tensorboard_layout import STEPS_RUN
+from .tensorboard_layout import STEPS_RUN, TEST_RECORD
 
 
 class TrialLogger(TensorBoardLogger):
@@ -46,10 +46,20 @@ class TrialLogger(TensorBoardLogger):
     def __init__(self, run: Path, resumed_at: ResumedAt | None = None) -> None:
         self.by_epoch = resumed_at is None or resumed_at.by_epoch
         purge = (resumed_at.epoch if self.by_epoch else resumed_at.batch) if resumed_at else None
+        steps_purge = resumed_at.batch if resumed_at else None
+        if resumed_at is None:
+            # An attempt that starts over, its trial having no checkpoint yet (an attempt
+            # that failed, or a session that stopped, in the first epoch), hides all that
+            # the attempts before it wrote: each of their points was there twice (audit 22).
+            if _trials_own_events(run):
+                purge = 0
+                after_earlier_event_files(run)
+            if _trials_own_events(run / STEPS_RUN):
+                steps_purge = 0
         super().__init__(save_dir=str(run.parent), name="", version=run.name, default_hp_metric=False,
                          **({"purge_step": purge} if purge is not None else {}))
         self._steps = TensorBoardLogger(save_dir=str(run), name="", version=STEPS_RUN, default_hp_metric=False,
-                                        **({"purge_step": resumed_at.batch} if resumed_at else {}))
+                                        **({"purge_step": steps_purge} if steps_purge is not None else {}))
         self._trainer: weakref.ref[pl.Trainer] | None = None
         self.step_metrics: set[str] = set()  # the names written to the steps run
 
@@ -112,6 +122,12 @@ class StepsByEpochInCheckpoint(pl.Callback):
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         logger = trainer.logger
         checkpoint[TENSORBOARD_BY_EPOCH] = isinstance(logger, TrialLogger) and logger.by_epoch
+
+
+def _trials_own_events(run: Path) -> bool:
+    """Whether an attempt of the trial wrote events in ``run`` (the driver's HParams record
+    and test metrics, files of their own, are left aside: written once the trial ended)."""
+    return any(not p.name.endswith((".hparams", TEST_RECORD)) for p in run.glob("events.out.tfevents.*"))
 
 
 def after_earlier_event_files(run: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -151,6 +152,24 @@ def test_epoch_metrics_are_stepped_by_the_epoch_and_step_metrics_by_the_batch(tm
         assert epochs_now[tag] == [1, 2, 3], (tag, epochs_now)
     steps_now = tensorboard_scalars(tmp_path / "tb" / "run" / "steps")["step_loss"]
     assert steps_now == steps["step_loss"], steps_now
+
+
+def test_an_attempt_that_starts_over_hides_what_the_attempts_before_it_wrote(tmp_path):
+    """A trial retried, or resumed, without a checkpoint (its attempt failed or was stopped
+    in the first epoch) starts over: every point of the attempt before it was there twice,
+    steps [9, 9, 19, ...] (audit 22)."""
+    from conftest import tensorboard_scalars
+
+    data = SlowLoadingData(item_seconds=0.0)  # 6 training batches an epoch
+    for _ in range(2):  # the second attempt finds no checkpoint of the first to resume from
+        shutil.rmtree(tmp_path / "trial", ignore_errors=True)
+        reports_of(tmp_path, mlp_for(data, LogsEachStep), data, epochs=2)
+    epochs = tensorboard_scalars(tmp_path / "tb" / "run")
+    learning_rate = next(tag for tag in epochs if tag.startswith("lr-"))
+    for tag in ("val_acc", "train_loss", "hp/val_acc", "speed/epoch_time_s", learning_rate):
+        assert epochs[tag] == [1, 2], (tag, epochs)
+    steps = tensorboard_scalars(tmp_path / "tb" / "run" / "steps")["step_loss"]
+    assert len(steps) == 2 and steps == sorted(set(steps)), steps
 
 
 def test_a_trial_checkpointed_when_runs_were_stepped_by_the_batch_resumes_stepping_its_run_so(tmp_path):
