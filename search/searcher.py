@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,13 @@ class OptunaSearcher(Searcher):
             self._to_resume = [number for number in self._to_resume if number != trial.number]
             settled.append(trial.number)
         return settled
+
+    def handed_out_without_a_row(self, rows: Mapping[int, Any]) -> dict[int, dict[str, Any]]:
+        """The params, by number, of the trials the study handed out that ``rows``
+        (trials.csv's) lacks: sampled, and not yet started when the session ended (a row
+        comes when a trial starts). Resume continues them as it does the paused ones."""
+        return {trial.number: dict(trial.params) for trial in self.study.get_trials(deepcopy=False)
+                if trial.state == TrialState.RUNNING and trial.number not in rows}
 
     def finished_trials(self) -> list[dict[str, Any]]:
         """Finished trials as trials-table fields: the study is the source of truth for them."""

@@ -23,7 +23,7 @@ from .components import DRIVER_HOST_ENV, user_code_roots
 from .config import ExperimentConfig
 from .errors import counted, warn_user
 from .experiment import ExperimentDir
-from .outcome import SESSION_COMPLETE, SESSION_INTERRUPTED, SESSION_TIME_BUDGET, PruneLog
+from .outcome import RUNNING, SESSION_COMPLETE, SESSION_INTERRUPTED, SESSION_TIME_BUDGET, PruneLog
 from .storage import Mirror
 from .tensorboard_layout import backfill_trial_sessions
 from .trials_table import TrialsTable
@@ -522,9 +522,18 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
         quiet_trial_tracebacks(False)
         if decisions is not None:
             decisions.clear()
-        if table.pause_running(PAUSE_REASONS[outcome]):
+        if pause_the_unfinished(table, searcher, PAUSE_REASONS[outcome]):
             table.save(exp.trials_csv)
     return outcome
+
+
+def pause_the_unfinished(table: TrialsTable, searcher, reason: str) -> int:
+    """Mark the trials a session leaves unfinished PAUSED in ``table``, saying why: those
+    that were running, and those sampled but not yet started, which had no row and were
+    missing from trials.csv, status and the count of paused trials (audit 22). How many."""
+    for number, params in searcher.handed_out_without_a_row(table.rows).items():
+        table.row(number).update(state=RUNNING, **params)
+    return table.pause_running(reason)
 
 
 def planned_columns(config: ExperimentConfig):

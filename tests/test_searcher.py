@@ -8,7 +8,7 @@ import pytest
 from ray.tune.search import Searcher
 
 from hpsearch.search.config_loading import load_config
-from hpsearch.search.outcome import COMPLETE, FAILED, PRUNED, PruneLog, classify
+from hpsearch.search.outcome import COMPLETE, FAILED, PRUNED, TRIAL_NUMBER, PruneLog, classify
 from hpsearch.search.searcher import OptunaSearcher, open_study
 
 
@@ -197,6 +197,26 @@ def test_best_json_gives_the_values_exactly_as_sampled(tmp_path, example_config)
     assert best["params"] == sampled == json.loads((tmp_path / "best.json").read_text())["params"]
     assert sampled["model.optimizer"] is None and sampled["data.split_seed"] == "007"
     assert best["config"]["data"]["init_args"]["split_seed"] == "007"
+
+
+def test_a_trial_sampled_but_not_started_when_the_session_ends_is_paused_with_the_running(tmp_path, example_config):
+    """A trial gets its row when it starts: one the study had handed out, still waiting
+    for its worker when the time budget ran out, was missing from trials.csv, status and
+    the count of paused trials, though resume went on to continue it (audit 22)."""
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tuner import pause_the_unfinished
+
+    config = load_config(example_config)
+    searcher = OptunaSearcher(config, tmp_path, PruneLog())
+    started = searcher.suggest("a")
+    waiting = searcher.suggest("b")  # handed out; its trial never started
+    table = TrialsTable(config.metric, config.mode, list(config.space))
+    table.row(started[TRIAL_NUMBER]).update(state="RUNNING", **started["params"])  # as on_trial_start does
+    assert pause_the_unfinished(table, searcher, "time budget reached") == 2
+    row = table.rows[waiting[TRIAL_NUMBER]]
+    assert (row["state"], row["reason"]) == ("PAUSED", "time budget reached")
+    assert {key: row[key] for key in config.space} == waiting["params"]
+    assert table.rows[started[TRIAL_NUMBER]]["state"] == "PAUSED"
 
 
 def test_a_grid_search_ends_at_the_grids_size_without_an_error(tmp_path, example_config):
