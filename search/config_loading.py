@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from .config import ExperimentConfig, FieldValueError, split_field
 from .errors import ConfigError, Problem
-from .yaml_io import ExperimentLoader
+from .yaml_io import ExperimentLoader, load_yaml
 
 # Where each key came from: its line in the file, or the command-line option that set it
 # ("--set", "--name", "--storage"), so that an error blames what the user typed.
@@ -107,7 +107,7 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, A
         if not eq or not key.strip():
             raise ConfigError.single("--set", f"{item!r} is not of the form key=value")
         try:
-            parsed[key.strip()] = yaml.load(value, Loader=ExperimentLoader) if value.strip() else None
+            parsed[key.strip()] = load_yaml(value) if value.strip() else None
         except yaml.YAMLError:
             raise ConfigError.single(key.strip(), f"--set value {value!r} is not valid YAML") from None
     return parsed

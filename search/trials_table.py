@@ -207,7 +207,8 @@ def _parse(text: str) -> Any:
             value = kind(text)
         except (TypeError, ValueError):
             continue
-        return value if text in (str(value), _cell(value), _cell(value, whole=True)) else text
+        # its own rendering: ``str`` (a float's whole form, its repr, is the same), else the six-digit form
+        return value if text == str(value) or text == _cell(value) else text
     return text
 
 
