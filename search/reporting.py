@@ -38,6 +38,9 @@ STARVED_SHARE = 0.3
 # tensor's value on the host waits for every kernel queued before it: a check on every
 # step would keep the CPU from queueing the next step while the GPU runs this one.
 FINITE_CHECK_EVERY = 32
+# Static fields that say how an epoch was trained: a resumed attempt may differ (another
+# node, a changed ``trainer.precision``), and an epoch it only reports again keeps its own.
+TRAINED_WITH = ("hps_device", "hps_precision", "hps_strategy", "hps_world_size")
 SPEED_KEYS = ("hps_epoch_time_s", "hps_samples_per_s", "hps_data_wait_s", "hps_val_time_s", "hps_checkpoint_s",
               "hps_epoch_cpu_s")
 
@@ -214,6 +217,7 @@ class TuneReporter(pl.Callback):
         metrics = dict(validated["metrics"])
         metrics.update(self.static_fields)
         metrics.update(validated.get("telemetry") or {})
+        metrics.update(validated.get("trained_with") or {})  # checkpoints written before it have none
         metrics.update({EPOCH: validated["epoch"], FINISHED: finished, STOP_REASON: reason, "hps_best": best,
                         "hps_logged_metrics": ",".join(sorted(validated["metrics"])), RESTORED: True,
                         "hps_startup_s": self._startup_s or 0.0})  # this attempt's start-up
@@ -283,7 +287,8 @@ class TuneReporter(pl.Callback):
                 self._earlier_epochs.append(self._validated_epoch)
             self._validated_epoch = None if checked is None else {
                 "epoch": trainer.current_epoch + 1, "metrics": checked,
-                "telemetry": self._telemetry(trainer, now - self._epoch_started)}
+                "telemetry": self._telemetry(trainer, now - self._epoch_started),
+                "trained_with": {key: self.static_fields[key] for key in TRAINED_WITH if key in self.static_fields}}
 
     def _compare_ranks_metric(self, trainer: pl.Trainer, pl_module, value: float) -> None:
         """Once a trial, under DDP: whether the ranks agree on the search metric. Logged

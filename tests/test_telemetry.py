@@ -76,7 +76,7 @@ class SlowEpochEnd(MLPClassifier):
 
 def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_acc", resume_from=None,
                reports_expected: int | None = None, patience: int | None = 10, known_epochs: int = 0,
-               logger_resumed_at=None) -> list[dict]:
+               logger_resumed_at=None, static_fields: dict | None = None) -> list[dict]:
     from hpsearch.search.checkpoints import resumed_at
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
@@ -87,7 +87,8 @@ def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_
     if resume_from is not None:  # as a trial resumes (trial.py)
         after_earlier_event_files(tmp_path / "tb" / "run")
     reports: list[dict] = []
-    reporter = TuneReporter(metric, "max", epochs, report=reports.append, static_fields={}, known_epochs=known_epochs)
+    reporter = TuneReporter(metric, "max", epochs, report=reports.append, static_fields=static_fields or {},
+                            known_epochs=known_epochs)
     settings = TrainerConfig(early_stopping_patience=patience)
     device = trial_device(settings, LoaderConfig(), ResourcesConfig())
     trainer = build_trainer(settings, device=device, metric=metric, mode="max", max_epochs=epochs,
@@ -317,11 +318,17 @@ def test_a_resumed_trial_first_reports_again_the_epoch_its_checkpoint_holds(tmp_
     # An epoch's checkpoint is written before its report: a trial paused in between (Ctrl+C,
     # SIGTERM) continued from an epoch the study never heard of, which ASHA never judged.
     data = SlowLoadingData(item_seconds=0.0)
-    first = reports_of(tmp_path, mlp_for(data, SlowEpochEnd), data, epochs=2)
+    first = reports_of(tmp_path, mlp_for(data, SlowEpochEnd), data, epochs=2,
+                       static_fields={"hps_precision": "32-true", "hps_num_workers": 0})
     checkpoint = tmp_path / "trial" / "checkpoints" / "epoch-0001.ckpt"  # the second epoch's
+    # resumed with another precision (the file's trainer.precision changed): the epoch sent
+    # again keeps the one it trained with; the new epoch has the new one
     resumed = reports_of(tmp_path, mlp_for(data, SlowEpochEnd), data, epochs=3, resume_from=str(checkpoint),
-                         reports_expected=2, known_epochs=1)
+                         reports_expected=2, known_epochs=1,
+                         static_fields={"hps_precision": "bf16-mixed", "hps_num_workers": 1})
     again, new = resumed
+    assert (again["hps_precision"], new["hps_precision"]) == ("32-true", "bf16-mixed")
+    assert again["hps_num_workers"] == new["hps_num_workers"] == 1  # this attempt's loader
     assert (again["epoch"], again["hps_restored"], again["hps_finished"]) == (2, True, False), again
     assert again["val_acc"] == first[1]["val_acc"] and again["hps_best"] == first[1]["hps_best"]
     # The epoch's own time and telemetry, as measured up to its checkpoint, and its end (the
