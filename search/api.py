@@ -49,7 +49,7 @@ class SearchResult:
     outcome: str
     best: dict[str, Any] | None = None
     trials: list[dict[str, Any]] = field(default_factory=list)
-    elapsed_s: float = 0.0
+    elapsed_s: float = 0.0  # from the call to its return: the checks, Ray's start, the search, the evaluation
     already_complete: bool = False  # a resume that found nothing to do, and started nothing
     grid_exhausted: bool = False  # every point of the study's grid has run: more trials would add none
     evaluated_again: bool = False  # a resume of a complete search that ran only its test evaluation
@@ -79,6 +79,7 @@ def run(
     """Validate the experiment, then search; every config mistake is raised before Ray starts.
 
     ``callbacks``: extra ``ray.tune.Callback`` objects (experiment trackers, timing)."""
+    called = time.monotonic()
     callbacks = _tune_callbacks(callbacks)
     config = _run_config(source, overrides, name, storage)
     ensure_joined_cluster_answers(address)
@@ -97,8 +98,8 @@ def run(
             with study_lock(exp):
                 write_config(exp, config.model_dump(mode="json"))
                 interrupted.raise_if_heard()
-                return _search(config, exp, verbose, concurrency, callbacks, home.mirror, address,
-                               search_ray.local_environment)
+                return _took(called, _search(config, exp, verbose, concurrency, callbacks, home.mirror, address,
+                                             search_ray.local_environment))
 
 
 def check(
@@ -217,11 +218,18 @@ def resume(
 
     ``experiment_dir`` may be the study's URI (``s3://bucket/exps/name``): a study
     survives the cluster it ran on and resumes on another."""
+    called = time.monotonic()
     callbacks = _tune_callbacks(callbacks)
     exp, mirror = StudyHome.existing(experiment_dir)
     # prepare() freezes the driver's imports for this search only
     with study_lock(exp), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
-        return _resume_locked(exp, overrides, address, verbose, callbacks, mirror, interrupted)
+        return _took(called, _resume_locked(exp, overrides, address, verbose, callbacks, mirror, interrupted))
+
+
+def _took(called: float, result: SearchResult) -> SearchResult:
+    """The result, with the time since ``run`` or ``resume`` was called: what the user
+    waited, a resume that found nothing to run included."""
+    return replace(result, elapsed_s=time.monotonic() - called)
 
 
 def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool, callbacks,
@@ -358,7 +366,7 @@ def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str |
     study's wall time)."""
     from .results import finalize
 
-    started, started_at = time.monotonic(), time.time()
+    started_at = time.time()
     record_session(exp, started_at, None, "running", search_complete=True, address=cluster_address(address))
     outcome = "crashed"
     try:
@@ -380,8 +388,8 @@ def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str |
                 mirror.push_study_files()
         except HpsearchError:
             pass  # a full disk: the error that caused it is the one to report
-    return SearchResult(exp.root, SESSION_COMPLETE, best, read_rows(exp.trials_csv), time.monotonic() - started,
-                        evaluated_again=True, address=address)
+    return SearchResult(exp.root, SESSION_COMPLETE, best, read_rows(exp.trials_csv), evaluated_again=True,
+                        address=address)
 
 
 def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
@@ -428,7 +436,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     from .tune_callbacks import RaisedAtTheNextStep
     from .tuner import run_session
 
-    started, started_at = time.monotonic(), time.time()
+    started_at = time.time()
     close_killed_sessions(exp)
     record_session(exp, started_at, None, "running", address=cluster_address(address))
     keep_settings(exp.root, config, FROZEN_ON_RESUME)
@@ -480,7 +488,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         warn_user(StoppedEarlyWarning(f"search stopped before the study was complete ({finished} of "
                                       f"{counted(trial_limit(config), 'trial')} finished); continue it with "
                                       f"{call}, or: {resume_command(exp.root, address)}"))
-    return SearchResult(exp.root, outcome, best, trials, time.monotonic() - started, address=address,
+    return SearchResult(exp.root, outcome, best, trials, address=address,
                         finished_before=finished_before)
 
 

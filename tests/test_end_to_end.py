@@ -6,6 +6,7 @@ import csv
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -162,8 +163,11 @@ def test_resuming_a_complete_study_starts_nothing_and_changes_nothing(finished_s
         raise AssertionError("Ray was started for a study with nothing left to run")
 
     monkeypatch.setattr(tuner, "start_ray", no_ray)
+    called = time.monotonic()
     result = api.resume(copy)
+    waited = time.monotonic() - called
     assert result.already_complete and result.complete
+    assert 0 < result.elapsed_s <= waited  # the call's own time (its checks), which printed as 0.0s
     # best.json as written, its paths read as the copy's own
     written = json.loads(before["best.json"])
     moved = {"experiment_dir": str(copy), "checkpoint": str(copy / Path(written["checkpoint"]).relative_to(exp_dir))}
