@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -31,7 +32,8 @@ from .errors import (CallbackError, ConfigError, HpsearchError, Interrupted, Pro
                      first_line, resume_command, warn_user)
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
-from .outcome import FINISHED_STATES, SESSION_COMPLETE, SESSION_INTERRUPTED
+from .outcome import FINISHED_STATES, SESSION_COMPLETE, SESSION_INTERRUPTED, SESSION_RAY_LOST
+from .ray_watch import RayLostWatch
 from .storage import Mirror, StudyHome
 from .study_lock import study_lock
 from .trials_table import read_rows
@@ -446,8 +448,20 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     finished_before = sum(1 for trial in (read_rows(exp.trials_csv) if exp.trials_csv.is_file() else [])
                           if trial.get("state") in FINISHED_STATES)
     held_before = _reservations()
+
+    def ray_lost(silent_s: float) -> None:  # from the watch's thread; the process ends after it
+        record_session(exp, started_at, time.time(), SESSION_RAY_LOST, search_complete)
+        if mirror is not None:
+            mirror.push_study_files()
+        here = f"hpsearch resume {shlex.quote(str(exp.root))}"
+        print(f"\nhpsearch: the search's Ray has not answered for {silent_s:.0f} s (its GCS, at {watch.gcs_address}: "
+              f"the cluster's head process or node is gone), and Ray is about to end this process. Finished "
+              f"trials are kept; the running ones continue from their last checkpoints when the study is "
+              f"resumed, on another cluster with: {here} --address ADDRESS, or on this machine with: {here}",
+              file=sys.stderr, flush=True)
+
     try:
-        with _stop_signals_interrupt() as tune_ended:
+        with _stop_signals_interrupt() as tune_ended, RayLostWatch(ray_lost) as watch:
             ended = run_session(config, exp, verbose, concurrency, [RaisedAtTheNextStep(c) for c in callbacks], mirror,
                                 local_environment)
             tune_ended()

@@ -20,6 +20,7 @@ FINISHED_STATES = (COMPLETE, PRUNED, FAILED)
 
 # How a search session ended (``sessions.json``'s ``outcome``).
 SESSION_COMPLETE, SESSION_TIME_BUDGET, SESSION_INTERRUPTED = "complete", "time_budget", "interrupted"
+SESSION_RAY_LOST = "ray_lost"  # its Ray stopped answering (see ray_watch.py)
 
 # Result keys the trial reports besides the user's own metrics.
 EPOCH = "epoch"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -14,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import counted, resume_command
-from .outcome import best_of
+from .outcome import SESSION_RAY_LOST, best_of
 from .experiment import ExperimentDir, read_sessions
 from .study_lock import dead_holder
 from .trials_table import TrialsTable, has_value, read_rows
@@ -64,17 +65,28 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
     last_session = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
     # A session still "running" whose driver is gone was killed (before any trial had a
     # row, say, or during the test evaluation): say so even with no trial left RUNNING.
-    gone = dead_holder(exp) if running or last_session.get("outcome") == "running" else None
+    which, them = (f"trial {running[0]} is", "it") if len(running) == 1 else (
+        f"trials {', '.join(running)} are", "them")
+    if last_session.get("outcome") == SESSION_RAY_LOST:
+        # Its cluster is gone: a resume runs here, or on another cluster (see ray_watch.py)
+        here = resume_command(exp.root)
+        stopped = "so " + which + " not running" if running else "before the session ended"
+        console.print(f"No search is running: its Ray stopped answering at "
+                      f"{datetime.fromtimestamp(float(last_session['ended_at'])):%Y-%m-%d %H:%M:%S}, {stopped}; "
+                      f"`{here}` continues {them if running else 'the study'} on this machine, or with "
+                      f"--address ADDRESS on another cluster.", soft_wrap=True)
+        gone = None
+    else:
+        gone = dead_holder(exp) if running or last_session.get("outcome") == "running" else None
     if gone is not None:
         resume = resume_command(exp.root, last_session.get("address"))
+        cluster = _cluster_gone(last_session.get("address"))
         if running:
-            which, them = (f"trial {running[0]} is", "it") if len(running) == 1 else (
-                f"trials {', '.join(running)} are", "them")
             console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) is gone, "
-                          f"so {which} not running; `{resume}` continues {them}.", soft_wrap=True)
+                          f"so {which} not running; `{resume}` continues {them}{cluster}.", soft_wrap=True)
         else:
             console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) ended "
-                          f"before its session did; `{resume}` continues the study.", soft_wrap=True)
+                          f"before its session did; `{resume}` continues the study{cluster}.", soft_wrap=True)
     test_error = (exp.stored_best() or {}).get("test_error")
     if test_error:
         console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "
@@ -165,6 +177,21 @@ def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: li
 
 def _shared_values(row: dict[str, Any], params: list[str]) -> str:
     return " ".join(f"{name}={_fmt(row.get(param))}" for name, param in zip(_short_names(params), params))
+
+
+def _cluster_gone(address: str | None) -> str:
+    """A driver on a joined cluster's node dies with that node's Ray (``ray stop``, the
+    head lost): then the command that resumes the study must not only name that cluster."""
+    from .cluster_join import ClusterError, ensure_cluster_answers
+
+    if not address:
+        return ""
+    try:
+        ensure_cluster_answers(address)
+    except ClusterError:
+        return (f" (no cluster answers at {address} now: without --address it continues on this machine, "
+                f"with another --address on a new cluster)")
+    return ""
 
 
 def _trials_table(title: str, rows: list[dict[str, Any]], params: list[str], metric: str,

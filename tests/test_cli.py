@@ -886,15 +886,22 @@ def test_the_resume_hints_name_the_cluster_the_study_ran_on(tmp_path, monkeypatc
     exp = ExperimentDir.make(tmp_path / "study")
     write_config(exp, shrunk_example(tmp_path))
     (exp.root / "trials.csv").write_text("trial,state,reason,best,epochs\n3,RUNNING,,0.5,1\n")
-    record_session(exp, 100.0, None, "running", address="10.0.0.5:6379")
-    record_session(exp, 100.0, None, "running", search_complete=False)  # a later update keeps it
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (exp.root / "driver.json").write_text(json.dumps({"pid": int(gone.stdout), "host": socket.gethostname(),
-                                                      "since": "then", "command": "hpsearch run"}))
+    with socket.create_server(("127.0.0.1", 0)) as cluster:  # the cluster, still up
+        address = f"127.0.0.1:{cluster.getsockname()[1]}"
+        record_session(exp, 100.0, None, "running", address=address)
+        record_session(exp, 100.0, None, "running", search_complete=False)  # a later update keeps it
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        (exp.root / "driver.json").write_text(json.dumps({"pid": int(gone.stdout), "host": socket.gethostname(),
+                                                          "since": "then", "command": "hpsearch run"}))
+        console = Console(width=300, record=True)
+        print_status(exp, console)
+        assert (f"trial 3 is not running; `hpsearch resume {exp.root} --address {address}` continues it."
+                in console.export_text()), console.export_text()
+    # The driver died with its node's Ray (`ray stop` on the head): the cluster is gone too
     console = Console(width=300, record=True)
     print_status(exp, console)
-    assert (f"trial 3 is not running; `hpsearch resume {exp.root} --address 10.0.0.5:6379` continues it"
-            in console.export_text()), console.export_text()
+    assert (f"`hpsearch resume {exp.root} --address {address}` continues it (no cluster answers at {address} now: "
+            f"without --address it continues on this machine" in console.export_text()), console.export_text()
 
     assert resume_command(exp.root) == f"hpsearch resume {exp.root}"
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")  # a Ray job's driver

@@ -6,14 +6,16 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, free_port, run_cli, shrunk_example, stop_ray_at, write_yaml
+from conftest import REPO, commands_matching, free_port, pids_whose_command, run_cli, shrunk_example, stop_ray_at, write_yaml
 from test_fault_tolerance import experiment, finish, start, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -147,6 +149,44 @@ def test_trials_spread_over_nodes_gpu_trials_keep_to_the_gpu_node_and_a_lost_nod
     print(f"node loss: {len(lost)} trial(s) interrupted at epochs {sorted(lost.values())}, "
           f"all resumed on the surviving node; search finished {recovered_s:.0f}s after the loss")
 
+
+
+@pytest.mark.slow
+def test_a_search_whose_clusters_gcs_dies_says_so_records_it_and_exits_75(tmp_path, monkeypatch):
+    """The GCS of a joined cluster dies mid-search (it crashed, or the head node was lost
+    under a driver on another node). Ray's core worker ends a driver whose GCS stays
+    silent for its reconnect timeout (60 s by default) with status 1 and a line of its
+    own: the session stayed "running", and nothing said how to go on (audit 22). hpsearch's
+    watch acts at three quarters of that timeout (here 12 s, so 9 s)."""
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("RAY_gcs_rpc_server_reconnect_timeout_s", "12")  # read by the driver's Ray and its watch
+    path = node_loss_experiment(tmp_path, "cluster-lost", epoch_sleep=1.5, num_trials=4, max_concurrent=2,
+                                max_epochs=4)
+    exp_dir = tmp_path / "runs" / "cluster-lost"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        driver = start("run", path.name, "--address", cluster.address, cwd=tmp_path)
+        wait_for(lambda: any(int(r["epochs"] or 0) >= 1 for r in rows(exp_dir).values()), what="a trial past epoch 1")
+        port = int(cluster.address.rpartition(":")[2])
+        # its GCS listens on a port of its choosing: found by its session, which the raylet names
+        [session] = {re.search(r"--session-name=(\S+)", command).group(1) for command in commands_matching(
+            lambda command: f"--gcs-address={cluster.address}" in command and "--session-name=" in command).values()}
+        [gcs] = pids_whose_command(lambda command: "gcs_server" in command and f"--session-name={session} " in command)
+        os.kill(gcs, signal.SIGKILL)
+        code, output = finish(driver, timeout=120)
+    finally:
+        stop_ray_at(port)  # the rest of the cluster (its raylet would end at its own GCS timeout)
+    assert code == 75, output  # hpsearch's own exit, not Ray's (1)
+    assert "the search's Ray has not answered for" in output and "head process or node is gone" in output, output
+    assert f"hpsearch resume {exp_dir} --address ADDRESS" in output, output
+    [session] = json.loads((exp_dir / "sessions.json").read_text())
+    assert session["outcome"] == "ray_lost" and session["ended_at"] is not None, session
+    assert any(r["state"] == "RUNNING" for r in rows(exp_dir).values())  # as the kill left them
+    status = run_cli("status", str(exp_dir), cwd=tmp_path, timeout=60)
+    assert status.returncode == 0 and "No search is running: its Ray stopped answering at" in status.stdout, \
+        status.stdout
+    print(f"GCS lost: {output.strip().splitlines()[-1]}\nstatus: {status.stdout.strip().splitlines()[-1]}")
 
 def kill_ranks_on(node) -> int:
     """SIGKILLs the Ray Train ranks that run on ``node`` (its raylet's child processes);
