@@ -117,19 +117,38 @@ def replace_with_copy(source: str, target: str) -> None:
 
 
 class ModelCheckpointsInTrialDir(pl.Callback):
-    """Gives a ModelCheckpoint of the user's model (``configure_callbacks``) that names no
-    ``dirpath`` the trial's ``model_checkpoints/`` folder. Lightning's default is beside the
-    logger's files, so its checkpoints sat inside the study's ``tensorboard/`` folder; and
-    the final evaluation's trainer, which logs elsewhere, resolved another folder, so
-    restoring the callback's state from the best checkpoint made Lightning warn that its
-    folder had changed. Runs in ``setup``, before the checkpoint callbacks' own (Lightning
-    puts checkpoint callbacks last), once the model's callbacks are attached."""
+    """Fits a ModelCheckpoint of the user's model (``configure_callbacks``) into the trial.
+
+    One that names no ``dirpath`` gets the trial's ``model_checkpoints/`` folder.
+    Lightning's default is beside the logger's files, so its checkpoints sat inside the
+    study's ``tensorboard/`` folder; and the final evaluation's trainer, which logs
+    elsewhere, resolved another folder, so restoring the callback's state from the best
+    checkpoint made Lightning warn that its folder had changed.
+
+    It saves at the end of validation, just before hpsearch's own checkpoint callbacks,
+    so that the epoch's checkpoint holds its state as of that epoch. By Lightning's default
+    it saved at the training epoch's end, after that checkpoint was written: resumed from
+    it, the callback did not know its newest file, kept it for good, and wrote the epoch
+    again beside it (``-v1``) when Lightning ran the epoch's end again. A trial validates
+    once an epoch, at its end, so both are the same moment. (One that asks for
+    ``save_on_train_epoch_end=True`` itself is left so.)
+
+    Runs in ``setup``, once the model's callbacks are attached and before the checkpoint
+    callbacks' own ``setup`` (Lightning puts checkpoint callbacks last)."""
 
     def __init__(self, dirpath: Path) -> None:
         self.dirpath = dirpath
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        for callback in trainer.checkpoint_callbacks:
-            if isinstance(callback, ModelCheckpoint) and not isinstance(callback, _OwnStateKey) \
-                    and callback.dirpath is None:
+        users = [callback for callback in trainer.checkpoint_callbacks
+                 if isinstance(callback, ModelCheckpoint) and not isinstance(callback, _OwnStateKey)]
+        for callback in users:
+            if callback.dirpath is None:
                 callback.dirpath = str(self.dirpath)
+            if callback._save_on_train_epoch_end is None:  # Lightning's "decide at fit", its constructor's default
+                callback._save_on_train_epoch_end = False
+        if users:
+            # hpsearch's after the user's. Only callbacks after this one move, so the
+            # ``setup`` calls Lightning is making over this list reach each one once.
+            ours = [callback for callback in trainer.callbacks if isinstance(callback, _OwnStateKey)]
+            trainer.callbacks[:] = [callback for callback in trainer.callbacks if callback not in ours] + ours

@@ -132,6 +132,22 @@ def test_a_models_own_checkpoint_on_the_search_metric_leaves_the_trials_best_alo
     assert load(folder / "epoch-0003.ckpt")["callbacks"][STATE_KEY]["best_model_score"] == 3.0
 
 
+
+def test_a_models_own_checkpoint_keeps_its_top_k_across_a_resume(tmp_path, monkeypatch):
+    """Such a callback saves, by Lightning's default, at the training epoch's end, after
+    hpsearch has written the epoch's checkpoint: that file held its state as of the epoch
+    before. Resumed from it, the callback did not know its newest file, kept it for good
+    and wrote the epoch again beside it (``-v1``) when Lightning ran the epoch's end
+    again: three files for ``save_top_k=1`` (audit 23)."""
+    fit(tmp_path, [1.0, 3.0, 0.5], monkeypatch, own_checkpoint=True)
+    folder, own = tmp_path / "checkpoints", tmp_path / "own"
+    [user_key] = [key for key in load(folder / "epoch-0001.ckpt")["callbacks"] if key.startswith("ModelCheckpoint")]
+    assert load(folder / "epoch-0001.ckpt")["callbacks"][user_key]["best_model_score"] == 3.0  # its own epoch's
+    # a fault in epoch 3 (index 2): the retry starts from epoch 2's (index 1) checkpoint
+    fit(tmp_path, [1.0, 3.0, 0.5, 4.0], monkeypatch, resume_from=folder / "epoch-0001.ckpt", own_checkpoint=True)
+    [kept] = own.iterdir()
+    assert kept.name.startswith("epoch=3-"), kept.name
+
 def test_a_checkpoint_written_under_the_plain_key_resumes_with_its_best_known(tmp_path, monkeypatch):
     # Studies checkpointed before the callbacks had keys of their own.
     fit(tmp_path, [1.0, 3.0, 2.0], monkeypatch)
