@@ -289,12 +289,19 @@ def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | No
     (``_plain_annotation``). A value pydantic would convert counts as fitting, except a
     string where the type takes none (``weight_decay: "1e-4"``, quoted) and a float where
     it takes an int (``16.0``): the constructor would get it as it is, and fail later, in
-    the preflight, blamed on the class."""
+    the preflight, blamed on the class. So is a boolean where it takes none: YAML reads
+    ``off``, ``no``, ``on`` and ``yes`` as booleans, and ``augment: off`` for a
+    ``Literal["off", "light"]`` gave the model ``False``."""
     from pydantic import TypeAdapter, ValidationError
 
-    if not _plain_annotation(annotation) or isinstance(value, bool):
+    if not _plain_annotation(annotation):
         return None
     expected = _type_name(annotation)
+    if isinstance(value, bool):
+        if _fits_as_it_is(annotation, value):
+            return None
+        return (f"{value!r} is a boolean, and {klass.__name__}'s {name} takes {expected} (YAML reads true/false, "
+                f"yes/no and on/off as booleans): if you meant the word, put it in quotes")
     try:
         TypeAdapter(annotation).validate_python(value)
     except ValidationError as exc:

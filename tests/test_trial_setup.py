@@ -1138,6 +1138,28 @@ def test_annotations_other_than_plain_values_are_left_to_the_constructor():
     assert _wrong_type(Net, "tag", str, 3) == "3 is a number, and Net's tag takes str: put it in quotes ('3')"
 
 
+
+def test_a_yaml_boolean_where_the_argument_takes_none_is_named():
+    """YAML reads off, no, on and yes as booleans: ``augment: off`` for a
+    ``Literal["off", "light"]`` passed the check and gave the model False (audit 23)."""
+    from typing import Literal, Optional
+
+    from hpsearch.search.components import _sampled_wrong_type, _wrong_type
+    from hpsearch.search.config import CategoricalParam
+
+    class Net:
+        pass
+
+    said = _wrong_type(Net, "augment", Literal["off", "light"], False)
+    assert said.startswith("False is a boolean, and Net's augment takes Literal['off', 'light']") \
+        and said.endswith("if you meant the word, put it in quotes"), said
+    assert "True is a boolean, and Net's hidden takes int" in _wrong_type(Net, "hidden", int, True)
+    assert "False is a boolean, and Net's optimizer takes str" in \
+        _sampled_wrong_type(Net, "optimizer", str, CategoricalParam(type="categorical", choices=["adam", False]))
+    assert _wrong_type(Net, "shuffle", bool, True) is None
+    assert _wrong_type(Net, "shuffle", Optional[bool], False) is None
+    assert _wrong_type(Net, "mode", Literal[True, "auto"], True) is None
+
 def test_an_argument_whose_default_is_none_takes_none():
     """``x: int = None`` is common, and Python no longer reads it as Optional[int]."""
     from hpsearch.search.components import _sampled_wrong_type, _type_hints
