@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -548,8 +549,16 @@ def raised_by(exc: BaseException, *classes: type) -> type | None:
 def raised_at(exc: BaseException) -> str | None:
     """'file:line in function' of the innermost frame outside Python, torch, Lightning,
     Ray and hpsearch: the user's code that raised, or None if none of it did."""
-    import sysconfig
     import traceback
+
+    return innermost_user_frame((frame.filename, frame.lineno, frame.name)
+                                for frame in traceback.extract_tb(exc.__traceback__))
+
+
+def innermost_user_frame(frames: Iterable[tuple[str, int | None, str]]) -> str | None:
+    """Of a traceback's (file, line, function) frames, outermost first, the innermost
+    outside Python, torch, Lightning, Ray and hpsearch, as 'file:line in function'."""
+    import sysconfig
 
     import pytorch_lightning
     import torch
@@ -557,10 +566,10 @@ def raised_at(exc: BaseException) -> str | None:
     libraries = tuple(str(Path(p).resolve()) + os.sep for p in (
         sysconfig.get_paths()["stdlib"], Path(torch.__file__).parent, Path(pytorch_lightning.__file__).parent,
         Path(__file__).parent, *_package_dirs("lightning_fabric", "ray")))
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+    for filename, lineno, name in reversed(list(frames)):
         # '<frozen os>': a standard module Python keeps frozen in itself (os.environ's lookup)
-        if not frame.filename.startswith("<frozen ") and not str(Path(frame.filename).resolve()).startswith(libraries):
-            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+        if not filename.startswith("<frozen ") and not str(Path(filename).resolve()).startswith(libraries):
+            return f"{filename}:{lineno} in {name}"
     return None
 
 

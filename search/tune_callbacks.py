@@ -8,7 +8,6 @@ import heapq
 import itertools
 import logging
 import re
-import shutil
 import sys
 import time
 import warnings
@@ -19,7 +18,8 @@ from ray.tune import Callback
 from ray.tune.stopper import Stopper, TimeoutStopper
 
 from .config import ExperimentConfig
-from .errors import counted
+from .errors import HpsearchError, counted
+from .experiment import atomic_write_text
 from .outcome import (COMPLETE, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP,
                       PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
 from .searcher import RAY_TRIAL_ID
@@ -187,8 +187,9 @@ class RetryPolicy(Callback):
         self._last_fault[number] = fault
         if faults > self.max_retries or repeated:
             how = " the same way, at the same point" if repeated else ""
+            where = _raised_at(trial)
             trial.config[GIVE_UP] = f"failed {faults} time{'s' if faults != 1 else ''}{how}: {fault[0]}" \
-                                    f"{_traceback_at(trial, self.exp)}"
+                                    f"{f' (at {where})' if where else ''}{_traceback_at(trial, self.exp)}"
         else:
             row["attempts"] = faults + 1
 
@@ -409,8 +410,8 @@ class KeepTracebacks(Callback):
         kept = kept_traceback(self.exp, trial)
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, kept)
-        except OSError:
+            atomic_write_text(kept, without_colours(Path(source).read_text(errors="replace")))
+        except (OSError, HpsearchError):  # a full disk too
             pass  # Ray's own file stays, and is named instead
 
 
@@ -433,18 +434,36 @@ def quiet_trial_tracebacks(quiet: bool) -> None:
     (logger.addFilter if quiet else logger.removeFilter)(TRIAL_TRACEBACKS)
 
 
-def _last_error_line(trial) -> str:
-    """The exception line of a trial's last failure, e.g. 'ValueError: bad lr'; where Ray
-    wrote no traceback (an actor it lost), Ray's first and last sentences about it, not
-    the indented details (actor id, namespace) under them.
-
-    Tune's error file holds every failure of the trial, each under a "Failure # N" line."""
+def _last_failure(trial) -> str:
+    """The text of a trial's last failure: Tune's error file holds every failure of the
+    trial, each under a "Failure # N" line."""
     path = getattr(trial, "error_file", None)
     try:
         text = Path(path).read_text() if path else ""
     except OSError:
         text = ""
-    last_failure = re.split(r"^Failure # \d+ \(occurred at [^)]*\)\s*$", text, flags=re.MULTILINE)[-1]
+    return without_colours(re.split(r"^Failure # \d+ \(occurred at [^)]*\)\s*$", text, flags=re.MULTILINE)[-1])
+
+
+def without_colours(text: str) -> str:
+    """Ray's error text without the terminal's colour codes it holds (``\\x1b[36m``)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _raised_at(trial) -> str | None:
+    """Where the user's code raised the trial's last failure, as a trial that is not
+    retried says it (``trial._failure_reason``): read from the traceback's text."""
+    from .components import innermost_user_frame
+
+    frames = re.findall(r'^\s*File "(.+)", line (\d+), in (.+)$', _last_failure(trial), flags=re.MULTILINE)
+    return innermost_user_frame((name, int(line), function.strip()) for name, line, function in frames)
+
+
+def _last_error_line(trial) -> str:
+    """The exception line of a trial's last failure, e.g. 'ValueError: bad lr'; where Ray
+    wrote no traceback (an actor it lost), Ray's first and last sentences about it, not
+    the indented details (actor id, namespace) under them."""
+    last_failure = _last_failure(trial)
     raw = [line.rstrip() for line in last_failure.splitlines() if line.strip()]
     lines = [line for line in raw if not line[0].isspace()]
     exception = [line for line in lines if re.match(r"[\w.]+(\([\w.]+\))?: ", line)]

@@ -201,8 +201,11 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     assert always["reason"].endswith(f"(traceback: {exp_dir / 'trials' / 'trial_0002' / 'error.txt'})"), always
     same = table[7]  # the same error at the same point twice: a third try would fail the same way
     assert (same["state"], same["attempts"]) == ("FAILED", "2"), same
-    assert same["reason"].startswith("failed 2 times the same way, at the same point: RuntimeError: injected "
-                                     "failure (same) (traceback: "), same
+    # named at the user's line, as a fault that is not retried is (audit 23)
+    assert re.match(r"failed 2 times the same way, at the same point: RuntimeError: injected failure \(same\) "
+                    r"\(at \S*faulty\.py:\d+ in training_step\) \(traceback: ", same["reason"]), same["reason"]
+    kept = Path(re.search(r"\(traceback: (\S+)\)", same["reason"]).group(1)).read_text()
+    assert "ray::" in kept and "\x1b[" not in kept, kept[:300]  # Ray's account, without the terminal's colours
     assert output.count("trial 7: retrying") == 1, output
     nan, oom = table[3], table[4]
     assert nan["state"] == "FAILED" and "NaN/inf loss" in nan["reason"] and nan["attempts"] == "1"
