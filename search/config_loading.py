@@ -120,7 +120,8 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> list[tu
     hold a dot). A mapping merges into the mapping already there, key by key, as YAML
     users expect of ``{"search": {"num_trials": 3}}``: replacing the section would drop
     the file's other settings unseen. A search-space parameter is the exception: a new
-    definition replaces the old one whole (its keys depend on its type).
+    definition replaces the old one whole (its keys depend on its type), and ``null``
+    removes it (one file then serves a model without that argument).
     """
     *parents, last = split_field(dotted_key)
     node, created = tree, []
@@ -134,6 +135,11 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> list[tu
             created.append(tuple(parents[:index + 1]))
         node = child
     path = (*parents, last)
+    if value is None and _is_space_parameter(path):
+        if node.pop(last, None) is None:
+            raise ConfigError.single(dotted_key, f"the space has no parameter {last!r} to remove "
+                                                 f"(it has {', '.join(map(repr, node)) or 'none'})")
+        return created
     node[last] = _merged(node.get(last), value, path)
     return [*created, path, *_leaf_paths(value, path)]
 
@@ -143,6 +149,9 @@ def _merged(old: Any, new: Any, path: tuple[str, ...]) -> Any:
         return copy.deepcopy(new)
     merged = dict(old)
     for key, value in new.items():
+        if value is None and _is_space_parameter((*path, str(key))):
+            merged.pop(key, None)  # removed, as by --set space.<key>=null
+            continue
         merged[key] = _merged(old.get(key), value, (*path, str(key)))
     return merged
 

@@ -380,6 +380,18 @@ def test_a_mapping_override_merges_into_its_section_but_replaces_a_parameter(tmp
     assert [(p.field, p.source) for p in caught.value.problems] == [("search.num_trials", "--set")]
 
 
+
+def test_null_removes_a_search_space_parameter(tmp_path):
+    """One file for a model without one of the searched arguments: ``--set space.X=null``
+    was refused ("Input should be a valid dictionary") and the file had to be copied (audit 23)."""
+    path = write_yaml(tmp_path / "x.yaml", example_dict())
+    searched = set(load_config(path).space)
+    assert "model.lr" in searched
+    assert set(load_config(path, ["space.model.lr=null"]).space) == searched - {"model.lr"}
+    assert set(load_config(path, {"space": {"model.lr": None}}).space) == searched - {"model.lr"}
+    with pytest.raises(ConfigError, match="the space has no parameter 'model.lrr' to remove"):
+        load_config(path, ["space.model.lrr=null"])
+
 def test_trainer_params_are_validated_when_applied(example_config):
     config = load_config(example_config)
     assert config.with_trainer_params({"trainer.gradient_clip_val": 0.5}).gradient_clip_val == 0.5
