@@ -263,8 +263,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     close_killed_sessions(exp)  # before reading the last one's outcome
     searched = _search_complete(exp, config)
     say_what_resume_changes(stored, config, exp.root, trials_run=not searched)
-    evaluated = (exp.stored_best() or {}).get("test_error") is None and exp.best_json.is_file()
-    if searched and (evaluated or not _has_a_result(exp, config)):
+    if searched and (_best_evaluated(exp, config) or not _has_a_result(exp, config)):
         # Nothing is left to run: neither Ray nor a session starts (both used to, only for
         # Tune to find every trial done). A study whose every trial failed has no best
         # trial to evaluate either.
@@ -293,6 +292,21 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         write_config(exp, config.model_dump(mode="json"))
         interrupted.raise_if_heard()
         return _search(config, exp, verbose, concurrency, callbacks, mirror, address, search_ray.local_environment)
+
+
+def _best_evaluated(exp: ExperimentDir, config: ExperimentConfig) -> bool:
+    """Whether best.json holds a finished evaluation of the trial trials.csv ranks best now,
+    at its value now. A session that found a better trial (or took the best one further)
+    and was stopped or killed during its evaluation left the earlier best's best.json,
+    which every later resume then kept (audit 24)."""
+    from .trials_table import TrialsTable
+
+    stored = exp.stored_best()
+    if stored is None or stored.get("test_error") is not None:
+        return False
+    row = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space)).best_row()
+    return row is not None and (str(stored.get("trial")), str(stored.get("value")), str(stored.get("epochs"))) \
+        == (str(row["trial"]), str(row["best"]), str(row.get("epochs")))
 
 
 def _has_a_result(exp: ExperimentDir, config: ExperimentConfig) -> bool:

@@ -151,6 +151,27 @@ def test_the_best_trial_is_evaluated_and_described_as_it_was_trained_after_a_res
     assert not earlier_best.exists()  # only the best trial's own evaluation is left
 
 
+
+def test_a_resume_evaluates_a_best_trial_that_best_json_does_not_name(finished_search, tmp_path, monkeypatch):
+    """A session that found a new best trial and was stopped or killed during its test
+    evaluation left the earlier best's best.json; every resume after it said "already
+    complete" and kept it (audit 24). Played here by a best.json of another trial."""
+    from hpsearch.search import api, results
+
+    exp_dir, _, _ = finished_search
+    copy = tmp_path / "copy"
+    shutil.copytree(exp_dir, copy)
+    best = json.loads((copy / "best.json").read_text())
+    other = next(r for r in rows_of(copy) if int(r["trial"]) != best["trial"] and r["best"])
+    (copy / "best.json").write_text(json.dumps({**best, "trial": int(other["trial"]), "value": float(other["best"])}))
+    evaluated = []
+    monkeypatch.setattr(results, "evaluate_on_cluster", lambda config, params, checkpoint, mirror=None:
+                        evaluated.append(checkpoint) or {"test_acc": 0.5})
+    result = api.resume(copy)
+    assert result.evaluated_again and not result.already_complete
+    assert [Path(c).parts[-3] for c in evaluated] == [f"trial_{best['trial']:04d}"]
+    assert json.loads((copy / "best.json").read_text())["trial"] == best["trial"]
+
 def test_resuming_a_complete_study_starts_nothing_and_changes_nothing(finished_search, tmp_path, monkeypatch):
     from hpsearch.search import api, tuner
 
