@@ -112,11 +112,18 @@ def _disconnect_ray() -> None:
     traceback, or with status 1 and its last lines of output lost."""
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
+        with _ctrl_c_ignored():
             ray.shutdown()
-        finally:
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
+@contextmanager
+def _ctrl_c_ignored() -> Iterator[None]:
+    """Once a search has returned, its study is saved: a Ctrl+C then is not an interruption."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def _run_command(args) -> int:
@@ -245,7 +252,8 @@ def cmd_run(args) -> int:
 
     result = api.run(args.config, args.overrides, name=args.name, storage=args.storage,
                      address=args.address, verbose=args.verbose)
-    return _report(result)
+    with _ctrl_c_ignored():  # one landing here said "interrupted; nothing ran", exit 130, the result cut off
+        return _report(result)
 
 
 def cmd_check(args) -> int:
@@ -277,7 +285,8 @@ def cmd_resume(args) -> int:
     from . import api
 
     result = api.resume(args.experiment_dir, args.overrides, address=args.address, verbose=args.verbose)
-    return _report(result)
+    with _ctrl_c_ignored():
+        return _report(result)
 
 
 def _report(result) -> int:

@@ -1136,3 +1136,34 @@ def test_a_ctrl_c_while_the_command_leaves_ray_is_ignored(monkeypatch):
     before = signal.getsignal(signal.SIGINT)
     _disconnect_ray()
     assert shut_down == [True] and signal.getsignal(signal.SIGINT) is before
+
+
+
+def test_a_ctrl_c_while_the_result_prints_is_ignored(monkeypatch, tmp_path, capsys):
+    """One landing as a completed search printed its result said "interrupted; nothing ran,
+    and the study is as it was", cut the best trial's lines off and exited 130 (audit 24)."""
+    import argparse
+    import os
+    import signal
+    import time
+
+    from hpsearch.search import api, cli, status_view
+
+    def print_best(best):
+        os.kill(os.getpid(), signal.SIGINT)  # the Ctrl+C, mid-print
+        time.sleep(0.2)
+        print(f"best trial {best['trial']}")
+
+    monkeypatch.setattr(status_view, "print_best", print_best)
+    monkeypatch.setattr(api, "resume", lambda *args, **kwargs: api.SearchResult(tmp_path, "complete", {"trial": 3}))
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        try:
+            code = cli.cmd_resume(argparse.Namespace(experiment_dir=str(tmp_path), overrides=[], address=None,
+                                                     verbose=False))
+        except KeyboardInterrupt:
+            pytest.fail("the Ctrl+C interrupted the printing of a completed search's result")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert code == 0 and "best trial 3" in capsys.readouterr().out
