@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("run", "resume"):
         _ctrl_c_heard()
+        _stop_signals_act_as_ctrl_c()
     with _console_reader_may_leave(getattr(args, "verbose", False)):
         try:
             return _run_command(args)
@@ -245,6 +246,32 @@ def _ctrl_c_heard() -> None:
     stopped by it from its first moment, background or not, as ``api`` does once it runs."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _stop_signals_act_as_ctrl_c() -> None:
+    """SIGTERM and a hang-up (SIGHUP: the SSH connection or the terminal closed) stop a
+    search as Ctrl+C does, from the command's first moment: during the search, gracefully
+    (running trials paused, the session recorded), which ``api`` keeps for SIGTERM; before
+    it, with status 130. A SIGTERM during the preflight ended the command with 143, and a
+    hang-up at any time killed it outright, leaving its trials RUNNING (audit 24). After
+    a hang-up the terminal is gone, and writing to it would fail: the console's output goes
+    to /dev/null from then on (a file or pipe it was sent to keeps it)."""
+    terminal = [fd for fd in (1, 2) if os.isatty(fd)]  # asked now: a hung-up terminal no longer says
+
+    def as_ctrl_c(signum, frame) -> None:
+        if signum == getattr(signal, "SIGHUP", None) and terminal:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for fd in terminal:
+                os.dup2(devnull, fd)
+            os.close(devnull)
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):  # ignored, or Python's default action: end as Ctrl+C ends
+            raise KeyboardInterrupt
+        handler(signal.SIGINT, frame)  # as a Ctrl+C is handled now: hpsearch's, Ray Tune's or Python's own
+
+    signal.signal(signal.SIGTERM, as_ctrl_c)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, as_ctrl_c)
 
 
 def cmd_run(args) -> int:

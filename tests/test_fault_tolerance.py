@@ -377,6 +377,67 @@ def test_ctrl_c_during_start_up_stops_a_background_job_too(tmp_path):
     assert not any(r["state"] == "COMPLETE" for r in rows(tmp_path / "runs" / "early"))
 
 
+
+def test_sigterm_during_start_up_is_a_ctrl_c_too(tmp_path):
+    """It ended the command with 143 ("Terminated") during the preflight (audit 24)."""
+    path = experiment(tmp_path, "early-term")
+    process = start("run", str(path), cwd=tmp_path)
+    time.sleep(2)  # importing torch and Lightning for the preflight, before Ray starts
+    process.send_signal(signal.SIGTERM)
+    code, output = finish(process, timeout=120)
+    assert code == 130 and "interrupted" in output, output
+    assert not any(r["state"] == "COMPLETE" for r in rows(tmp_path / "runs" / "early-term"))
+
+
+@pytest.mark.slow
+def test_a_hang_up_stops_the_search_gracefully(tmp_path):
+    """The SSH connection or the terminal closes under a search: the kernel sends SIGHUP to
+    the terminal's session, and the driver died outright, its trials left RUNNING and its
+    session "running" (audit 24). It now stops as after Ctrl+C, with nowhere to print."""
+    import fcntl
+    import select
+    import termios
+    import threading
+
+    path = experiment(tmp_path, "hung-up", num_trials=CHAIN_TRIALS, epoch_sleep=1.5)
+    exp_dir = tmp_path / "runs" / "hung-up"
+    terminal, its_side = os.openpty()
+
+    def on_its_own_terminal():  # as a login shell's command: a session whose terminal is the pty
+        os.setsid()
+        fcntl.ioctl(its_side, termios.TIOCSCTTY, 0)
+
+    driver = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "run", path.name], cwd=tmp_path,
+                              stdin=its_side, stdout=its_side, stderr=its_side, preexec_fn=on_its_own_terminal,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    os.close(its_side)
+    hang_up, shown = threading.Event(), []
+
+    def read_the_terminal():  # as a terminal does; then it closes (the connection drops)
+        while not hang_up.is_set():
+            if select.select([terminal], [], [], 0.2)[0]:
+                try:
+                    shown.append(os.read(terminal, 65536))
+                except OSError:
+                    break
+        os.close(terminal)
+
+    reader = threading.Thread(target=read_the_terminal, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: len(finished(exp_dir)) >= 1, what="a finished trial")
+        hang_up.set()
+        reader.join(timeout=10)
+        code = driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert code == 130, (code, b"".join(shown).decode(errors="replace")[-2000:])
+    unfinished = [r for r in rows(exp_dir) if r not in finished(exp_dir)]
+    assert unfinished and all((r["state"], r["reason"]) == ("PAUSED", "search stopped") for r in unfinished), \
+        unfinished
+    assert json.loads((exp_dir / "sessions.json").read_text())[-1]["outcome"] == "interrupted"
+
 @pytest.mark.slow
 def test_an_evaluation_killed_interrupted_or_failing_keeps_the_result_and_resume_only_evaluates(tmp_path):
     # The first evaluation of the best trial hangs and its driver is killed; the resume's
