@@ -41,6 +41,33 @@ def ensure_joined_cluster_answers(address: str | None) -> None:
     target = cluster_address(address)
     if target and not (ray is not None and ray.is_initialized()):
         ensure_cluster_answers(target)
+        ensure_token_accepted(target)
+
+
+def ensure_token_accepted(address: str) -> None:
+    """Raise ``join_error``'s refusal when the cluster's GCS refuses the token this process
+    would send (or its lack): one ``GetClusterId`` call with Ray's own token lookup. Left
+    to ``ray.init``, the refusal came after the preflight and 20 s of Ray's retries, with
+    20 lines of its log, and ``check --address`` passed (audit 24). Any other answer is
+    left to Ray, and so is ``auto``, for which Ray turns token mode on by itself."""
+    host, separator, port = address.rpartition(":")
+    if address == "auto" or not separator or "://" in address or not port.isdigit():
+        return
+    try:
+        import grpc
+        from ray._raylet import AuthenticationTokenLoader
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # another Ray: its own join says it
+        return
+    loader = AuthenticationTokenLoader.instance()
+    token = tuple(loader.get_token_for_http_header().items()) if loader.has_token() else ()
+    with grpc.insecure_channel(f"{host.strip('[]')}:{port}") as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=ANSWER_TIMEOUT_S, metadata=token)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise join_error(address, ConnectionError(f"{REFUSED_TOKEN}: {exc.details()}")) from None
 
 
 def ensure_cluster_answers(address: str) -> None:
