@@ -340,10 +340,21 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
     before, after = flat_settings(stored.model_dump(mode="json")), flat_settings(config.model_dump(mode="json"))
     changed = [key for key in sorted(set(before) | set(after))
                if before.get(key) != after.get(key) and key not in SESSION_SETTINGS]
-    if changed and trials_run:
-        warn_user("resume changes " + ", ".join(f"{key} ({before.get(key)!r} -> {after.get(key)!r})"
-                                                for key in changed)
-                  + f": trials from now on use {'it' if len(changed) == 1 else 'them'}, paused trials included")
+    if not trials_run:
+        changed = []
+    # how trials are sampled (search.sampler, search.seed): paused trials keep their values
+    sampling = [key for key in changed if key.startswith("search.")]
+    training = [key for key in changed if key not in sampling]
+
+    def listed(keys: list[str]) -> str:
+        return ", ".join(f"{key} ({before.get(key)!r} -> {after.get(key)!r})" for key in keys)
+
+    if training:
+        warn_user(f"resume changes {listed(training)}: trials from now on use "
+                  f"{'it' if len(training) == 1 else 'them'}, paused trials included")
+    if sampling:
+        warn_user(f"resume changes {listed(sampling)}: the trials sampled from now on are sampled so "
+                  f"(paused trials keep their values)")
     if before.get("storage") != after.get("storage"):
         warn_user(f"storage is ignored on resume: the study stays in {root}")
 

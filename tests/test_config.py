@@ -496,11 +496,15 @@ def test_resume_says_which_settings_it_changes(example_config, tmp_path):
         say_what_resume_changes(stored, load_config(example_config, ["search.num_trials=40"]), tmp_path / "study")
         say_what_resume_changes(stored, load_config(example_config, ["search.seed=5"]), tmp_path / "study")
     messages = [str(w.message) for w in caught]
+    # a paused trial trains on with a changed trainer setting, but keeps its sampled values (audit 24)
     assert messages == [
-        "resume changes search.sampler ('tpe' -> 'random'), trainer.precision ('32-true' -> 'bf16-mixed'): "
-        "trials from now on use them, paused trials included",
+        "resume changes trainer.precision ('32-true' -> 'bf16-mixed'): trials from now on use it, paused trials "
+        "included",
+        "resume changes search.sampler ('tpe' -> 'random'): the trials sampled from now on are sampled so "
+        "(paused trials keep their values)",
         f"storage is ignored on resume: the study stays in {tmp_path / 'study'}",
-        "resume changes search.seed (0 -> 5): trials from now on use it, paused trials included"], messages
+        "resume changes search.seed (0 -> 5): the trials sampled from now on are sampled so (paused trials keep "
+        "their values)"], messages
 
 
 def test_a_name_yaml_reads_as_a_number_is_told_to_be_quoted(example_config):
