@@ -342,8 +342,8 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
                if before.get(key) != after.get(key) and key not in SESSION_SETTINGS]
     if not trials_run:
         changed = []
-    # how trials are sampled (search.sampler, search.seed): paused trials keep their values
-    sampling = [key for key in changed if key.startswith("search.")]
+    # how trials are sampled: paused trials keep their values
+    sampling = [key for key in changed if key in ("search.sampler", "search.seed")]
     training = [key for key in changed if key not in sampling]
 
     def listed(keys: list[str]) -> str:
