@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,8 +168,23 @@ class TrialsTable:
             with path.open(newline="") as handle:
                 for raw in csv.DictReader(handle):
                     row = Row((k, _parse(v)) for k, v in raw.items() if v != "")
+                    _moved_to(row, path.parent)
                     table.rows[int(row["trial"])] = row
         return table
+
+
+def _moved_to(row: dict[str, Any], root: Path) -> None:
+    """A row written where the study was before it was moved or copied (a cluster's disk, a
+    renamed folder) names its files there: its paths are made this directory's, as
+    best.json's are (``ExperimentDir.stored_best``), and the session's next write keeps them."""
+    trial_dir = row.get("trial_dir")
+    if not isinstance(trial_dir, str) or Path(trial_dir).parent.name != "trials":
+        return
+    before = Path(trial_dir).parent.parent
+    if before != root:
+        for key in ("trial_dir", "reason", "error"):
+            if isinstance(row.get(key), str):
+                row[key] = row[key].replace(f"{before}{os.sep}", f"{root}{os.sep}")
 
 
 # Counts that trials.csv leaves empty while nothing happened: read back as 0.

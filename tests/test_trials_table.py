@@ -156,3 +156,21 @@ def test_a_trials_planned_techniques_are_in_its_row_from_its_start(tmp_path, exa
         ("cpu", "bf16-mixed", 1, "single"), ("cpu", "64-true", 1, "single")]  # as a CPU trial runs them
     recorder.on_trial_result(0, [], trial, {"val_acc": 0.5, "epoch": 1, "hps_precision": "32-true"})
     assert recorder.table.row(1)["precision"] == "32-true"  # what it reports it used wins
+
+
+def test_a_moved_studys_rows_name_its_files_where_it_is_now(tmp_path):
+    """After ``mv runs/a elsewhere/`` and a resume, best.json's paths were the new ones and
+    trials.csv's trial_dir and traceback paths still the old ones (audit 24)."""
+    from hpsearch.search.trials_table import TrialsTable
+
+    root = tmp_path / "moved here"
+    root.mkdir()
+    old = "/data/runs/study"
+    (root / "trials.csv").write_text(
+        "trial,state,reason,best,trial_dir\n"
+        f"0,FAILED,ValueError: x (traceback: {old}/trials/trial_0000/error.txt),0.5,{old}/trials/trial_0000\n"
+        f"1,COMPLETE,,0.7,{root}/trials/trial_0001\n")
+    table = TrialsTable.load(root / "trials.csv", "val_acc", "max", [])
+    assert table.rows[0]["trial_dir"] == str(root / "trials" / "trial_0000")
+    assert table.rows[0]["reason"] == f"ValueError: x (traceback: {root / 'trials' / 'trial_0000' / 'error.txt'})"
+    assert table.rows[1]["trial_dir"] == str(root / "trials" / "trial_0001")
