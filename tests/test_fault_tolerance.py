@@ -385,7 +385,10 @@ def test_sigterm_during_start_up_is_a_ctrl_c_too(tmp_path):
     time.sleep(2)  # importing torch and Lightning for the preflight, before Ray starts
     process.send_signal(signal.SIGTERM)
     code, output = finish(process, timeout=120)
-    assert code == 130 and "interrupted" in output, output
+    # As after a Ctrl+C at this moment (the test above): 130, or, in about 1 of 4 runs on a
+    # loaded machine, ended by SIGINT after main() returned 130 (a debug log showed it
+    # return; the interpreter's exit ends so), which a shell also reports as 130. Not 143.
+    assert code in (130, -signal.SIGINT) and "interrupted" in output, output
     assert not any(r["state"] == "COMPLETE" for r in rows(tmp_path / "runs" / "early-term"))
 
 
