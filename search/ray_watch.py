@@ -48,6 +48,8 @@ class RayLostWatch:
     def __enter__(self) -> RayLostWatch:
         import ray
 
+        if not ray.is_initialized():  # nothing to watch; and asking Ray would start one (auto-init)
+            return self
         try:
             self.gcs_address = ray.get_runtime_context().gcs_address
         except Exception:  # a Ray Client connection (ray://) has no GCS of its own to watch

@@ -129,3 +129,8 @@ def test_the_resume_command_of_a_cluster_search_names_its_cluster(example_config
         with pytest.raises(Interrupted) as caught:
             hpsearch.run(example_config, address="10.1.2.3:6379")
         assert str(caught.value).endswith(expected)
+    import ray
+
+    # No Ray was started: the search's watch of its Ray (ray_watch.py) asked this one for
+    # its GCS, and Ray's auto-init started one for it, which later tests of the process met.
+    assert not ray.is_initialized()
