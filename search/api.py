@@ -339,9 +339,7 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
     changed ``storage`` changes nothing: the study stays where it is."""
     before, after = flat_settings(stored.model_dump(mode="json")), flat_settings(config.model_dump(mode="json"))
     changed = [key for key in sorted(set(before) | set(after))
-               if before.get(key) != after.get(key) and key not in SESSION_SETTINGS]
-    if not trials_run:
-        changed = []
+               if before.get(key) != after.get(key) and key not in SESSION_SETTINGS] if trials_run else []
     # how trials are sampled: paused trials keep their values
     sampling = [key for key in changed if key in ("search.sampler", "search.seed")]
     training = [key for key in changed if key not in sampling]

@@ -409,7 +409,6 @@ class KeepTracebacks(Callback):
             return
         kept = kept_traceback(self.exp, trial)
         try:
-            kept.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(kept, without_colours(Path(source).read_text(errors="replace")))
         except (OSError, HpsearchError):  # a full disk too
             pass  # Ray's own file stays, and is named instead
