@@ -388,9 +388,9 @@ def test_sigterm_during_start_up_is_a_ctrl_c_too(tmp_path):
     # As after a Ctrl+C at this moment (the test above): 130, or, in about 1 of 4 runs on a
     # loaded machine, ended by SIGINT after main() returned 130, which a shell also reports
     # as 130. Not 143. (CPython sets its process-wide "unhandled KeyboardInterrupt" flag when
-    # the interrupt passes through code run by PyRun_String, as pybind11's exec in torch's
-    # import is, though Python code catches it later; at exit the flag re-raises SIGINT. A
-    # debug log read the flag as 1 in exactly the runs that ended so.)
+    # the interrupt leaves code that C code ran through PyRun_String, even though Python code
+    # catches it later, and at exit that flag re-raises SIGINT. A debug log read the flag as
+    # 1 in exactly the runs that ended so; which import's C code it was is not known.)
     assert code in (130, -signal.SIGINT) and "interrupted" in output, output
     assert not any(r["state"] == "COMPLETE" for r in rows(tmp_path / "runs" / "early-term"))
 
