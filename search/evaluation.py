@@ -46,36 +46,36 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     from .devices import trial_device
     from .checkpoint_callbacks import ModelCheckpointsInTrialDir
     from .checkpoints import model_checkpoint_dir
-    from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
+    from .lightning_trainer import ctrl_c_interrupts, lightning_quieted
 
     if study_uri is not None and not Path(checkpoint).is_file():
         mirror = Mirror.for_uri(study_uri)
         mirror.pull(str(Path(checkpoint).relative_to(mirror.local)))
-    quiet_lightning()
-    device = trial_device(config.with_trainer_params(params), config.loader, config.resources)
-    datamodule = build_datamodule(config, data_class, params, device.loader_options)
-    model = build_model(config, model_class, params, datamodule)
-    if not has_test_split(model, datamodule):
-        return {}
-    # A logger, as the trials and the preflight have: a test_step that logs through
-    # ``self.logger`` (sample predictions, images) passed the preflight and then failed here
-    # after the whole search. What it logs lands beside the checkpoint's trial: test/.
-    trial_dir = Path(checkpoint).parent.parent
-    test_logs = trial_dir / "test"
-    # One evaluation's events: each session that evaluated the best trial again (a resume)
-    # added a file, and TensorBoard showed its test metrics once per evaluation, all at step 0.
-    for earlier in test_logs.glob("events.out.tfevents.*"):
-        earlier.unlink(missing_ok=True)
-    trainer = pl.Trainer(accelerator=device.accelerator, devices=1, precision=device.precision,
-                         logger=TensorBoardLogger(str(test_logs), name="", version="", default_hp_metric=False),
-                         default_root_dir=str(test_logs), enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False,
-                         # the folder the model's own ModelCheckpoint had in training, as its restored state says
-                         callbacks=[ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir))])
-    with torch.inference_mode(), ctrl_c_interrupts(), warnings.catch_warnings():
-        # torch's own words for the loader settings the driver warned of at the start
-        # (``devices.loader_setting_warnings``), which came again here, twice over
-        for said in LOADER_WARNINGS_SAID_BEFORE:
-            warnings.filterwarnings("ignore", message=said)
-        outputs = trainer.test(model, datamodule=datamodule, ckpt_path=checkpoint, verbose=False)
-    return {k: float(v) for k, v in (outputs[0] if outputs else {}).items()}
+    with lightning_quieted():  # the driver may be the user's own Python session
+        device = trial_device(config.with_trainer_params(params), config.loader, config.resources)
+        datamodule = build_datamodule(config, data_class, params, device.loader_options)
+        model = build_model(config, model_class, params, datamodule)
+        if not has_test_split(model, datamodule):
+            return {}
+        # A logger, as the trials and the preflight have: a test_step that logs through
+        # ``self.logger`` (sample predictions, images) passed the preflight and then failed here
+        # after the whole search. What it logs lands beside the checkpoint's trial: test/.
+        trial_dir = Path(checkpoint).parent.parent
+        test_logs = trial_dir / "test"
+        # One evaluation's events: each session that evaluated the best trial again (a resume)
+        # added a file, and TensorBoard showed its test metrics once per evaluation, all at step 0.
+        for earlier in test_logs.glob("events.out.tfevents.*"):
+            earlier.unlink(missing_ok=True)
+        trainer = pl.Trainer(accelerator=device.accelerator, devices=1, precision=device.precision,
+                             logger=TensorBoardLogger(str(test_logs), name="", version="", default_hp_metric=False),
+                             default_root_dir=str(test_logs), enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False,
+                             # the folder the model's own ModelCheckpoint had in training, as its restored state says
+                             callbacks=[ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir))])
+        with torch.inference_mode(), ctrl_c_interrupts(), warnings.catch_warnings():
+            # torch's own words for the loader settings the driver warned of at the start
+            # (``devices.loader_setting_warnings``), which came again here, twice over
+            for said in LOADER_WARNINGS_SAID_BEFORE:
+                warnings.filterwarnings("ignore", message=said)
+            outputs = trainer.test(model, datamodule=datamodule, ckpt_path=checkpoint, verbose=False)
+        return {k: float(v) for k, v in (outputs[0] if outputs else {}).items()}

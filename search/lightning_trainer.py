@@ -24,14 +24,36 @@ from .devices import TrialDevice
 from .trial_logger import StepsByEpochInCheckpoint, TrialLogger
 
 
+LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric")
+LIGHTNING_NOISE = (".*does not have many workers.*", ".*LeafSpec.*", ".*litlogger.*", ".*litmodels.*",
+                   ".*callbacks used to create the checkpoint.*",
+                   ".*smaller than the logging interval.*")  # StepLogsEveryEpoch adapts it
+
+
 def quiet_lightning() -> None:
-    """Lightning's start-up chatter (devices, TPU/HPU availability, tips) on every trial is noise."""
-    for name in ("pytorch_lightning", "lightning_fabric"):
+    """Lightning's start-up chatter (devices, TPU/HPU availability, tips) on every trial is
+    noise. For the life of the process: a trial worker's, which hpsearch owns."""
+    for name in LIGHTNING_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
-    for message in (".*does not have many workers.*", ".*LeafSpec.*", ".*litlogger.*", ".*litmodels.*",
-                    ".*callbacks used to create the checkpoint.*",
-                    ".*smaller than the logging interval.*"):  # StepLogsEveryEpoch adapts it
+    for message in LIGHTNING_NOISE:
         warnings.filterwarnings("ignore", message=message)
+
+
+@contextmanager
+def lightning_quieted() -> Iterator[None]:
+    """``quiet_lightning`` for a block of the driver (the preflight, the test evaluation),
+    which may be the user's own Python session: Lightning's loggers and the warning filters
+    are as they were after it. They stayed changed, and the user's own Trainers afterwards
+    said nothing of their devices or their end, and none of those warnings (audit 25)."""
+    loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        quiet_lightning()
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
 
 
 @contextmanager

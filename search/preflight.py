@@ -26,7 +26,7 @@ from .components import build_datamodule, build_model, raised_at, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .devices import loader_options, resolve_precision
 from .errors import ConfigError, warn_user
-from .lightning_trainer import ctrl_c_interrupts, quiet_lightning
+from .lightning_trainer import ctrl_c_interrupts, lightning_quieted
 
 
 # The most the preflight spends building classes with the other values of the space.
@@ -67,30 +67,30 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     except Exception as exc:
         raise ConfigError([config.problem(_argument_named(config, "model", exc, params),
                                           f"{model_built} raised {type(exc).__name__}: {exc}{_at(exc)}")]) from None
-    quiet_lightning()
-    logged, in_training = _a_few_batches(config, params, model, datamodule, model_class, data_class)
-    for precision in _other_searched_precisions(config, params):
-        _a_few_batches(config, {**params, "trainer.precision": precision}, model, datamodule, model_class, data_class,
-                       blame="space.trainer.precision")
-    if config.metric not in logged:
-        raise ConfigError([config.problem(
-            "metric",
-            f"{config.metric!r} is never logged at validation; {model_class.__name__} logs there: "
-            f"{', '.join(logged) or 'nothing'}"
-            + (f" ({config.metric!r} only in training, whose value validation would not change)"
-               if config.metric in in_training else ""),
-        )])
-    problems = _manual_optimization_problems(config, model_class, model)
-    problems += _values_the_classes_refuse(config, model_class, data_class, params, model, datamodule, loader)
-    if problems and config.resources.worker_gpus > 0 and not _driver_has_gpu():
-        # The builds ran here, on a driver without a GPU (a laptop, a CPU head node), for
-        # trials that will have one: a value may need the GPU, so this is not proof.
-        for problem in problems:
-            warn_user(f"{problem} (built on this driver, which has no GPU; the trials have one, "
-                      "so its trials will tell)")
-    elif problems:
-        raise ConfigError(problems)
-    return logged
+    with lightning_quieted():  # the driver may be the user's own Python session
+        logged, in_training = _a_few_batches(config, params, model, datamodule, model_class, data_class)
+        for precision in _other_searched_precisions(config, params):
+            _a_few_batches(config, {**params, "trainer.precision": precision}, model, datamodule, model_class,
+                           data_class, blame="space.trainer.precision")
+        if config.metric not in logged:
+            raise ConfigError([config.problem(
+                "metric",
+                f"{config.metric!r} is never logged at validation; {model_class.__name__} logs there: "
+                f"{', '.join(logged) or 'nothing'}"
+                + (f" ({config.metric!r} only in training, whose value validation would not change)"
+                   if config.metric in in_training else ""),
+            )])
+        problems = _manual_optimization_problems(config, model_class, model)
+        problems += _values_the_classes_refuse(config, model_class, data_class, params, model, datamodule, loader)
+        if problems and config.resources.worker_gpus > 0 and not _driver_has_gpu():
+            # The builds ran here, on a driver without a GPU (a laptop, a CPU head node), for
+            # trials that will have one: a value may need the GPU, so this is not proof.
+            for problem in problems:
+                warn_user(f"{problem} (built on this driver, which has no GPU; the trials have one, "
+                          "so its trials will tell)")
+        elif problems:
+            raise ConfigError(problems)
+        return logged
 
 
 def _argument_named(config: ExperimentConfig, section: str, exc: Exception, params: dict[str, Any]) -> str:

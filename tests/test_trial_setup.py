@@ -1228,3 +1228,28 @@ def test_the_line_named_for_a_failure_is_the_users_not_a_frozen_standard_modules
         assert raised_at(exc).startswith(f"{__file__}:") and raised_at(exc).endswith(" in on_fit_start")
     else:
         raise AssertionError("the variable exists")
+
+
+def test_the_driver_leaves_lightnings_loggers_and_the_warning_filters_as_it_found_them(example_config, tmp_path):
+    """The driver may be the user's own Python session: after ``check`` (the preflight, as
+    ``run`` and ``resume`` run it) Lightning's loggers stayed at ERROR and six warning
+    filters stayed, and the user's own Trainers said nothing of their devices or their end
+    (audit 25). The test evaluation quiets Lightning the same way."""
+    import logging
+    import warnings
+
+    import hpsearch
+    from hpsearch.search.lightning_trainer import LIGHTNING_LOGGERS, LIGHTNING_NOISE, lightning_quieted
+
+    def hpsearchs_filters() -> list:  # (the first imports of Ray and torch add filters of their own)
+        return [f for f in warnings.filters if f[1] is not None and f[1].pattern in LIGHTNING_NOISE]
+
+    example_config["storage"] = str(tmp_path / "runs")
+    levels = {name: logging.getLogger(name).level for name in LIGHTNING_LOGGERS}
+    filters = hpsearchs_filters()
+    hpsearch.check(example_config)
+    assert {name: logging.getLogger(name).level for name in LIGHTNING_LOGGERS} == levels
+    assert hpsearchs_filters() == filters
+    with lightning_quieted():
+        assert logging.getLogger("pytorch_lightning").level == logging.ERROR
+    assert logging.getLogger("pytorch_lightning").level == levels["pytorch_lightning"]
