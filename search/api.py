@@ -271,7 +271,8 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
 
         trials = read_rows(exp.trials_csv)
         return SearchResult(exp.root, SESSION_COMPLETE, exp.stored_best(), trials, already_complete=True,
-                            grid_exhausted=config.search.sampler == "grid" and len(trials) >= grid_size(config))
+                            grid_exhausted=config.search.sampler == "grid" and len(trials) >= grid_size(config),
+                            finished_before=_finished(trials))
     if not searched:  # else Ray starts only for a GPU evaluation
         ensure_joined_cluster_answers(address)
     # The preflight again: this machine, directory or environment may not be the first
@@ -413,8 +414,9 @@ def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str |
                 mirror.push_study_files()
         except HpsearchError:
             pass  # a full disk: the error that caused it is the one to report
-    return SearchResult(exp.root, SESSION_COMPLETE, best, read_rows(exp.trials_csv), evaluated_again=True,
-                        address=address)
+    trials = read_rows(exp.trials_csv)
+    return SearchResult(exp.root, SESSION_COMPLETE, best, trials, evaluated_again=True, address=address,
+                        finished_before=_finished(trials))
 
 
 def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
@@ -468,8 +470,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     if mirror is not None:
         mirror.push_study_files()
     outcome, search_complete = "crashed", False
-    finished_before = sum(1 for trial in (read_rows(exp.trials_csv) if exp.trials_csv.is_file() else [])
-                          if trial.get("state") in FINISHED_STATES)
+    finished_before = _finished(read_rows(exp.trials_csv) if exp.trials_csv.is_file() else [])
     held_before = _reservations()
 
     def ray_lost(silent_s: float) -> None:  # from the watch's thread; the process ends after it
@@ -521,12 +522,16 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         # A Ctrl+C or SIGTERM that stopped the search gracefully: the call returns as if
         # all went well, and a notebook showed nothing of how to go on.
         call = f"hpsearch.resume({str(exp.root)!r}" + (f", address={address!r})" if address else ")")
-        finished = sum(1 for trial in trials if trial.get("state") in FINISHED_STATES)
+        finished = _finished(trials)
         warn_user(StoppedEarlyWarning(f"search stopped before the study was complete ({finished} of "
                                       f"{counted(trial_limit(config), 'trial')} finished); continue it with "
                                       f"{call}, or: {resume_command(exp.root, address)}"))
     return SearchResult(exp.root, outcome, best, trials, address=address,
                         finished_before=finished_before)
+
+
+def _finished(trials: list[dict[str, Any]]) -> int:
+    return sum(1 for trial in trials if trial.get("state") in FINISHED_STATES)
 
 
 def _reservations() -> set[str]:

@@ -168,7 +168,7 @@ def test_a_resume_evaluates_a_best_trial_that_best_json_does_not_name(finished_s
     monkeypatch.setattr(results, "evaluate_on_cluster", lambda config, params, checkpoint, mirror=None:
                         evaluated.append(checkpoint) or {"test_acc": 0.5})
     result = api.resume(copy)
-    assert result.evaluated_again and not result.already_complete
+    assert result.evaluated_again and not result.already_complete and result.finished_before == len(rows_of(copy))
     assert [Path(c).parts[-3] for c in evaluated] == [f"trial_{best['trial']:04d}"]
     assert json.loads((copy / "best.json").read_text())["trial"] == best["trial"]
 
@@ -189,6 +189,7 @@ def test_resuming_a_complete_study_starts_nothing_and_changes_nothing(finished_s
     waited = time.monotonic() - called
     assert result.already_complete and result.complete
     assert 0 < result.elapsed_s <= waited  # the call's own time (its checks), which printed as 0.0s
+    assert result.finished_before == 6  # it was 0, and "trials this session" came out as -6 (audit 25)
     # best.json as written, its paths read as the copy's own
     written = json.loads(before["best.json"])
     moved = {"experiment_dir": str(copy), "checkpoint": str(copy / Path(written["checkpoint"]).relative_to(exp_dir))}
