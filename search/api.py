@@ -486,14 +486,16 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
 
     try:
         with _stop_signals_interrupt() as tune_ended, RayLostWatch(ray_lost) as watch:
-            ended = run_session(config, exp, verbose, concurrency, [RaisedAtTheNextStep(c) for c in callbacks], mirror,
-                                local_environment)
+            wrapped = [RaisedAtTheNextStep(callback) for callback in callbacks]
+            ended = run_session(config, exp, verbose, concurrency, wrapped, mirror, local_environment)
             tune_ended()
             if ended == SESSION_COMPLETE:
                 search_complete = True  # recorded now, in case the evaluation below is killed
                 record_session(exp, started_at, None, "running", search_complete)
             # After a graceful stop too: best.json then holds the best trial so far.
             best = finalize(config, exp, mirror) if exp.trials_csv.is_file() else None
+            for callback in wrapped:  # one that raised once the trials had ended, now the result is saved
+                callback.raise_kept()
         outcome = ended
     except KeyboardInterrupt:
         # A second Ctrl+C while Tune winds down, or the first during the test evaluation:

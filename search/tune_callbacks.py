@@ -760,11 +760,13 @@ class RaisedAtTheNextStep(Callback):
     that raised at a trial's end had the complete trial retried, then marked FAILED, and
     the search ended "complete" with no result and no word of the callback. From
     ``on_step_end`` the exception ends the search, as from any other hook, and the search
-    names the callback and its hook (``api._callback_error_in``). Every other hook is the
-    callback's own, and it passes for the callback's class (Tune looks for its logger
-    callbacks by class)."""
+    names the callback and its hook (``api._callback_error_in``). An exception in
+    ``on_experiment_end``, once every trial has ended, is kept too, for the search to raise
+    once its result is saved (``raise_kept``): it cost a finished search its evaluation and
+    best.json (audit 25). Every other hook is the callback's own, and it passes for the
+    callback's class (Tune looks for its logger callbacks by class)."""
 
-    _KEPT_HOOKS = ("on_trial_complete", "on_trial_error")
+    _KEPT_HOOKS = ("on_trial_complete", "on_trial_error", "on_experiment_end")
 
     def __init__(self, callback: Callback) -> None:
         self.callback = callback
@@ -785,10 +787,16 @@ class RaisedAtTheNextStep(Callback):
     def on_trial_error(self, *args, **kwargs) -> None:
         self._kept_if_raised(self.callback.on_trial_error, args, kwargs)
 
+    def on_experiment_end(self, *args, **kwargs) -> None:
+        self._kept_if_raised(self.callback.on_experiment_end, args, kwargs)
+
     def on_step_end(self, *args, **kwargs) -> None:
+        self.raise_kept()
+        self.callback.on_step_end(*args, **kwargs)
+
+    def raise_kept(self) -> None:
         if self.kept:
             raise self.kept.pop(0)
-        self.callback.on_step_end(*args, **kwargs)
 
     def _kept_if_raised(self, hook, args, kwargs) -> None:
         try:

@@ -177,6 +177,18 @@ def test_callbacks_that_raise_and_a_second_ctrl_c_stop_searches_that_free_the_se
             print("CAUGHT", error.hook, error, flush=True)
         rows = list(csv.DictReader(open({str(tmp_path / "at-the-end" / "trials.csv")!r})))
         print("ROWS", [(r["state"], r["attempts"]) for r in rows], flush=True)
+
+        class EndBoom(tune.Callback):
+            def on_experiment_end(self, trials, **info):
+                raise RuntimeError("boom at the end")
+
+        try:
+            hpsearch.run({{**json.loads({json.dumps(config)!r}), "name": "end-boom"}}, callbacks=[EndBoom()])
+        except CallbackError as error:
+            print("CAUGHT", error.hook, error, flush=True)
+        best = json.load(open({str(tmp_path / "end-boom" / "best.json")!r}))
+        session = json.load(open({str(tmp_path / "end-boom" / "sessions.json")!r}))[-1]
+        print("AFTER THE END", sorted(best["test_metrics"]), session["search_complete"], flush=True)
         print("FREE CPUS AFTER CALLBACKS", free_cpus(), flush=True)
 
         class CtrlCTwice(tune.Callback):  # as a user presses it, in the middle of the search
@@ -202,6 +214,11 @@ def test_callbacks_that_raise_and_a_second_ctrl_c_stop_searches_that_free_the_se
     assert "hpsearch.resume(" in out.stdout and "TuneError" not in out.stdout
     assert "CAUGHT on_trial_complete your callback TrackerDown.on_trial_complete raised RuntimeError: tracker down" \
         in out.stdout, out.stdout + out.stderr[-3000:]
+    # one raising at the search's end, once every trial had ended, cost the search its
+    # evaluation and best.json, and the session read as not searched (audit 25)
+    assert "CAUGHT on_experiment_end your callback EndBoom.on_experiment_end raised RuntimeError: boom at the end" \
+        in out.stdout, out.stdout + out.stderr[-3000:]
+    assert "AFTER THE END ['test_acc', 'test_loss'] True" in out.stdout, out.stdout + out.stderr[-3000:]
     # the trial that ended is COMPLETE after one attempt (the other, still running then, is paused)
     [table] = [ast.literal_eval(line[len("ROWS "):]) for line in out.stdout.splitlines() if line.startswith("ROWS ")]
     assert ("COMPLETE", "1") in table and not [row for row in table if row[0] == "FAILED"], out.stdout
