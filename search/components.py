@@ -475,7 +475,10 @@ def _user_modules_of(directory: Path) -> dict[str, str]:
     found = {}
     for name, module in list(sys.modules.items()):
         origin = getattr(module, "__file__", None)
-        if "." in name or name in ("hpsearch", "__main__") or not origin:
+        # the script itself, also under its multiprocessing alias, whose file may be none
+        # ("<stdin>" for `python - <<EOF`: Ray refused to ship it, with a traceback; audit 26)
+        if "." in name or name in ("hpsearch", "__main__", "__mp_main__") or not origin \
+                or not os.path.exists(origin):
             continue
         location = Path(origin).resolve()
         location = location.parent if location.name == "__init__.py" else location

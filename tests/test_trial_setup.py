@@ -488,6 +488,19 @@ def test_user_code_outside_site_packages_is_shipped_to_workers(example_config, m
     assert user_code_roots(load_config(example_config | {"model": {"class_path": "cnn"}})) == []
 
 
+
+def test_a_script_read_from_stdin_is_not_shipped(example_config, tmp_path, monkeypatch):
+    """``python - <<EOF`` names its script ``<stdin>``, in the folder it runs from, also
+    under ``__mp_main__``: Ray refused that as a py_modules entry, with a traceback, and
+    the search never started (audit 26)."""
+    import types
+
+    script = types.ModuleType("__mp_main__")
+    script.__file__ = str(tmp_path / "<stdin>")
+    monkeypatch.setitem(sys.modules, "__mp_main__", script)
+    monkeypatch.chdir(tmp_path)
+    assert user_code_roots(load_config(example_config)) == []
+
 def test_the_current_directorys_packages_that_the_classes_import_are_shipped_too(example_config, tmp_path,
                                                                                  monkeypatch):
     """Only the classes' own package was shipped: a helper package beside it, which the
