@@ -95,7 +95,9 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
             raise FileNotFoundError(f"image-folder root {str(self.root)!r} is not a directory")
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 or 3, got {channels}")
-        self.classes = sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        # hidden folders (.ipynb_checkpoints, .git) are no class: Jupyter makes one beside
+        # the files, and it became a class of its own (audit 26)
+        self.classes = sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
         if len(self.classes) < 2:
             raise ValueError(f"image-folder root {str(self.root)!r} needs at least two class subfolders")
         self.image_size, self.channels = int(image_size), int(channels)
@@ -125,11 +127,16 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         files, labels = [], []
         for label, name in enumerate(self.classes):
             for path in sorted((self.root / name).rglob("*")):
-                if path.suffix.lower() in IMAGE_SUFFIXES:
+                if path.suffix.lower() in IMAGE_SUFFIXES and not any(part.startswith(".") for part in
+                                                                      path.relative_to(self.root).parts):
                     files.append(path)
                     labels.append(label)
         if not files:
             raise ValueError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under {str(self.root)!r}")
+        empty = [name for label, name in enumerate(self.classes) if label not in set(labels)]
+        if empty:  # a class the model would have an output for and never see
+            raise ValueError(f"class folders with no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under "
+                             f"{str(self.root)!r}: {', '.join(empty)}")
         return files, labels
 
     def setup(self, stage: str | None = None) -> None:
@@ -170,4 +177,8 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         images, labels = batch
         if not isinstance(labels, torch.Tensor):
             labels = torch.from_numpy(labels).to(images.device)
-        return images.float().div_(255.0), labels
+        # in the model's own float type: a ``64-true`` or ``bf16-true`` model converts its
+        # inputs before this hook, when they are still uint8 (audit 26)
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        dtype = getattr(model, "dtype", torch.float32)
+        return images.to(dtype if dtype.is_floating_point else torch.float32).div_(255.0), labels

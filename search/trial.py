@@ -320,12 +320,24 @@ def _failure_reason(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"disk full: {exc}"[:300]
+    if _unreadable_image(exc):  # an OSError, but the same file fails every time (audit 26)
+        said = next((line.strip() for line in reversed(str(exc).splitlines()) if "cannot identify" in line),
+                    first_line(exc))  # a loader worker's message ends with the original's
+        return f"unreadable image: {said[:240]}; not retried: the same file would fail again"
     if isinstance(exc, (*_PROGRAMMING_ERRORS, MisconfigurationException)) or (
             isinstance(exc, RuntimeError) and _TORCH_SHAPE_CHECKS.search(first_line(exc))):
         where = raised_at(exc)
         return (f"{type(exc).__name__}: {first_line(exc)[:200]}{f' (at {where})' if where else ''}; "
                 f"not retried: the same code would raise it again")
     return None
+
+
+def _unreadable_image(exc: BaseException) -> bool:
+    try:
+        from PIL import UnidentifiedImageError
+    except ImportError:
+        return False
+    return isinstance(exc, UnidentifiedImageError)
 
 
 def _save_traceback(exc: BaseException, trial_dir: Path, rank: int | None) -> Path | None:

@@ -161,3 +161,44 @@ def test_a_batch_for_slots_this_process_does_not_hold_is_a_clear_error():
 def test_a_dtype_numpy_lacks_is_refused():
     with pytest.raises(TypeError):
         BatchSlots(1, 1, (2, 2), torch.bfloat16)
+
+
+def test_hidden_folders_are_no_class_and_an_empty_class_folder_is_refused(tmp_path):
+    """Jupyter's .ipynb_checkpoints beside the class folders became a class of its own (the
+    model got an output too many, and the copy of an image a second label); a class folder
+    with no images gave the model an output it never trains (audit 26)."""
+    import shutil
+
+    from hpsearch.models.image_folder import ImageFolderDataModule
+
+    root = make_image_folder(tmp_path / "images")
+    (root / ".ipynb_checkpoints").mkdir()
+    shutil.copy(root / "cat" / "1.png", root / ".ipynb_checkpoints" / "1.png")
+    (root / "dog" / ".hidden").mkdir()
+    shutil.copy(root / "cat" / "1.png", root / "dog" / ".hidden" / "copy.png")
+    data = ImageFolderDataModule(str(root), image_size=10)
+    assert (data.classes, data.num_classes) == (["cat", "dog", "eel"], 3)
+    data.setup()
+    assert sum(len(split) for split in data._splits.values()) == 18  # the 6 of each class, no copies
+    (root / "zebra").mkdir()
+    with pytest.raises(ValueError, match="class folders with no image files .* zebra"):
+        ImageFolderDataModule(str(root), image_size=10).setup()
+
+
+@pytest.mark.parametrize("precision", ["64-true", "bf16-true"])
+def test_image_batches_come_in_the_models_float_type(tmp_path, precision):
+    """A 64-true or bf16-true model converts its inputs before on_after_batch_transfer,
+    while they are still uint8: the float32 images then failed its first layer ("Input
+    type (float) and bias type (double) should be the same", audit 26)."""
+    import pytorch_lightning as pl
+
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.image_folder import ImageFolderDataModule
+
+    data = ImageFolderDataModule(str(make_image_folder(tmp_path / "images")), image_size=10, batch_size=4)
+    model = CNNClassifier(input_shape=data.input_shape, num_classes=data.num_classes, channels=4)
+    trainer = pl.Trainer(precision=precision, max_epochs=1, limit_train_batches=2, limit_val_batches=1,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(model, datamodule=data)
+    assert trainer.state.finished and trainer.global_step == 2

@@ -792,6 +792,25 @@ def _raise(exc: BaseException) -> None:
     raise exc
 
 
+def test_an_unreadable_image_is_not_retried_and_is_named():
+    """PIL's UnidentifiedImageError is an OSError, which is retried: every trial of a
+    folder with one broken file failed twice the same way, the search's whole budget spent
+    on it (audit 26). Raised in a loader worker, torch re-raises it with the worker's
+    traceback as its message, which ends with the original's."""
+    from PIL import UnidentifiedImageError
+
+    from hpsearch.search.trial import _failure_reason
+
+    direct = UnidentifiedImageError("cannot identify image file 'imgs/dog/broken.png'")
+    assert _failure_reason(direct) == ("unreadable image: cannot identify image file 'imgs/dog/broken.png'; "
+                                       "not retried: the same file would fail again")
+    from_a_worker = UnidentifiedImageError("Caught UnidentifiedImageError in DataLoader worker process 0.\n"
+                                           "Original Traceback (most recent call last):\n  File ...\n"
+                                           "PIL.UnidentifiedImageError: cannot identify image file 'imgs/dog/x.png'\n")
+    assert _failure_reason(from_a_worker).startswith(
+        "unreadable image: PIL.UnidentifiedImageError: cannot identify image file 'imgs/dog/x.png'; not retried")
+
+
 @pytest.mark.parametrize("exc, retried", [
     (RuntimeError("NCCL communicator was aborted"), True),   # a lost peer, a killed loader worker
     (OSError(5, "Input/output error"), True),
