@@ -176,7 +176,11 @@ def _warn_of_loader_settings_not_taken(config: ExperimentConfig, data_class: typ
         if getattr(config.loader, name) == getattr(defaults, name):
             continue
         if name not in signature.names:
-            warn_user(f"loader.{name} is not passed on: {data_class.__name__} takes no argument {name!r}, so its own "
+            # hpsearch passes its loader options to arguments of their names only, never into
+            # **kwargs, which may go anywhere; "takes no argument" was wrong for such a class
+            what = f"names no argument {name!r} (its **kwargs get none of hpsearch's loader options)" \
+                if signature.takes_any_keyword else f"takes no argument {name!r}"
+            warn_user(f"loader.{name} is not passed on: {data_class.__name__} {what}, so its own "
                       "DataLoaders decide (trials.csv's num_workers and pin_memory show what they used)")
         elif name in config.data.init_args:
             warn_user(f"loader.{name} is not passed on: data.init_args sets {name}, which wins")

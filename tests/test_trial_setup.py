@@ -138,6 +138,12 @@ def test_loader_settings_that_cannot_act_are_warned_of(example_config, monkeypat
     with pytest.warns(UserWarning, match="loader.num_workers is not passed on: NoisyLinearData takes no argument "
                                          "'num_workers', so its own DataLoaders decide"):
         check_components(config)
+    # one taking **kwargs does take it, but hpsearch does not pass it there: said so (audit 26)
+    example_config["data"] = {"class_path": "synthetic-images"}
+    config = load_config(example_config, ["loader.num_workers=1"])
+    with pytest.warns(UserWarning, match="loader.num_workers is not passed on: SyntheticImagesDataModule names no "
+                                         r"argument 'num_workers' \(its \*\*kwargs get none of hpsearch's loader"):
+        check_components(config)
 
 
 def test_fp16_on_cpu_falls_back_to_bf16_silently_in_the_trial():
