@@ -133,7 +133,8 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
                     labels.append(label)
         if not files:
             raise ValueError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under {str(self.root)!r}")
-        empty = [name for label, name in enumerate(self.classes) if label not in set(labels)]
+        seen = set(labels)
+        empty = [name for label, name in enumerate(self.classes) if label not in seen]
         if empty:  # a class the model would have an output for and never see
             raise ValueError(f"class folders with no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under "
                              f"{str(self.root)!r}: {', '.join(empty)}")

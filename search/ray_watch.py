@@ -42,7 +42,6 @@ class RayLostWatch:
         self.on_lost = on_lost
         self.lost_after_s = 0.75 * ray_reconnect_timeout_s() if lost_after_s is None else lost_after_s
         self._ended = threading.Event()
-        self._thread: threading.Thread | None = None
         self.gcs_address = ""
 
     def __enter__(self) -> RayLostWatch:
@@ -55,9 +54,7 @@ class RayLostWatch:
         except Exception:  # a Ray Client connection (ray://) has no GCS of its own to watch
             return self
         host, _, port = self.gcs_address.rpartition(":")
-        self._thread = threading.Thread(target=self._watch, args=(host, int(port)), name="hpsearch-ray-watch",
-                                        daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._watch, args=(host, int(port)), name="hpsearch-ray-watch", daemon=True).start()
         return self
 
     def __exit__(self, *exc_info) -> None:
