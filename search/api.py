@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -32,7 +34,7 @@ from .errors import (CallbackError, ConfigError, HpsearchError, Interrupted, Pro
                      first_line, resume_command, warn_user)
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
-from .outcome import FINISHED_STATES, SESSION_COMPLETE, SESSION_INTERRUPTED, SESSION_RAY_LOST
+from .outcome import FINISHED_STATES, SESSION_COMPLETE, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED, SESSION_RAY_LOST
 from .ray_watch import RayLostWatch
 from .storage import Mirror, StudyHome
 from .study_lock import study_lock
@@ -45,7 +47,8 @@ FROZEN_ON_RESUME = ("name", "model", "data", "space", "metric", "mode", "schedul
 @dataclass
 class SearchResult:
     """What a search left behind: where, how the session ended (``outcome``: "complete",
-    "time_budget" or "interrupted"), the best trial (best.json), and every trial."""
+    "time_budget", "interrupted" or "failures_in_a_row"), the best trial (best.json), and
+    every trial."""
 
     experiment_dir: Path
     outcome: str
@@ -57,6 +60,7 @@ class SearchResult:
     evaluated_again: bool = False  # a resume of a complete search that ran only its test evaluation
     address: str | None = None  # the cluster the session joined by address, which a resume needs too
     finished_before: int = 0  # trials the study had finished when this session began
+    stop_reason: str = ""  # why a session that failures stopped ended, and the failures' errors
 
     @property
     def complete(self) -> bool:
@@ -329,7 +333,8 @@ def _naming_the_last_sessions_directory(error: ConfigError, exp: ExperimentDir) 
 
 
 # Settings of a session rather than of its trials, which a resume changes as a matter of course.
-SESSION_SETTINGS = ("search.num_trials", "search.max_concurrent", "search.time_budget_s", "storage")
+SESSION_SETTINGS = ("search.num_trials", "search.max_concurrent", "search.time_budget_s",
+                    "failure.max_consecutive_failures", "storage")
 
 
 def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, root: Path,
@@ -520,6 +525,13 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         warn_user(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
                                   f"result.best is None. See why in result.trials or with: "
                                   f"hpsearch status {exp.root}"))
+    stop_reason = ""
+    if outcome == SESSION_FAILURES_IN_A_ROW:
+        stop_reason = failures_stop_reason(config.failure.max_consecutive_failures, trials)
+        warn_user(StoppedEarlyWarning(f"{stop_reason}; once the cause is fixed, continue the study with "
+                                      f"hpsearch.resume({str(exp.root)!r}" + (f", address={address!r})" if address
+                                                                              else ")")
+                                      + f", or: {resume_command(exp.root, address)}"))
     if outcome == SESSION_INTERRUPTED:
         # A Ctrl+C or SIGTERM that stopped the search gracefully: the call returns as if
         # all went well, and a notebook showed nothing of how to go on.
@@ -529,7 +541,28 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
                                       f"{counted(trial_limit(config), 'trial')} finished); continue it with "
                                       f"{call}, or: {resume_command(exp.root, address)}"))
     return SearchResult(exp.root, outcome, best, trials, address=address,
-                        finished_before=finished_before)
+                        finished_before=finished_before, stop_reason=stop_reason)
+
+
+def failures_stop_reason(in_a_row: int, trials: list[dict[str, Any]]) -> str:
+    """Why failure.max_consecutive_failures stopped the session, with the study's commonest
+    errors (one traceback file each), so that the fault to fix is named where the stop is."""
+    errors: Counter[str] = Counter()
+    traceback_of: dict[str, str] = {}
+    for trial in trials:
+        if trial.get("state") == "FAILED":
+            text = str(trial.get("error") or trial.get("reason") or "no error recorded")
+            error = re.sub(r" \(traceback: [^)]*\)", "", text)
+            errors[error] += 1
+            found = re.search(r"\(traceback: ([^)]*)\)", text)
+            if found:
+                traceback_of.setdefault(error, found.group(1))
+    named = "; ".join(f"{error} ({counted(count, 'trial')}" + (f"; traceback: {traceback_of[error]})"
+                                                               if error in traceback_of else ")")
+                      for error, count in errors.most_common(2))
+    more = f"; and {counted(len(errors) - 2, 'other error')}" if len(errors) > 2 else ""
+    return (f"search stopped: {counted(in_a_row, 'trial')} in a row failed (failure.max_consecutive_failures), "
+            f"as at a fault that every trial meets. The study's failures: {named}{more}")
 
 
 def _finished(trials: list[dict[str, Any]]) -> int:

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     # A search with no result: the command line says so itself, with its exit status.
     warnings.filterwarnings("ignore", message="no trial finished with a result")
     warnings.filterwarnings("ignore", message="search stopped before the study was complete")  # and this
+    warnings.filterwarnings("ignore", message="search stopped: ")  # and why failures stopped it
 
     if args.command in ("run", "resume"):
         _ctrl_c_heard()
@@ -340,6 +341,10 @@ def _report(result) -> int:
               f"session ({finished} in the study) and {states.count(PAUSED)} paused; "
               f"continue the study (with a fresh budget) with:\n  {result.resume_command}")
         return 0
+    if result.stop_reason:
+        print(f"{result.stop_reason}.\nOnce the cause is fixed, continue the study with:\n  {result.resume_command}",
+              file=sys.stderr)
+        return 1
     if not result.complete:
         if not result.best:  # the stop's message promised an evaluation if a trial had ended
             print("no trial had ended with a result, so none was evaluated", file=sys.stderr)

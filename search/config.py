@@ -301,6 +301,10 @@ class FailureConfig(StrictModel):
     max_retries: WholeNumber = Field(2, ge=0, description="restarts of a failed trial from its last checkpoint, for "
                                      "faults a retry may outlive (a bug in the code, say a TypeError, fails the trial "
                                      "at once)")
+    max_consecutive_failures: PositiveInt | None = Field(
+        5, description="the session stops once this many trials in a row have failed, none finishing between "
+        "them: a fault every trial meets (broken data, a bug at any setting) would fail the rest of the study "
+        "too; resume continues once it is fixed. null: never stop for failures")
 
 
 class ExperimentConfig(StrictModel):

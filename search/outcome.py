@@ -21,6 +21,8 @@ FINISHED_STATES = (COMPLETE, PRUNED, FAILED)
 # How a search session ended (``sessions.json``'s ``outcome``).
 SESSION_COMPLETE, SESSION_TIME_BUDGET, SESSION_INTERRUPTED = "complete", "time_budget", "interrupted"
 SESSION_RAY_LOST = "ray_lost"  # its Ray stopped answering (see ray_watch.py)
+# failure.max_consecutive_failures trials in a row failed (see tune_callbacks.FailuresInARow)
+SESSION_FAILURES_IN_A_ROW = "failures_in_a_row"
 
 # Result keys the trial reports besides the user's own metrics.
 EPOCH = "epoch"

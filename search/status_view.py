@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import counted, resume_command
-from .outcome import SESSION_RAY_LOST, best_of
+from .outcome import SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
 from .experiment import ExperimentDir, read_sessions
 from .study_lock import dead_holder
 from .trials_table import TrialsTable, has_value, read_rows
@@ -87,6 +87,11 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
         else:
             console.print(f"No search is running: its driver (pid {gone['pid']}, since {gone['since']}) ended "
                           f"before its session did; `{resume}` continues the study{cluster}.", soft_wrap=True)
+    if last_session.get("outcome") == SESSION_FAILURES_IN_A_ROW:
+        console.print(f"No search is running: its last session stopped because trials kept failing "
+                      f"(failure.max_consecutive_failures in a row); once the cause is fixed, "
+                      f"`{resume_command(exp.root, last_session.get('address'))}` continues the study.",
+                      markup=False, soft_wrap=True)
     test_error = (exp.stored_best() or {}).get("test_error")
     if test_error:
         console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "

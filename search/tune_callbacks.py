@@ -1,5 +1,6 @@
 """Ray Tune callbacks in the driver: the trials table, TensorBoard's HParams rows, the
-live progress display, and the stoppers: finished trials, the search's time budget."""
+live progress display, and the stoppers: finished trials, the search's time budget, trials
+failing in a row."""
 
 from __future__ import annotations
 
@@ -53,6 +54,37 @@ class TimeBudget(TimeoutStopper):
 
     def stop_all(self) -> bool:
         self.reached = super().stop_all() or self.reached
+        return self.reached
+
+
+class FailuresInARow(Callback, Stopper):
+    """``failure.max_consecutive_failures``: ends the session once that many trials in a
+    row, in the order they ended, have failed. A fault that every trial meets (an
+    unreadable file in the data, a bug at any setting) would otherwise fail each remaining
+    trial of the study in turn, after a start-up of its own. A trial finishing between
+    failures starts the count again; so does a resume, which follows a fix. Reads the state
+    that ``TrialsTableRecorder``, which runs before it, gave the trial's row."""
+
+    def __init__(self, table: TrialsTable, limit: int) -> None:
+        self.table, self.limit = table, limit
+        self.in_a_row = 0
+        self.reached = False
+
+    def _ended(self, trial) -> None:
+        failed = self.table.row(int(trial.config[TRIAL_NUMBER])).get("state") == FAILED
+        self.in_a_row = self.in_a_row + 1 if failed else 0
+        self.reached = self.reached or self.in_a_row >= self.limit
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._ended(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._ended(trial)
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
         return self.reached
 
 

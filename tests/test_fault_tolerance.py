@@ -169,7 +169,8 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
               "6": "type_error", "7": "raise_same"}
     path = experiment(tmp_path, "faults", faults=faults)
     exp_dir = tmp_path / "runs" / "faults"
-    code, output = finish(start("run", path.name, cwd=tmp_path))
+    # Seven of the eight trials fail: failure.max_consecutive_failures would stop the search.
+    code, output = finish(start("run", path.name, "--set", "failure.max_consecutive_failures=null", cwd=tmp_path))
     assert code == 0, output
     table = {int(r["trial"]): r for r in rows(exp_dir)}
     assert len(table) == NUM_TRIALS
@@ -239,6 +240,32 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     status = subprocess.run([sys.executable, "-m", "hpsearch.search.cli", "status", str(exp_dir)],
                             capture_output=True, text=True)
     assert "injected failure (always)" in status.stdout and "OOM" in status.stdout
+
+
+def test_trials_failing_in_a_row_stop_the_search_and_resume_goes_on_once_fixed(tmp_path):
+    """A fault every trial meets (broken data, a bug at any setting) failed each trial of
+    the study in turn, each after its own start-up, before the user heard of it."""
+    path = experiment(tmp_path, "failing", num_trials=4, fault_epoch=1,
+                      faults={str(number): "broken_data" for number in range(4)})
+    exp_dir = tmp_path / "runs" / "failing"
+    code, output = finish(start("run", path.name, "--set", "failure.max_consecutive_failures=2",
+                                "--set", "search.max_concurrent=1", "--set", "scheduler.max_epochs=1", cwd=tmp_path))
+    assert code == 1, output
+    assert "search stopped: 2 trials in a row failed (failure.max_consecutive_failures)" in output, output
+    assert re.search(r"The study's failures: TypeError: injected: a broken batch \(at \S*faulty\.py:\d+ in "
+                     r"training_step\); not retried: the same code would raise it again \(2 trials; traceback: "
+                     + re.escape(str(exp_dir / "trials" / "trial_0000" / "error.txt")) + r"\)\.", output), output
+    assert f"continue the study with:\n  hpsearch resume {exp_dir}" in output, output
+    assert [r["state"] for r in finished(exp_dir)] == ["FAILED", "FAILED"], rows(exp_dir)
+    assert json.loads((exp_dir / "sessions.json").read_text())[-1]["outcome"] == "failures_in_a_row"
+    status = subprocess.run([sys.executable, "-m", "hpsearch.search.cli", "status", str(exp_dir)],
+                            capture_output=True, text=True)
+    assert "its last session stopped because trials kept failing" in " ".join(status.stdout.split()), status.stdout
+
+    (tmp_path / "markers" / "data-fixed").write_text("")
+    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
+    assert code == 0, output
+    assert sorted(r["state"] for r in rows(exp_dir)) == ["COMPLETE", "COMPLETE", "FAILED", "FAILED"], rows(exp_dir)
 
 
 FULL_DISK_DRIVER = """

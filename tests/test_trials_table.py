@@ -174,3 +174,38 @@ def test_a_moved_studys_rows_name_its_files_where_it_is_now(tmp_path):
     assert table.rows[0]["trial_dir"] == str(root / "trials" / "trial_0000")
     assert table.rows[0]["reason"] == f"ValueError: x (traceback: {root / 'trials' / 'trial_0000' / 'error.txt'})"
     assert table.rows[1]["trial_dir"] == str(root / "trials" / "trial_0001")
+
+
+def test_only_failures_in_an_unbroken_row_stop_the_session():
+    """failure.max_consecutive_failures counts trials in the order they end: one that
+    finishes between failures, completed or pruned, starts the count again."""
+    from types import SimpleNamespace
+
+    from hpsearch.search.tune_callbacks import FailuresInARow
+
+    table = TrialsTable("val_acc", "max", [])
+    failing = FailuresInARow(table, 3)
+    ends = ["FAILED", "FAILED", "PRUNED", "FAILED", "FAILED", "COMPLETE", "FAILED", "FAILED"]
+    for number, state in enumerate(ends):
+        table.row(number)["state"] = state  # as TrialsTableRecorder, which runs first, leaves it
+        trial = SimpleNamespace(trial_id=f"t{number}", config={"hps_trial_number": number})
+        (failing.on_trial_error if number % 2 else failing.on_trial_complete)(0, [], trial)
+        assert not failing.stop_all(), number
+    table.row(8)["state"] = "FAILED"
+    failing.on_trial_complete(0, [], SimpleNamespace(trial_id="t8", config={"hps_trial_number": 8}))
+    assert failing.stop_all() and not failing("t9", {})  # it stops the session, never one trial
+    table.row(9)["state"] = "COMPLETE"  # a trial ending as the session stops
+    failing.on_trial_complete(0, [], SimpleNamespace(trial_id="t9", config={"hps_trial_number": 9}))
+    assert failing.stop_all()
+
+
+def test_a_stop_for_failures_names_the_commonest_errors_once_each():
+    from hpsearch.search.api import failures_stop_reason
+
+    trials = [{"state": "FAILED", "error": f"OSError: disk (traceback: /s/trial_000{n}/error.txt)"} for n in range(3)]
+    trials += [{"state": "FAILED", "error": "MemoryError"}, {"state": "COMPLETE", "error": "ValueError: once"},
+               {"state": "FAILED", "reason": "val_acc is not finite (nan)"}]
+    assert failures_stop_reason(5, trials) == (
+        "search stopped: 5 trials in a row failed (failure.max_consecutive_failures), as at a fault that every "
+        "trial meets. The study's failures: OSError: disk (3 trials; traceback: /s/trial_0000/error.txt); "
+        "MemoryError (1 trial); and 1 other error")
