@@ -103,6 +103,17 @@ def main(argv: list[str] | None = None) -> int:
             return _run_command(args)
         finally:
             _disconnect_ray()
+            _forget_caught_interrupts()
+
+
+def _forget_caught_interrupts() -> None:
+    """Let the command's exit status stand after a Ctrl+C it caught. CPython sets a
+    process-wide "unhandled KeyboardInterrupt" flag when an interrupt passes out of code run
+    from a string by ``exec`` (as dataclasses and namedtuple build their methods, during the
+    imports a Ctrl+C at start-up lands in), even when Python code catches it later; with
+    ``python -m hpsearch.search.cli`` the interpreter then ended the process by SIGINT at
+    exit instead of 130. Each ``exec`` of a string clears the flag as it starts."""
+    exec("pass")
 
 
 def _disconnect_ray() -> None:
