@@ -11,13 +11,17 @@ import math
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PrivateAttr, Strict, ValidationError,
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, Strict, ValidationError,
                       field_validator, model_validator)
 
 # A whole number, strictly: pydantic would take ``true`` as 1 and ``3.0`` as 3.
 WholeNumber = Annotated[int, Strict()]
 # A count: a whole number above 0.
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+# A number, strictly: a whole number or a float, not a quoted '1' or a YAML yes (true),
+# which pydantic would take as 1.0 (``gpus_per_trial: yes`` asked for a GPU).
+Number = Annotated[float, Strict()]
+PositiveNumber = Annotated[float, Strict(), Field(gt=0)]
 
 SEARCHABLE_SECTIONS = ("model", "data", "trainer")
 # Trainer settings that change how fast a trial runs, not what it learns: searching
@@ -66,10 +70,10 @@ class ComponentConfig(StrictModel):
 
 class FloatParam(StrictModel):
     type: Literal["float"]
-    low: float
-    high: float
+    low: Number
+    high: Number
     log: bool = False
-    step: PositiveFloat | None = None
+    step: PositiveNumber | None = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -165,7 +169,7 @@ class SearchConfig(StrictModel):
     max_concurrent: PositiveInt = 2
     sampler: Literal["tpe", "random", "cmaes", "gp", "grid"] = "tpe"
     seed: WholeNumber | None = 0
-    time_budget_s: PositiveFloat | None = None
+    time_budget_s: PositiveNumber | None = None
     keep_checkpoints: PositiveInt | None = Field(
         None, description="ended trials that keep their best.ckpt: the best N by the metric (and the study's best); "
                           "null keeps every one's")
@@ -177,7 +181,7 @@ class SchedulerConfig(StrictModel):
     type: Literal["asha", "none"] = "asha"
     max_epochs: PositiveInt = 20
     grace_period: PositiveInt = 1
-    reduction_factor: float = Field(3, gt=1)
+    reduction_factor: Number = Field(3, gt=1)
 
     @property
     def rung_epochs(self) -> list[int]:
@@ -207,11 +211,11 @@ class TrainerConfig(StrictModel):
         "auto", description="'auto': one process, or DDP when resources.workers_per_trial > 1")
     deepspeed_stage: Literal[2, 3] = 2
     early_stopping_patience: PositiveInt | None = 10
-    early_stopping_min_delta: float = Field(0.0, ge=0)
-    gradient_clip_val: float | None = Field(None, ge=0)
+    early_stopping_min_delta: Number = Field(0.0, ge=0)
+    gradient_clip_val: Number | None = Field(None, ge=0)
     accumulate_grad_batches: PositiveInt = 1
-    limit_train_batches: PositiveFloat | PositiveInt = 1.0
-    limit_val_batches: PositiveFloat | PositiveInt = 1.0
+    limit_train_batches: PositiveNumber | PositiveInt = 1.0
+    limit_val_batches: PositiveNumber | PositiveInt = 1.0
     deterministic: bool = False
 
     @field_validator("limit_train_batches", "limit_val_batches", mode="before")
@@ -244,11 +248,11 @@ class ResourcesConfig(StrictModel):
     """What one trial holds. A trial of ``workers_per_trial`` > 1 runs that many DDP ranks,
     each with ``cpus_per_worker``/``gpus_per_worker`` (which default to the per-trial values)."""
 
-    cpus_per_trial: PositiveFloat = 1
-    gpus_per_trial: float = Field(0, ge=0)
+    cpus_per_trial: PositiveNumber = 1
+    gpus_per_trial: Number = Field(0, ge=0)
     workers_per_trial: PositiveInt = 1
-    cpus_per_worker: PositiveFloat | None = None
-    gpus_per_worker: float | None = Field(None, ge=0)
+    cpus_per_worker: PositiveNumber | None = None
+    gpus_per_worker: Number | None = Field(None, ge=0)
 
     @property
     def worker_cpus(self) -> float:

@@ -199,7 +199,8 @@ def _union_members_merged(problems: list[Problem], errors: list[Mapping[str, Any
         key = (field, problem.line or problem.source)
         message = problem.message.removesuffix(_got(error.get("input")))
         if key in merged:
-            merged[key][1].append(message.removeprefix("Input should be "))
+            if message not in merged[key][1]:  # a number for a float or an int member, say
+                merged[key][1].append(message.removeprefix("Input should be "))
         else:
             merged[key] = (replace(problem, field=field), [message], error.get("input"))
     return [replace(problem, message=f"{' or '.join(messages)}{'' if '(got ' in ''.join(messages) else _got(given)}")
@@ -242,12 +243,27 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
                        f"not the class {given.__qualname__} itself")
     elif error["type"] == "string_type" and isinstance(error.get("input"), (int, float, bool)):
         message = f"{message}; YAML read {error['input']!r} as a {type(error['input']).__name__}: put it in quotes"
+    elif error["type"] in ("float_type", "int_type") and isinstance(error.get("input"), (str, bool)):
+        message = _not_a_number(error["input"])
     elif not isinstance(cause, FieldValueError) and _is_plain_value(error.get("input")):
         message = f"{message}{_got(error['input'])}"
     line = _line_of(tuple(loc), lines)
     if isinstance(line, str):
         return Problem(".".join(loc), message, None, line)
     return Problem(".".join(loc), message, line, origin if line else None)
+
+
+def _not_a_number(given: str | bool) -> str:
+    """A number field given text or a boolean, which pydantic's lax mode took as a number
+    in some fields and refused in others ("Input should be a valid number"). What it was
+    given is added after, as for every field."""
+    if isinstance(given, bool):
+        return "a number is needed; YAML reads yes, no, on and off as true and false"
+    try:
+        float(given)
+    except ValueError:
+        return "a number is needed"
+    return "a number is needed; remove the quotes"
 
 
 def _line_of(loc: tuple[str, ...], lines: LineMap) -> int | str | None:
