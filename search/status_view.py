@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -331,9 +332,22 @@ def _compared(s: StudySummary, label: str, differs: dict[str, Any]) -> dict[str,
         "complete": str(s.counts["COMPLETE"]), "pruned": str(s.counts["PRUNED"]), "failed": str(s.counts["FAILED"]),
         "wall s": f"{s.wall_s:.1f}", "compute s": f"{s.compute_s:.1f}",
         "saved s": f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
-        "differs in": ", ".join(f"{key}={value}" for key, value in differs.items()) or "-",
+        "differs in": ", ".join(f"{key}={_setting(value)}" for key, value in differs.items()) or "-",
     }
     return {column: escape(text) for column, text in cells.items()}
+
+
+def _setting(value: Any) -> str:
+    """A setting as the experiment file would have it: a searched parameter as its range
+    (``float 0.001..0.1 log``) or its choices, not a Python dict; true, false and null as in YAML."""
+    if isinstance(value, dict) and value.get("type") in ("float", "int"):
+        step = f" step {value['step']:g}" if value.get("step") not in (None, 1) else ""
+        return f"{value['type']} {value['low']:g}..{value['high']:g}{' log' if value.get('log') else ''}{step}"
+    if isinstance(value, dict) and value.get("type") == "categorical":
+        return "[" + ", ".join(_setting(choice) for choice in value.get("choices", [])) + "]"
+    if value is None or isinstance(value, (bool, dict, list)):
+        return json.dumps(value)
+    return str(value)
 
 
 def _comparison_table(studies: list[dict[str, str]]) -> Table:
