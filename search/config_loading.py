@@ -243,6 +243,13 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
                        f"not the class {given.__qualname__} itself")
     elif error["type"] == "string_type" and isinstance(error.get("input"), (int, float, bool)):
         message = f"{message}; YAML read {error['input']!r} as a {type(error['input']).__name__}: put it in quotes"
+    elif error["type"] == "model_type":  # pydantic: "a valid dictionary or instance of SearchConfig"
+        given = error.get("input")
+        message = "a section of settings (keys under it) is needed"
+        if loc and loc[-1] in ("model", "data") and isinstance(given, str):
+            message += f"; the class goes under class_path: {loc[-1]}: {{class_path: {given}}}"
+        elif isinstance(given, list):
+            message += ", not a list"  # a plain value is said after, as for every field
     elif error["type"] in ("float_type", "int_type") and isinstance(error.get("input"), (str, bool)):
         message = _not_a_number(error["input"])
     elif not isinstance(cause, FieldValueError) and _is_plain_value(error.get("input")):

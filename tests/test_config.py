@@ -75,6 +75,11 @@ BAD_SCHEMA = [
     ("quoted batch limit", _set("trainer/limit_train_batches", "5"), "trainer.limit_train_batches",
      "a number is needed; remove the quotes (got '5')"),
     ("word for a budget", _set("search/time_budget_s", "1h"), "search.time_budget_s", "a number is needed (got '1h')"),
+    # pydantic said "a valid dictionary or instance of ComponentConfig", naming its classes (audit 26)
+    ("model as a name", _set("model", "cnn"), "model",
+     "a section of settings (keys under it) is needed; the class goes under class_path: model: {class_path: cnn}"),
+    ("section as a number", _set("search", 5), "search", "a section of settings (keys under it) is needed (got 5)"),
+    ("section as a list", _set("trainer", [1]), "trainer", "a section of settings (keys under it) is needed, not a list"),
     ("step above the range", _set("space/model.lr", {"type": "float", "low": 1e-3, "high": 0.1, "step": 1.0}),
      "space.model.lr", "step (1.0) is larger than high - low"),
     ("int step above the range", _set("space/data.batch_size", {"type": "int", "low": 32, "high": 48, "step": 32}),
