@@ -495,9 +495,14 @@ def _last_error_line(trial) -> str:
     wrote no traceback (an actor it lost), Ray's first and last sentences about it, not
     the indented details (actor id, namespace) under them."""
     last_failure = _last_failure(trial)
-    raw = [line.rstrip() for line in last_failure.splitlines() if line.strip()]
+    # not Ray's header of the task (``ray::ImplicitFunc.train() (pid=..., actor_id=...)``),
+    # which differs at every try: the same error must read the same (RetryPolicy compares)
+    raw = [line.rstrip() for line in last_failure.splitlines() if line.strip() and not line.startswith("ray::")]
     lines = [line for line in raw if not line[0].isspace()]
-    exception = [line for line in lines if re.match(r"[\w.]+(\([\w.]+\))?: ", line)]
+    # 'ValueError: bad lr', 'mod.f.<locals>.DataError: x', or a class alone ('RuntimeError',
+    # raised without a message)
+    exception = [line for line in lines if re.match(r"[\w.<>]+(\([\w.]+\))?: ", line)
+                 or re.fullmatch(r"(?:[\w<>]+\.)*[A-Z]\w*", line)]
     if exception:
         line = exception[-1]
         below = raw[len(raw) - raw[::-1].index(line):]

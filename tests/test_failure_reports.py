@@ -276,3 +276,19 @@ def test_a_config_error_raised_in_a_trial_reaches_the_driver_whole_and_its_probl
     assert _last_error_line(written) == (
         "hpsearch.search.errors.ConfigError: invalid experiment config, 1 problem: "
         "- data.class_path: cannot import module 'apkg.data': No module named 'yaml'")
+
+
+def test_an_exception_without_a_message_or_of_a_local_class_is_named_the_same_at_every_try(tmp_path):
+    """Neither matched the exception line, so Ray's header of the task, with its process
+    id, stood for the error: it differed at every try, and RetryPolicy never saw the same
+    error twice (three tries of a fault that recurs at the same point, not two; audit 27)."""
+    def failure(pid: int, exception: str) -> str:
+        return (f"Failure # 1 (occurred at 2026-12-06_10-30-0{pid % 10})\n"
+                f"\x1b[36mray::ImplicitFunc.train()\x1b[39m (pid={pid}, ip=10.0.0.1, actor_id=b50{pid}, "
+                f"repr=train_trial)\n"
+                f'  File "/work/faulty.py", line 12, in training_step\n    raise error\n{exception}\n')
+
+    for exception in ("RuntimeError", "faulty.make.<locals>.DataError: broken batch", "mymod.DataError"):
+        first = _last_error_line(error_file(tmp_path, failure(18164, exception)))
+        again = _last_error_line(error_file(tmp_path, failure(18355, exception)))
+        assert first == again == exception, (first, again)
