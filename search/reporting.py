@@ -121,7 +121,7 @@ class TuneReporter(pl.Callback):
         self.reported = False
         self._pending: dict[str, Any] | None = None  # composed at an epoch's end, sent just after
         self._final: dict[str, Any] | None = None  # the training's last report, sent after fit
-        self.stopped_by_tune = False  # Tune stopped the trial at a report inside fit
+        self.stopped_by_tune = False  # Tune stopped the trial at a report (its SystemExit, not the user's)
         self._restored_at = 0.0  # when a resumed trial began again from its checkpoint
         self._validated = False
         self._before_validation: dict[str, Any] = {}  # callback_metrics as validation began
@@ -476,9 +476,10 @@ class TuneReporter(pl.Callback):
             try:
                 self.report(metrics)
             except SystemExit as exc:  # Tune stopped the trial at this report
+                self.stopped_by_tune = exc.code in (0, None)
                 if not inside_fit or exc.code not in (0, None):
                     raise
-                self.reported = self.stopped_by_tune = True
+                self.reported = True
                 raise StoppedByScheduler(f"stopped by Tune at epoch {metrics[EPOCH]}") from None
             self.reported = True
         stopped = self.stopped_by_scheduler is not None and self.stopped_by_scheduler(trainer, metrics)

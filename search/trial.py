@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class, shipped_code_first
 from .config import ExperimentConfig
-from .errors import ConfigError, first_line
+from .errors import ConfigError, exception_chain, first_line
 from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_name, write_json
 from .checkpoints import latest_good_checkpoint, resumed_at
 from .gc_pause import collector_paused
@@ -216,8 +216,11 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         if resume_from is not None and not reporter.reported:
             reporter.report_restored(trainer, _validate_quietly(model, datamodule, device))
     except (Exception, SystemExit) as exc:
-        reason = _failure_reason(exc)
+        reason = _failure_reason(exc, stopped_by_tune=reporter.stopped_by_tune)
         if reason is None:
+            stand_in = _stand_in_ray_can_copy(exc)
+            if stand_in is not None:
+                raise stand_in from None
             raise  # Tune retries it from the last checkpoint (failure.max_retries); Tune's stop ends the thread
         # Not worth a retry: end the trial as failed, with the reason and where its
         # traceback is kept, and let the search go on.
@@ -298,18 +301,28 @@ _TORCH_SHAPE_CHECKS = re.compile("|".join((
 )))
 
 
-def _failure_reason(exc: BaseException) -> str | None:
-    """A one-line reason for faults that a retry cannot fix; None for those it might."""
+def _failure_reason(exc: BaseException, stopped_by_tune: bool = False) -> str | None:
+    """A one-line reason for faults that a retry cannot fix; None for those it might.
+    ``stopped_by_tune``: a ``SystemExit`` came from Tune's stop at a report."""
     import torch
-    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
 
     from .reporting import MetricNotLoggedError, NonFiniteError
 
+    interrupt = next((error for error in exception_chain(exc) if isinstance(error, KeyboardInterrupt)), None)
+    if interrupt is not None:
+        # Raised by the trial's code: the trial runs outside the main thread, where no
+        # Ctrl+C arrives. Lightning's handler of it then failed ("signal only works in main
+        # thread"), and that ValueError was the reason given (audit 27).
+        where = raised_at(interrupt)
+        return (f"KeyboardInterrupt raised{f' at {where}' if where else ''}; "
+                f"not retried: the same code would raise it again")
     if isinstance(exc, SystemExit):
-        # Tune's stop at a report, or Lightning's on SIGTERM, carries no code. Another code
-        # is the trial's own ``sys.exit``: it ended the worker, which was taken for a
-        # process killed by the out-of-memory killer and retried to the same end.
-        if exc.code in (0, None):
+        # Tune's stop at a report carries no code, nor Lightning's on SIGTERM. Any other is the
+        # trial's own ``sys.exit``: with a code it ended the worker, which was taken for a
+        # process killed by the out-of-memory killer; with none, or 0, it was taken for Tune's
+        # stop, and Ray's complaint that the trial ended unasked was the reason (audit 27).
+        if isinstance(exc, SIGTERMException) or (exc.code in (0, None) and stopped_by_tune):
             return None
         where = raised_at(exc)
         return (f"SystemExit({exc.code!r}): sys.exit() called{f' at {where}' if where else ''}; "
@@ -329,6 +342,28 @@ def _failure_reason(exc: BaseException) -> str | None:
         where = raised_at(exc)
         return (f"{type(exc).__name__}: {first_line(exc)[:200]}{f' (at {where})' if where else ''}; "
                 f"not retried: the same code would raise it again")
+    return None
+
+
+def _stand_in_ray_can_copy(exc: BaseException) -> RuntimeError | None:
+    """A ``RuntimeError`` naming ``exc``, with its traceback in the message, where Ray cannot
+    copy ``exc`` (or what it was raised from), as it does every failure of a trial: an
+    exception whose constructor takes other arguments than its ``args`` (``__init__(self,
+    code, detail)`` passing one message up). Ray's copy raised a ``TypeError`` about that
+    constructor, which became the trial's error (audit 27). None where Ray can copy it."""
+    import copy
+    import traceback
+
+    error: BaseException | None = exc
+    while error is not None:  # Ray copies the chain of causes
+        try:
+            copy.copy(error)
+        except Exception:  # noqa: BLE001 - any failure to rebuild it
+            name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+            return RuntimeError(f"{name}: {first_line(exc)}\n(raised as this RuntimeError, since Ray cannot copy "
+                                f"{type(error).__qualname__}; the traceback:)\n"
+                                + "".join(traceback.format_exception(exc)))
+        error = error.__cause__
     return None
 
 

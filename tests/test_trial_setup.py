@@ -6,9 +6,11 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -929,15 +931,17 @@ def test_pytorchs_shape_and_dtype_checks_are_not_retried(torch_call):
 def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_recorded_its_settings(example_config, tmp_path):
     """``sys.exit(4)`` in a training step ended the Ray worker with exit code 4, which the
     driver took for a process killed by the out-of-memory killer or a native crash, and
-    retried, to the same end each time (audit 21). In a process of its own, as in a worker."""
+    retried, to the same end each time (audit 21). ``sys.exit(0)`` was taken for Tune's stop
+    at a report, and Ray's complaint that the trial ended unasked was its reason, after a
+    retry (audit 27). In a process of its own, as in a worker."""
     from conftest import write_yaml
 
     (tmp_path / "exiting_model.py").write_text(
-        "import sys\n"
+        "import os, sys\n"
         "from hpsearch.models.cnn import CNNClassifier\n"
         "class Exiting(CNNClassifier):\n"
         "    def training_step(self, batch, batch_idx):\n"
-        "        sys.exit(4)\n")
+        "        sys.exit(int(os.environ['EXIT_CODE']))\n")
     example_config["model"]["class_path"] = "exiting_model:Exiting"
     example_config["scheduler"]["max_epochs"] = 1
     config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
@@ -948,23 +952,91 @@ from ray import tune
 from hpsearch.search import trial as trial_module
 from hpsearch.search.outcome import TRIAL_NUMBER
 
+import os
 reports = []
 tune.report = reports.append
-trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64,
-                                     "trainer.gradient_clip_val": 0.5}, TRIAL_NUMBER: 0},
-                         experiment=json.load(open("experiment.json")), experiment_dir="study")
-print(json.dumps(reports[-1], default=str))
+for number, code in enumerate(("4", "0")):
+    os.environ["EXIT_CODE"] = code
+    trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64,
+                                         "trainer.gradient_clip_val": 0.5}, TRIAL_NUMBER: number},
+                             experiment=json.load(open("experiment.json")), experiment_dir="study")
+    print("REPORT", json.dumps(reports[-1], default=str))
 """)
     done = subprocess.run([sys.executable, "one_trial.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr  # the worker lives on, for the next trial
-    last = json.loads(done.stdout.strip().splitlines()[-1])
-    assert last[FINISHED] and last[FAILURE].startswith("SystemExit(4): sys.exit() called at "), last
-    assert "exiting_model.py:5" in last[FAILURE] and "not retried" in last[FAILURE], last
+    lasts = [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert len(lasts) == 2, done.stdout + done.stderr  # the second trial ended too, and the worker lived on
+    for code, last in zip((4, 0), lasts):
+        assert last[FINISHED] and last[FAILURE].startswith(f"SystemExit({code}): sys.exit() called at "), last
+        assert "exiting_model.py:5" in last[FAILURE] and "not retried" in last[FAILURE], last
     # The trial's own record of its settings holds its sampled trainer values (it held the
     # experiment's defaults; audit 21): the best trial is evaluated and described by it.
     recorded = json.loads((tmp_path / "study/trials/trial_0000/experiment.json").read_text())
     assert recorded["trainer"]["gradient_clip_val"] == 0.5
     assert recorded["model"] == config.model_dump(mode="json")["model"]
+
+
+def test_a_keyboard_interrupt_raised_by_a_trials_code_is_named_not_lightnings_failure_to_handle_it():
+    """A trial trains outside the main thread, where Lightning's handler of a
+    KeyboardInterrupt fails ("signal only works in main thread"): that ValueError was the reason."""
+    import threading
+
+    from hpsearch.search.trial import _failure_reason
+
+    caught = []
+
+    def training_thread() -> None:
+        try:
+            try:
+                _raise(KeyboardInterrupt())
+            except KeyboardInterrupt:  # as Lightning's _call_and_handle_interrupt does
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=training_thread)
+    thread.start()
+    thread.join()
+    assert "main thread" in str(caught[0])
+    line = _raise.__code__.co_firstlineno + 1
+    assert _failure_reason(caught[0]) == (f"KeyboardInterrupt raised at {__file__}:{line} in _raise; "
+                                          f"not retried: the same code would raise it again")
+
+
+class TwoArgumentError(Exception):
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+
+
+def test_an_exception_ray_cannot_copy_reaches_it_as_a_runtime_error_naming_it_with_its_traceback(tmp_path):
+    """Ray copies every failure of a trial (``skip_exceptions``); one whose constructor
+    takes other arguments than its ``args`` raised a TypeError there about that
+    constructor, which became the trial's error (audit 27)."""
+    from ray.air._internal.util import skip_exceptions
+
+    from hpsearch.search.trial import _stand_in_ray_can_copy
+    from hpsearch.search.tune_callbacks import _last_error_line
+
+    with pytest.raises(TwoArgumentError) as caught:
+        _raise(TwoArgumentError(42, "the batch is broken"))
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        skip_exceptions(caught.value)
+    stand_in = _stand_in_ray_can_copy(caught.value)
+    assert skip_exceptions(stand_in) is not None  # Ray copies it
+    assert str(stand_in).startswith(f"{__name__}.TwoArgumentError: 42: the batch is broken\n"), str(stand_in)
+    # The trial's error line and file:line, as the driver reads them from Ray's text of it
+    (tmp_path / "error.txt").write_text(f"Failure # 1 (occurred at 2026-12-06_10-30-00)\nRuntimeError: {stand_in}")
+    trial = types.SimpleNamespace(error_file=str(tmp_path / "error.txt"))
+    assert _last_error_line(trial) == f"{__name__}.TwoArgumentError: 42: the batch is broken"
+    assert f"line {_raise.__code__.co_firstlineno + 1}, in _raise" in str(stand_in)  # the traceback, whole
+    try:
+        _raise(ValueError("plain"))
+    except ValueError as plain:
+        assert _stand_in_ray_can_copy(plain) is None
+        try:
+            raise RuntimeError("wrapped") from caught.value  # Ray copies the causes too
+        except RuntimeError as wrapped:
+            assert _stand_in_ray_can_copy(wrapped) is not None
 
 
 @pytest.mark.parametrize("message", [
