@@ -357,8 +357,10 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
         warn_user(f"resume changes {listed(training)}: trials from now on use "
                   f"{'it' if len(training) == 1 else 'them'}, paused trials included")
     if sampling:
+        seeded = ("; trials started from now on also train with seeds drawn from the new seed (each started "
+                  "trial keeps its own: trials.csv's seed column)") if "search.seed" in sampling else ""
         warn_user(f"resume changes {listed(sampling)}: the trials sampled from now on are sampled so "
-                  f"(paused trials keep their values)")
+                  f"(paused trials keep their values){seeded}")
     if before.get("storage") != after.get("storage"):
         warn_user(f"storage is ignored on resume: the study stays in {root}")
 

@@ -251,6 +251,8 @@ def _image(images: dict[str, Path], name: str, caption: str) -> str:
 def _html(summary: StudySummary, images: dict[str, Path]) -> str:
     best = summary.best or {}
     best_rows = [["value", best.get("value")], ["trial", best.get("trial")], ["epochs", best.get("epochs")]]
+    best_rows += [[label, best[key]] for key, label in (("best_epoch", "best at epoch"), ("seed", "seed"))
+                  if best.get(key) is not None]  # a best.json of before 2026-12-06 has neither
     best_rows += [[f"param {k}", v] for k, v in (best.get("params") or {}).items()]
     best_rows += [[f"test {k}", v] for k, v in (best.get("test_metrics") or {}).items()]
     counts = [[state, count] for state, count in summary.counts.items()]

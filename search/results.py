@@ -8,7 +8,7 @@ from typing import Any
 from .config import ExperimentConfig
 from .errors import HpsearchError, first_line
 from .experiment import TRIAL_SETTINGS, ExperimentDir, trial_name, write_json
-from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
+from .checkpoints import BEST_CHECKPOINT, checkpoint_dir, epochs_trained
 from .storage import Mirror, join_uri
 from .trials_table import TrialsTable
 
@@ -42,6 +42,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
             raise
         except Exception as exc:  # the user's test code: the search's result is still written
             test_error = _evaluation_failure(exc, exp)
+    best_epoch = epochs_trained(checkpoint) if checkpoint.is_file() else None
     best = {
         "experiment": config.name,
         "experiment_dir": str(exp.root),
@@ -51,6 +52,9 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         "trial": int(row["trial"]),
         "state": row["state"],
         "epochs": row.get("epochs"),
+        # the epoch whose checkpoint scored the value, and was evaluated (a trial goes on after its best)
+        "best_epoch": best_epoch,
+        "seed": row.get("seed") if row.get("seed") not in (None, "") else None,  # it trained with (seeding.py)
         "params": params,
         "config": resolved_config(config, params),
         "checkpoint": str(checkpoint) if checkpoint.is_file() else None,
@@ -61,7 +65,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     }
     write_json(exp.best_json, best)
     if test_metrics:
-        _test_metrics_in_tensorboard(config, exp, number, params, test_metrics, checkpoint, mirror)
+        _test_metrics_in_tensorboard(config, exp, number, params, test_metrics, best_epoch, checkpoint, mirror)
     return best
 
 
@@ -77,15 +81,15 @@ def _drop_earlier_evaluations(exp: ExperimentDir, best: int) -> None:
 
 
 def _test_metrics_in_tensorboard(config: ExperimentConfig, exp: ExperimentDir, number: int, params: dict[str, Any],
-                                 metrics: dict[str, float], checkpoint: Path, mirror: Mirror | None) -> None:
+                                 metrics: dict[str, float], epoch: int, checkpoint: Path,
+                                 mirror: Mirror | None) -> None:
     """A failure here (a full disk, say) costs TensorBoard's copy, never the result."""
     import warnings
 
-    from .checkpoints import epochs_trained
     from .tensorboard_layout import write_test_metrics
 
     try:
-        written = write_test_metrics(exp.tensorboard_dir, config, number, params, metrics, epochs_trained(checkpoint))
+        written = write_test_metrics(exp.tensorboard_dir, config, number, params, metrics, epoch)
         if mirror is not None:
             mirror.push(str(written.relative_to(exp.root)))
     except Exception as exc:  # noqa: BLE001 - best.json has the metrics

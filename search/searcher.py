@@ -9,7 +9,6 @@ to safely and which optuna-dashboard opens as is; its Ray checkpoint is only a m
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from ray.tune.search import Searcher
 from .config import ExperimentConfig
 from .outcome import (COMPLETE, EPOCH, FAILED, KNOWN_EPOCHS, PRUNED, STOP_REASON, TRIAL_NUMBER, PruneLog, best_of,
                       classify)
+from .seeding import resumed_seed
 from .space import grid_values, to_distributions, trial_limit
 
 STUDY_FILE = "optuna.journal"
@@ -113,18 +113,6 @@ def make_sampler(config: ExperimentConfig, seed_offset: int = 0,
         return _Grid({k: grid_values(p) for k, p in config.space.items()}, seed=seed)
     # constant_liar keeps concurrent trials from being sampled at the same point.
     return optuna.samplers.TPESampler(seed=seed, constant_liar=config.search.max_concurrent > 1)
-
-
-def resumed_seed(seed: int, trials_before: int) -> int:
-    """The sampler's seed for a session that finds ``trials_before`` trials in its study:
-    the study's own seed for its first session; after it, one drawn from both numbers. The
-    seed plus the trials before was another seed's stream: a study of seed 0 resumed after
-    3 trials sampled what a fresh study of seed 3 samples, so studies of seeds 0-4 stopped
-    being independent once one was resumed (audit 22)."""
-    if trials_before == 0:
-        return seed
-    digest = hashlib.sha256(f"hpsearch resumed sampler {seed} {trials_before}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")  # what numpy's generators take: below 2**32
 
 
 class _Grid(optuna.samplers.GridSampler):

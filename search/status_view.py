@@ -52,7 +52,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     best = _best_row(rows, metric, config["mode"], params)
     if rows:
-        title = f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']})"
+        # the metric's column holds each trial's best epoch's value, not its last (audit 28)
+        title = f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']}; best of each trial)"
         shown = rows if every_trial else _worth_showing(rows, best)
         console.print(_trials_table(title, shown, params, metric, *_layout(console, title, shown, params, metric)))
         if len(shown) < len(rows):
@@ -135,10 +136,13 @@ def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metri
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:
     console = console or table_console()
-    console.print(f"best trial {best['trial']}: {best['metric']} = {_fmt(best['value'])} "
-                  f"({best['state'].lower()}, {counted(best.get('epochs'), 'epoch')})", markup=False)
-    for key, value in best["params"].items():
-        console.print(f"  {key} = {_fmt(value)}", markup=False)
+    at = f" at epoch {best['best_epoch']}" if best.get("best_epoch") is not None else ""
+    seed = f", seed {best['seed']}" if best.get("seed") is not None else ""
+    console.print(f"best trial {best['trial']}: {best['metric']} = {_fmt(best['value'])}{at} "
+                  f"({best['state'].lower()}, {counted(best.get('epochs'), 'epoch')}{seed})", markup=False)
+    for key, value in best["params"].items():  # whole: to train it again with, not only to read
+        console.print(f"  {key} = {value!r}" if isinstance(value, float) else f"  {key} = {_fmt(value)}",
+                      markup=False)
     for key, value in (best.get("test_metrics") or {}).items():
         console.print(f"  test: {key} = {_fmt(value)}", markup=False)
     if best.get("test_error"):

@@ -25,6 +25,7 @@ from .errors import ConfigError, exception_chain, first_line
 from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_name, write_json
 from .checkpoints import latest_good_checkpoint, resumed_at
 from .gc_pause import collector_paused
+from .seeding import training_seed
 from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RANK_NODES, RESTORED, TRIAL_NUMBER
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
@@ -148,10 +149,11 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
 
     torch.set_num_threads(max(1, int(config.resources.worker_cpus)))
     sharing = use_sharing_strategy(config.loader)
-    if config.search.seed is not None:
+    seed = training_seed(config.search.seed, number)
+    if seed is not None:
         # Each trial's weights and shuffling are reproducible, and differ between trials;
         # every rank of a trial starts from the same weights.
-        pl.seed_everything(config.search.seed + number, workers=True, verbose=False)
+        pl.seed_everything(seed, workers=True, verbose=False)
     settings = config.with_trainer_params(params)
     # What the trial trains with, its sampled trainer settings applied: the best trial is
     # evaluated and described by it (each rank writes the same, atomically).

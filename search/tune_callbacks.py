@@ -99,7 +99,7 @@ class TrialsTableRecorder(Callback):
     """
 
     def __init__(self, table: TrialsTable, path: Path, prunes: PruneLog, min_interval_s: float = 2.0,
-                 planned: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 planned: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self.table, self.path, self.prunes = table, path, prunes
         self.min_interval_s = min_interval_s
         self.planned = planned
@@ -116,7 +116,8 @@ class TrialsTableRecorder(Callback):
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         row = self._row(trial)
         row["state"], row["reason"] = RUNNING, ""
-        for column, value in (self.planned(trial.config.get("params", {})) if self.planned else {}).items():
+        planned = self.planned(int(trial.config[TRIAL_NUMBER]), trial.config.get("params", {})) if self.planned else {}
+        for column, value in planned.items():
             if row.get(column) in (None, ""):
                 row[column] = value
         row["attempts"] = row.get("attempts") or 1

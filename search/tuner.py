@@ -547,14 +547,17 @@ def planned_columns(config: ExperimentConfig):
     trial's, which its reports then say), strategy and world size."""
     from .devices import resolve_precision
     from .distributed import strategy_name
+    from .seeding import training_seed
 
     on_gpu = config.resources.worker_gpus > 0
     fixed = {"device": "gpu" if on_gpu else "cpu", "world_size": config.resources.workers_per_trial,
              "strategy": strategy_name(config)}
 
-    def planned(params: dict) -> dict:
+    def planned(number: int, params: dict) -> dict:
         precision = config.with_trainer_params(params).precision
-        return {**fixed, "precision": precision if on_gpu else resolve_precision(precision, on_gpu=False)}
+        return {**fixed, "precision": precision if on_gpu else resolve_precision(precision, on_gpu=False),
+                # at its first start: a resumed trial goes on with its checkpoint's random state
+                "seed": training_seed(config.search.seed, number)}
 
     return planned
 

@@ -448,6 +448,12 @@ def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp
 
     print_best({"trial": 3, "metric": "val_acc", "value": 0.9, "state": "PRUNED", "epochs": 1, "params": {}})
     assert "best trial 3: val_acc = 0.9 (pruned, 1 epoch)" in capsys.readouterr().out
+    # the epoch of the best value, the seed, and the sampled values whole, to train it again with (audit 28)
+    print_best({"trial": 1, "metric": "val_acc", "value": 0.9963, "state": "COMPLETE", "epochs": 5, "best_epoch": 2,
+                "seed": 123, "params": {"model.lr": 0.002689685941170982, "model.channels": 16}})
+    out = capsys.readouterr().out
+    assert "best trial 1: val_acc = 0.9963 at epoch 2 (complete, 5 epochs, seed 123)" in out, out
+    assert "model.lr = 0.002689685941170982" in out and "model.channels = 16" in out, out
 
 
 def test_numeric_choices_of_ints_and_floats_get_their_hparams_columns_and_rows(tmp_path):
@@ -773,7 +779,7 @@ def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
     text = console.export_text()
     shown = "".join(text.split())  # the table's cells, without its wrapping
     assert "".join(f"(traceback:{traceback})".split()) in shown.replace("│", ""), text
-    assert "— 1 trial, val_acc (max)" in text, text  # not "1 trials"
+    assert "— 1 trial, val_acc (max; best of each trial)" in text, text  # not "1 trials"
 
 
 def test_status_shows_the_error_of_a_trial_waiting_for_its_next_try_as_it_is(tmp_path):

@@ -519,7 +519,8 @@ def test_resume_says_which_settings_it_changes(example_config, tmp_path):
         "(paused trials keep their values)",
         f"storage is ignored on resume: the study stays in {tmp_path / 'study'}",
         "resume changes search.seed (0 -> 5): the trials sampled from now on are sampled so (paused trials keep "
-        "their values)"], messages
+        "their values); trials started from now on also train with seeds drawn from the new seed (each started "
+        "trial keeps its own: trials.csv's seed column)"], messages  # it said nothing of training (audit 28)
 
 
 def test_a_name_yaml_reads_as_a_number_is_told_to_be_quoted(example_config):

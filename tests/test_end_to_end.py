@@ -91,6 +91,63 @@ def test_best_json_is_valid_and_its_checkpoint_loads(finished_search):
     assert best["config"]["model"]["init_args"]["channels"] == best["params"]["model.channels"]
 
 
+RETRAIN = """
+import json, sys
+import pytorch_lightning as pl
+import torch
+from hpsearch.search.components import resolve_class
+
+best = json.load(open(sys.argv[1]))
+config = best["config"]
+pl.seed_everything(best["seed"], workers=True, verbose=False)
+torch.set_num_threads(int(config["resources"]["cpus_per_trial"]))
+data = resolve_class("data", config["data"]["class_path"])(**config["data"]["init_args"])
+model = resolve_class("model", config["model"]["class_path"])(**config["model"]["init_args"])
+trainer_settings = config["trainer"]
+values = []
+
+class Values(pl.Callback):
+    def on_validation_end(self, trainer, module):
+        values.append(float(trainer.callback_metrics[best["metric"]]))
+
+trainer = pl.Trainer(max_epochs=best["best_epoch"], precision=trainer_settings["precision"],
+                     gradient_clip_val=trainer_settings["gradient_clip_val"],
+                     accumulate_grad_batches=trainer_settings["accumulate_grad_batches"],
+                     deterministic=trainer_settings["deterministic"], num_sanity_val_steps=0, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                     callbacks=[Values()])
+trainer.fit(model, datamodule=data)
+print(json.dumps(values))
+"""
+
+
+def test_the_best_trial_trains_again_to_its_values_from_best_json(finished_search, tmp_path):
+    """The best trial could not be trained again outside the search: its seed (then the
+    study's seed plus its number) was recorded nowhere, and the epoch of its best value
+    was not said (audit 28). best.json now has both; plain Lightning, with its config and
+    seed, reproduces each epoch's value up to the best."""
+    import subprocess
+    import sys
+
+    exp_dir, config, _ = finished_search
+    best = json.loads((exp_dir / "best.json").read_text())
+    from hpsearch.search.seeding import training_seed
+
+    row = {int(r["trial"]): r for r in rows_of(exp_dir)}[best["trial"]]
+    assert best["seed"] == int(row["seed"]) == training_seed(config["search"].get("seed", 0), best["trial"])
+    reported = study_of(exp_dir, config["name"]).trials[best["trial"]].intermediate_values
+    assert best["best_epoch"] == min(epoch for epoch, value in reported.items()
+                                     if value == pytest.approx(best["value"], rel=1e-5)), (best, reported)
+    (tmp_path / "retrain.py").write_text(RETRAIN)
+    done = subprocess.run([sys.executable, "retrain.py", str(exp_dir / "best.json")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    values = json.loads(done.stdout.strip().splitlines()[-1])
+    assert values == [reported[epoch] for epoch in range(1, best["best_epoch"] + 1)], (values, reported)
+    shown = run_cli("best", str(exp_dir), cwd=exp_dir, timeout=60).stdout
+    assert f"at epoch {best['best_epoch']} (" in shown and f"seed {best['seed']})" in shown, shown
+
+
 def test_status_and_best_commands_read_the_experiment(finished_search):
     exp_dir, config, _ = finished_search
     status = run_cli("status", str(exp_dir), cwd=exp_dir, timeout=60)

@@ -81,6 +81,7 @@ def test_report_renders_in_headless_chromium_and_agrees_with_trials_csv(finished
     stored_best = json.loads((exp_dir / "best.json").read_text())
     assert float(best["value"]) == pytest.approx(stored_best["value"])
     assert int(best["trial"]) == stored_best["trial"]
+    assert (int(best["best at epoch"]), int(best["seed"])) == (stored_best["best_epoch"], stored_best["seed"])
     assert float(best["test test_acc"]) == pytest.approx(stored_best["test_metrics"]["test_acc"])
 
 

@@ -140,6 +140,7 @@ def test_a_trials_planned_techniques_are_in_its_row_from_its_start(tmp_path, exa
     from hpsearch.search.config_loading import load_config
     from hpsearch.search.outcome import PruneLog
     from hpsearch.search.tune_callbacks import TrialsTableRecorder
+    from hpsearch.search.seeding import training_seed
     from hpsearch.search.tuner import planned_columns
 
     example_config["trainer"] = {"precision": "16-mixed"}
@@ -152,6 +153,13 @@ def test_a_trials_planned_techniques_are_in_its_row_from_its_start(tmp_path, exa
                                                               "params": {"trainer.precision": precision}})
         recorder.on_trial_start(0, [], trial)
     rows = read_rows(tmp_path / "trials.csv")
+    # the seed each trained with, drawn from the study's seed and its number (not the seed plus
+    # its number: another seed's trial), which a resumed trial keeps (audit 28)
+    assert [r["seed"] for r in rows] == [training_seed(0, 0), training_seed(0, 1)]
+    assert len({training_seed(0, 1), training_seed(1, 0), 1}) == 3
+    config.search.seed = 5  # a resume that changed search.seed
+    recorder.on_trial_start(0, [], trial)
+    assert recorder.table.row(1)["seed"] == training_seed(0, 1)
     assert [(r["device"], r["precision"], r["world_size"], r["strategy"]) for r in rows] == [
         ("cpu", "bf16-mixed", 1, "single"), ("cpu", "64-true", 1, "single")]  # as a CPU trial runs them
     recorder.on_trial_result(0, [], trial, {"val_acc": 0.5, "epoch": 1, "hps_precision": "32-true"})
