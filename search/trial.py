@@ -29,6 +29,7 @@ from .seeding import training_seed
 from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RANK_NODES, RESTORED, TRIAL_NUMBER
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
+from .trial_watch import TrialWatch, crash_file
 from .worker_data import IN_TRIAL_ENV, WORKER_DATA
 
 
@@ -205,13 +206,15 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
                                 "hps_data_reused": WORKER_DATA.reuses > reuses_before,
                                 **loader_in_use(trainer.train_dataloader),
                                 **(_ranks_placement() if parallel.world_size > 1 else {})})
+    watch = TrialWatch(config.failure.hang_timeout_s)
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
-                            tensorboard_run=tensorboard_run, callbacks=[reporter],
+                            tensorboard_run=tensorboard_run, callbacks=[reporter, watch.callback()],
                             strategy=parallel.strategy, profiler=reporter.fetch_timer,
                             resumed_at=resumed_at(resume_from) if resume_from else None)
     try:
-        trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+        with watch.recording(crash_file(trial_dir, trainer.global_rank if parallel.world_size > 1 else None)):
+            trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
         if reporter.stopped_by_tune:
             raise SystemExit(0)  # the end of the trial's thread that Ray's stop at a report asks for
         reporter.send_final(trainer)  # Tune may stop the trial here: SystemExit, as above

@@ -24,6 +24,7 @@ from .experiment import atomic_write_text
 from .outcome import (COMPLETE, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP,
                       PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
 from .searcher import RAY_TRIAL_ID
+from .trial_watch import crash_account, crash_line
 from .trials_table import RESULT_TO_COLUMN, TrialsTable, has_value
 
 
@@ -212,7 +213,7 @@ class RetryPolicy(Callback):
             row["node_losses"], row["error"] = node_losses + 1, NODE_LOST
             return
         faults = int(row.get("attempts") or 1)  # attempts so far, each ended by a fault
-        fault = (_last_error_line(trial), (trial.last_result or {}).get(EPOCH))
+        fault = (_last_error_line(trial, self.exp), (trial.last_result or {}).get(EPOCH))
         row["error"] = fault[0]
         # A killed process may live on a retry: the out-of-memory killer's choice turns on
         # what else runs on the node, not only on the trial's own batches.
@@ -441,8 +442,11 @@ class KeepTracebacks(Callback):
         if not source:
             return
         kept = kept_traceback(self.exp, trial)
+        # with what the trial's process wrote of its own death, which Ray's text cannot say
+        account = crash_account(kept.parent)
+        own = f"\nThe trial's process's own account (trials/.../crash*.txt):\n{account}" if account else ""
         try:
-            atomic_write_text(kept, without_colours(Path(source).read_text(errors="replace")))
+            atomic_write_text(kept, without_colours(Path(source).read_text(errors="replace")) + own)
         except (OSError, HpsearchError):  # a full disk too
             pass  # Ray's own file stays, and is named instead
 
@@ -491,10 +495,11 @@ def _raised_at(trial) -> str | None:
     return innermost_user_frame((name, int(line), function.strip()) for name, line, function in frames)
 
 
-def _last_error_line(trial) -> str:
+def _last_error_line(trial, exp=None) -> str:
     """The exception line of a trial's last failure, e.g. 'ValueError: bad lr'; where Ray
     wrote no traceback (an actor it lost), Ray's first and last sentences about it, not
-    the indented details (actor id, namespace) under them."""
+    the indented details (actor id, namespace) under them. For a process that died, with
+    ``exp``: what the process wrote of it itself, a native crash or a hang (trial_watch.py)."""
     last_failure = _last_failure(trial)
     # not Ray's header of the task (``ray::ImplicitFunc.train() (pid=..., actor_id=...)``),
     # which differs at every try: the same error must read the same (RetryPolicy compares)
@@ -516,7 +521,12 @@ def _last_error_line(trial) -> str:
         line = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
     else:
         return "unknown error"
-    return _PROCESS_DEATH.sub(_process_death_in_short, line)[:300]
+    line = _PROCESS_DEATH.sub(_process_death_in_short, line)[:300]
+    if exp is not None and PROCESS_DIED in line:
+        from .experiment import trial_name
+
+        line = crash_line(crash_account(exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER]))))) or line
+    return line[:300]
 
 
 # Ray's account of a trial's (or a rank's) process that died without a Python error
@@ -764,7 +774,7 @@ class ProgressDisplay(Callback):
             self._say(f"trial {number}: its node was lost; retrying from {start} on another node (not counted "
                       f"in failure.max_retries){_traceback_at(trial, self.exp)}")
             return
-        self._say(f"trial {number}: retrying from {start} after {_last_error_line(trial)}"
+        self._say(f"trial {number}: retrying from {start} after {_last_error_line(trial, self.exp)}"
                   f"{_traceback_at(trial, self.exp)}")
 
     def _announce(self, trial, note: str = "") -> None:

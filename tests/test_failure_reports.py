@@ -292,3 +292,54 @@ def test_an_exception_without_a_message_or_of_a_local_class_is_named_the_same_at
         first = _last_error_line(error_file(tmp_path, failure(18164, exception)))
         again = _last_error_line(error_file(tmp_path, failure(18355, exception)))
         assert first == again == exception, (first, again)
+
+
+CRASHING = """
+import sys, time
+from pathlib import Path
+from hpsearch.search.trial_watch import TrialWatch
+
+def training_step(how):
+    if how == "segfault":
+        import ctypes
+        ctypes.string_at(0)
+    time.sleep(60)
+
+watch = TrialWatch(hang_timeout_s=1.0)
+with watch.recording(Path(sys.argv[2])):
+    watch.callback().on_fit_start(None, None)  # the training starts
+    training_step(sys.argv[1])
+"""
+
+
+def test_a_trials_process_writes_its_native_crash_or_its_hang_with_the_users_line(tmp_path):
+    """Ray says only that the worker's connection ended, for a kill, a segfault, or a hang
+    ended by hand (audit 27): the process's own account names the fault and the line."""
+    import subprocess
+    import sys
+
+    from hpsearch.search.trial_watch import HUNG_EXIT_CODE, crash_account, crash_line
+
+    (tmp_path / "crasher.py").write_text(CRASHING)
+    for how, ended_by in (("segfault", -11), ("hang", HUNG_EXIT_CODE)):
+        trial_dir = tmp_path / how
+        trial_dir.mkdir()
+        done = subprocess.run([sys.executable, "crasher.py", how, str(trial_dir / "crash.txt")], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == ended_by, (how, done.returncode, done.stderr)
+        line = crash_line(crash_account(trial_dir))
+        where = f"(at {tmp_path / 'crasher.py'}:{9 if how == 'segfault' else 10} in training_step)"
+        expected = {"segfault": f"its process crashed: Segmentation fault {where}",
+                    "hang": f"hung: no batch finished for 1 s (failure.hang_timeout_s) {where}"}[how]
+        assert line == expected, (line, crash_account(trial_dir))
+
+
+def test_a_trial_that_ends_on_its_own_leaves_no_account_and_faulthandler_as_it_was(tmp_path):
+    import faulthandler
+
+    from hpsearch.search.trial_watch import TrialWatch
+
+    was = faulthandler.is_enabled()
+    with TrialWatch(hang_timeout_s=30).recording(tmp_path / "crash.txt"):
+        assert faulthandler.is_enabled()
+    assert not (tmp_path / "crash.txt").exists() and faulthandler.is_enabled() == was

@@ -166,14 +166,15 @@ def test_a_time_budget_ends_the_session_cleanly_and_pauses_the_running_trials(tm
 @pytest.mark.slow
 def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     faults = {"0": "killed", "1": "raise_once", "2": "raise_always", "3": "nan", "4": "oom", "5": "init_error",
-              "6": "type_error", "7": "raise_same"}
-    path = experiment(tmp_path, "faults", faults=faults)
+              "6": "type_error", "7": "raise_same", "8": "segfault", "9": "hang"}
+    path = experiment(tmp_path, "faults", num_trials=len(faults), faults=faults)
     exp_dir = tmp_path / "runs" / "faults"
-    # Seven of the eight trials fail: failure.max_consecutive_failures would stop the search.
-    code, output = finish(start("run", path.name, "--set", "failure.max_consecutive_failures=null", cwd=tmp_path))
+    # Nine of the ten trials fail: failure.max_consecutive_failures would stop the search.
+    code, output = finish(start("run", path.name, "--set", "failure.max_consecutive_failures=null",
+                                "--set", "failure.hang_timeout_s=8", cwd=tmp_path))
     assert code == 0, output
     table = {int(r["trial"]): r for r in rows(exp_dir)}
-    assert len(table) == NUM_TRIALS
+    assert len(table) == len(faults)
     # Each retry is one line naming the error and where its traceback is; Ray Tune's own
     # traceback of every try stays off the console (without -v).
     assert "Trial task failed" not in output and "Traceback (most recent call last)" not in output, output
@@ -230,9 +231,23 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
         "failed 3 times: its process died without a Python error: killed (by the system's out-of-memory killer, "
         "most often)"), killed
     assert "trial 0: retrying from its last checkpoint after its process died" in output, output
+    # A native crash, and a hang past failure.hang_timeout_s, are named by the process's own
+    # account (Python's faulthandler), at the user's line: Ray's words were those of a
+    # killed process, and a hung trial held its slot until the search was stopped (audit 27).
+    # Each repeats at the same point, so it is tried twice, not three times.
+    crashed, hung = table[8], table[9]
+    assert (crashed["state"], crashed["attempts"]) == ("FAILED", "2"), crashed
+    assert re.match(r"failed 2 times the same way, at the same point: its process crashed: Segmentation fault "
+                    r"\(at \S*faulty\.py:\d+ in training_step\)", crashed["reason"]), crashed["reason"]
+    assert (hung["state"], hung["attempts"]) == ("FAILED", "2"), hung
+    assert re.match(r"failed 2 times the same way, at the same point: hung: no batch finished for 8 s "
+                    r"\(failure.hang_timeout_s\) \(at \S*faulty\.py:\d+ in training_step\)", hung["reason"]), hung
+    for number in (8, 9):
+        kept = (exp_dir / "trials" / f"trial_{number:04d}" / "error.txt").read_text()
+        assert "own account" in kept and 'faulty.py", line' in kept, kept[-2000:]
 
     states = {t.number: t.state.name for t in study(exp_dir, "faults").trials}
-    assert [states[n] for n in (0, 1, 2, 3, 4, 5, 6, 7)] == ["FAIL", "COMPLETE"] + ["FAIL"] * 6
+    assert [states[n] for n in range(len(faults))] == ["FAIL", "COMPLETE"] + ["FAIL"] * 8
     # Failed trials are rows of TensorBoard's HParams table too, with their state.
     assert [hparams_state(tensorboard_run(exp_dir, n)) for n in (1, 2, 3, 4)] == ["COMPLETE"] + ["FAILED"] * 3
     best = json.loads((exp_dir / "best.json").read_text())
