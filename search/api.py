@@ -30,7 +30,7 @@ from typing import Any
 from .cluster_join import cluster_address, ensure_joined_cluster_answers
 from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import flat_settings, load_config
-from .errors import (CallbackError, ConfigError, HpsearchError, Interrupted, Problem, counted, exception_chain,
+from .errors import (CallbackError, ConfigError, DiskFullError, HpsearchError, Interrupted, Problem, counted, exception_chain,
                      first_line, resume_command, warn_user)
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
@@ -510,6 +510,12 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         outcome = SESSION_INTERRUPTED
         _release_reservations_since(held_before)
         raise Interrupted(exp.root, address) from None
+    except DiskFullError as exc:
+        _release_reservations_since(held_before)
+        # the search stops there; nothing finished is lost (audit 27: it said only the first part)
+        raise DiskFullError(f"{exc}. The search stopped; finished trials are kept, and the running ones "
+                            f"continue from their last checkpoints: once there is space, continue the study "
+                            f"with: {resume_command(exp.root, address)}") from exc
     except Exception as exc:
         _release_reservations_since(held_before)  # a Python session's next search needs them
         raise _user_error_in(exc) or _callback_error_in(exc, callbacks, exp) or exc

@@ -18,6 +18,10 @@ class HpsearchError(Exception):
     """Base of every error meant for the user rather than for a debugger."""
 
 
+class DiskFullError(HpsearchError):
+    """A study file could not be written for want of space; its previous version is intact."""
+
+
 def warn_user(message: str | Warning, category: type[Warning] = UserWarning) -> None:
     """Warn as from the user's own line that called into hpsearch (the outermost call),
     not from hpsearch's code: Python prints that line with the message, and a filter by

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ExperimentError, HpsearchError, first_line, resume_command
+from .errors import DiskFullError, ExperimentError, first_line, resume_command
 from .yaml_io import dump_yaml, load_yaml
 
 
@@ -169,7 +169,7 @@ def atomic_write_text(path: Path, text: str) -> None:
         except OSError:
             pass
         if exc.errno == 28:  # ENOSPC
-            raise HpsearchError(f"disk full while writing {path}; the previous version is intact") from exc
+            raise DiskFullError(f"disk full while writing {path}; the previous version is intact") from exc
         raise
 
 

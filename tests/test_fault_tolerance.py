@@ -408,6 +408,8 @@ def test_one_study_survives_a_kill_a_double_ctrl_c_a_sigterm_and_a_full_disk_in_
                             capture_output=True, text=True, timeout=400, env={**os.environ, "FAIL_AFTER_WRITES": "2"})
     assert result.returncode == 1, result.stdout + result.stderr
     assert "disk full while writing" in result.stderr and "trials.csv" in result.stderr, result.stderr
+    # and how to go on, which it did not say (audit 27)
+    assert f"once there is space, continue the study with: hpsearch resume {exp_dir}" in result.stderr, result.stderr
     assert rows(exp_dir), "the last good trials.csv must still load"
     assert not list(exp_dir.glob(".*.tmp")), "no temporary file left behind"
     study(exp_dir, name)  # the Optuna journal loads
