@@ -143,6 +143,7 @@ def free_name(name: str, taken) -> str:
 
 # Beside a trial's checkpoints: the traceback of the fault that ended it, or of its last
 # failed try (written by the trial, or copied there by the driver).
+STUDY_FILE = "optuna.journal"  # the Optuna study (searcher.py)
 TRIAL_TRACEBACK = "error.txt"
 # Beside a trial's checkpoints: the experiment's settings the trial last trained with (a
 # resume may change some, the precision say), for its evaluation and best.json's config.

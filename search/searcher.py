@@ -22,12 +22,12 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from .config import ExperimentConfig
+from .experiment import STUDY_FILE
 from .outcome import (COMPLETE, EPOCH, FAILED, KNOWN_EPOCHS, PRUNED, STOP_REASON, TRIAL_NUMBER, PruneLog, best_of,
                       classify)
 from .seeding import resumed_seed
 from .space import grid_values, to_distributions, trial_limit
 
-STUDY_FILE = "optuna.journal"
 RAY_TRIAL_ID = "ray_trial_id"
 SETTINGS = "hps_settings"  # the study's: what it was searched with, that a resume may not change
 GRID_SEED = "hps_grid_seed"  # the study's: the seed its grid was shuffled with, kept across resumes

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from .errors import counted, resume_command
 from .outcome import SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
-from .experiment import ExperimentDir, read_sessions
+from .experiment import STUDY_FILE, ExperimentDir, read_sessions
 from .study_lock import dead_holder
 from .trials_table import TrialsTable, has_value, read_rows
 
@@ -62,7 +62,14 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
                           f"every one, and trials.csv has them.", markup=False, soft_wrap=True)
         console.print(_summary_line(rows, best, metric, config["mode"]), markup=False, soft_wrap=True)
     else:
-        console.print(f"{exp.root}: no trial has started yet", markup=False)
+        journal = exp.root / STUDY_FILE
+        if journal.is_file() and journal.stat().st_size > 0:
+            # trials.csv deleted or lost: the study still has its trials (audit 27)
+            console.print(f"{exp.root}: trials.csv is missing, but the study's journal ({STUDY_FILE}) holds its "
+                          f"trials; `{resume_command(exp.root)}` writes trials.csv again from it", markup=False,
+                          soft_wrap=True)
+        else:
+            console.print(f"{exp.root}: no trial has started yet", markup=False)
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
     last_session = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
     # A session still "running" whose driver is gone was killed (before any trial had a

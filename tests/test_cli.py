@@ -942,6 +942,11 @@ def test_status_says_a_killed_driver_is_gone_even_before_any_trial_had_a_row(tmp
     assert "no trial has started yet" in said and f"`hpsearch resume {exp.root}` continues the study" in said, said
     record_session(exp, 100.0, 200.0, "complete")  # a driver that ended its session is not news
     assert "No search is running" not in status()
+    # a study whose trials.csv is gone has trials all the same: its journal holds them (audit 27)
+    (exp.root / "optuna.journal").write_text('{"op_code": 0}\n')
+    said = " ".join(status().split())
+    assert "trials.csv is missing, but the study's journal (optuna.journal) holds its trials" in said, said
+    assert "no trial has started yet" not in said, said
 
 
 def test_the_resume_command_pastes_into_a_shell_whatever_the_studys_path(monkeypatch):
