@@ -210,7 +210,7 @@ def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None
     sessions = read_sessions(exp)
     entry = next((s for s in sessions if s.get("started_at") == started_at), None)
     if entry is None:
-        entry = {"started_at": started_at}
+        entry = {"started_at": started_at, "versions": software_versions()}
         sessions.append(entry)
     entry.update({"ended_at": ended_at, "outcome": outcome,
                   "seconds": None if ended_at is None else round(ended_at - started_at, 3),
@@ -219,6 +219,26 @@ def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None
     if address is not None:
         entry["address"] = address
     write_json(exp.sessions_json, sessions)
+
+
+# What a session's results depend on besides the experiment file and the user's code.
+VERSIONED = ("hpsearch", "torch", "pytorch-lightning", "ray", "optuna", "numpy")
+
+
+def software_versions() -> dict[str, str]:
+    """Python's and the installed packages' versions (read from their metadata, importing
+    none of them), recorded with each session: the same file and seed can give other
+    values under another torch (audit 28)."""
+    import platform
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
 
 
 def close_killed_sessions(exp: ExperimentDir) -> int:

@@ -181,6 +181,27 @@ def test_a_killed_session_is_closed_by_the_next_as_of_its_last_write(tmp_path):
     assert close_killed_sessions(exp) == 0
 
 
+
+def test_each_session_records_the_versions_its_results_depend_on(tmp_path):
+    """The same file and seed can give other values under another torch: nothing in a study
+    said what it ran with (audit 28)."""
+    import platform
+
+    import pytorch_lightning
+    import torch
+
+    from hpsearch.search.experiment import ExperimentDir, read_sessions, record_session
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    record_session(exp, 1000.0, None, "running")
+    record_session(exp, 1000.0, 1010.0, "complete")  # the same session's end keeps them
+    [session] = read_sessions(exp)
+    versions = session["versions"]
+    assert (versions["python"], versions["torch"], versions["pytorch-lightning"]) == (
+        platform.python_version(), torch.__version__, pytorch_lightning.__version__), versions
+    assert {"hpsearch", "ray", "optuna", "numpy"} <= set(versions), versions
+
+
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
 def test_study_files_get_the_permissions_the_umask_gives(tmp_path, umask, mode):
     """They were always 0600 (``tempfile.mkstemp``'s): on a study shared over NFS, others
