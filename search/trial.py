@@ -209,7 +209,7 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     watch = TrialWatch(config.failure.hang_timeout_s)
     trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                             max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
-                            tensorboard_run=tensorboard_run, callbacks=[reporter, watch.callback()],
+                            tensorboard_run=tensorboard_run, callbacks=[reporter, *watch.callbacks()],
                             strategy=parallel.strategy, profiler=reporter.fetch_timer,
                             resumed_at=resumed_at(resume_from) if resume_from else None)
     try:

@@ -35,15 +35,18 @@ def crash_file(trial_dir: Path, rank: int | None = None) -> Path:
 class TrialWatch:
     """For one trial in this process: its crash account, and with ``hang_timeout_s`` the
     watchdog, from the training's start (after the DataModule's setup, which may download)
-    to its end. ``callback()`` is what tells it a batch finished."""
+    to its end. ``callbacks()`` tell it when a batch finished."""
 
     def __init__(self, hang_timeout_s: float | None = None) -> None:
         self.hang_timeout_s = hang_timeout_s
         self._last = time.monotonic()
         self._armed = False
 
-    def callback(self):
-        """The Lightning callback that marks the training's start and end and each batch."""
+    def callbacks(self) -> list:
+        """The Lightning callback that marks the training's start and end and each batch;
+        none without a watchdog, whose hooks at every step would cost each trial's steps."""
+        if not self.hang_timeout_s:
+            return []
         import pytorch_lightning as pl
 
         watch = self
@@ -68,7 +71,7 @@ class TrialWatch:
             def on_exception(self, trainer, pl_module, exception) -> None:
                 watch._armed = False
 
-        return BatchesFinish()
+        return [BatchesFinish()]
 
     def progress(self) -> None:
         self._last = time.monotonic()

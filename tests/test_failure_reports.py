@@ -307,7 +307,7 @@ def training_step(how):
 
 watch = TrialWatch(hang_timeout_s=1.0)
 with watch.recording(Path(sys.argv[2])):
-    watch.callback().on_fit_start(None, None)  # the training starts
+    watch.callbacks()[0].on_fit_start(None, None)  # the training starts
     training_step(sys.argv[1])
 """
 
@@ -343,3 +343,5 @@ def test_a_trial_that_ends_on_its_own_leaves_no_account_and_faulthandler_as_it_w
     with TrialWatch(hang_timeout_s=30).recording(tmp_path / "crash.txt"):
         assert faulthandler.is_enabled()
     assert not (tmp_path / "crash.txt").exists() and faulthandler.is_enabled() == was
+    # without a watchdog, no hook at every step of every trial
+    assert TrialWatch(hang_timeout_s=None).callbacks() == [] and len(TrialWatch(hang_timeout_s=5).callbacks()) == 1
