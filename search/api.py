@@ -218,18 +218,22 @@ def resume(
     address: str | None = None,
     verbose: bool = False,
     callbacks: Iterable[Any] = (),
+    retry_failed: bool = False,
 ) -> SearchResult:
     """Continue an interrupted study: finished trials stay, interrupted ones continue from
     their checkpoints, and the sampler continues from the study's history.
 
     ``experiment_dir`` may be the study's URI (``s3://bucket/exps/name``): a study
-    survives the cluster it ran on and resumes on another."""
+    survives the cluster it ran on and resumes on another. ``retry_failed``: the
+    configuration of each failed trial runs again, as a new trial beyond ``num_trials``
+    (once the cause of the failures is fixed)."""
     called = time.monotonic()
     callbacks = _tune_callbacks(callbacks)
     exp, mirror = StudyHome.existing(experiment_dir)
     # prepare() freezes the driver's imports for this search only
     with study_lock(exp), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
-        return _took(called, _resume_locked(exp, overrides, address, verbose, callbacks, mirror, interrupted))
+        return _took(called, _resume_locked(exp, overrides, address, verbose, callbacks, mirror, interrupted,
+                                            retry_failed))
 
 
 def _took(called: float, result: SearchResult) -> SearchResult:
@@ -239,8 +243,8 @@ def _took(called: float, result: SearchResult) -> SearchResult:
 
 
 def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool, callbacks,
-                   mirror: Mirror | None, interrupted: _HeardInterrupt) -> SearchResult:
-    from .searcher import SETTINGS, existing_study
+                   mirror: Mirror | None, interrupted: _HeardInterrupt, retry_failed: bool = False) -> SearchResult:
+    from .searcher import SETTINGS, existing_study, runs_again
 
     stored = load_config(exp.config_file)
     config = load_config(exp.config_file, overrides)
@@ -257,15 +261,21 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
                                              f"({json.dumps(recorded[k])[:200]}): was {exp.config_file} edited? "
                                              f"{k} cannot change on resume; put it back, or start a new experiment")
                            for k in edited])
-    # trials.csv lags the study: a trial gets its row only once it starts
+    # trials.csv lags the study: a trial gets its row only once it starts. Failed trials'
+    # configurations run again are beyond num_trials.
+    again = runs_again(study)
     started = max(len(read_rows(exp.trials_csv)) if exp.trials_csv.is_file() else 0,
-                  len(study.get_trials(deepcopy=False)) if study else 0)
+                  len(study.get_trials(deepcopy=False)) if study else 0) - again
     if config.search.num_trials < started:
         raise ConfigError([config.problem("search.num_trials", f"{config.search.num_trials} is fewer than the "
                                                                f"{started} trials the study already has; give at "
                                                                f"least {started}")])
     close_killed_sessions(exp)  # before reading the last one's outcome
-    searched = _search_complete(exp, config)
+    if retry_failed and study is not None:
+        _run_failed_again(study)
+    # trials queued to run again, by this resume or by one stopped before they ran
+    queued = study is not None and any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False))
+    searched = _search_complete(exp, config) and not queued
     say_what_resume_changes(stored, config, exp.root, trials_run=not searched)
     if searched and (_best_evaluated(exp, config) or not _has_a_result(exp, config)):
         # Nothing is left to run: neither Ray nor a session starts (both used to, only for
@@ -297,6 +307,20 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         write_config(exp, config.model_dump(mode="json"))
         interrupted.raise_if_heard()
         return _search(config, exp, verbose, concurrency, callbacks, mirror, address, search_ray.local_environment)
+
+
+def _run_failed_again(study) -> None:
+    """Queue the failed trials' configurations to run again (``searcher.run_failed_again``),
+    saying which; those queued by an earlier resume and not yet run included."""
+    from .searcher import run_failed_again
+
+    queued = run_failed_again(study)
+    if queued:
+        pairs = ", ".join(f"{failed} as {new}" for failed, new in sorted(queued.items()))
+        print(f"running again the configurations of {counted(len(queued), 'failed trial')} (trial {pairs}); "
+              f"the failed trials stay in the study as they ended", flush=True)
+    else:
+        print("no failed trial to run again: every failed trial's configuration has run since", flush=True)
 
 
 def _best_evaluated(exp: ExperimentDir, config: ExperimentConfig) -> bool:

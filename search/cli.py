@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = commands.add_parser("resume", help="continue an interrupted study")
     resume.add_argument("experiment_dir", help="the experiment directory (EXP_DIR)")
+    resume.add_argument("--retry-failed", action="store_true",
+                        help="run each failed trial's configuration again, as a new trial beyond num_trials "
+                             "(once the cause of the failures is fixed)")
     _add_session_options(resume)
 
     status = commands.add_parser("status", help="one row per trial: state, params, metric, epochs, why it stopped")
@@ -323,7 +326,8 @@ def cmd_check(args) -> int:
 def cmd_resume(args) -> int:
     from . import api
 
-    result = api.resume(args.experiment_dir, args.overrides, address=args.address, verbose=args.verbose)
+    result = api.resume(args.experiment_dir, args.overrides, address=args.address, verbose=args.verbose,
+                        retry_failed=args.retry_failed)
     with _ctrl_c_ignored():
         return _report(result)
 

@@ -30,6 +30,7 @@ from .space import grid_values, to_distributions, trial_limit
 
 RAY_TRIAL_ID = "ray_trial_id"
 SETTINGS = "hps_settings"  # the study's: what it was searched with, that a resume may not change
+RETRY_OF = "hps_retry_of"  # a trial's: the failed trial whose configuration it runs again (resume --retry-failed)
 GRID_SEED = "hps_grid_seed"  # the study's: the seed its grid was shuffled with, kept across resumes
 
 
@@ -124,6 +125,31 @@ class _Grid(optuna.samplers.GridSampler):
         pass
 
 
+def runs_again(study: optuna.Study | None) -> int:
+    """How many of the study's trials run a failed trial's configuration again."""
+    return 0 if study is None else sum(RETRY_OF in t.user_attrs for t in study.get_trials(deepcopy=False))
+
+
+def run_failed_again(study: optuna.Study) -> dict[int, int]:
+    """Queue the configuration of each failed trial that no later trial runs again, as a
+    new trial (``enqueue_trial``: the sampler gives it those values). The failed trials
+    stay in the study as they ended. New trial number by failed one."""
+    trials = study.get_trials(deepcopy=False)
+    latest = {_configuration(t): t.number for t in trials}  # the last trial of each configuration
+    failed = [t for t in trials if t.state == TrialState.FAIL and latest[_configuration(t)] == t.number]
+    for trial in failed:
+        study.enqueue_trial(dict(trial.params), user_attrs={RETRY_OF: trial.number}, skip_if_exists=False)
+    queued = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+    return {t.user_attrs[RETRY_OF]: t.number for t in queued if RETRY_OF in t.user_attrs}
+
+
+def _configuration(trial) -> tuple:
+    """A trial's values, as a key; a queued trial's are those it was queued with (it has
+    no params until it is handed out)."""
+    values = trial.params or trial.system_attrs.get("fixed_params", {})
+    return tuple(sorted((name, repr(value)) for name, value in values.items()))
+
+
 class OptunaSearcher(Searcher):
     """Suggests ``{"params": {...}, "hps_trial_number": n}`` until ``num_trials`` exist in the study."""
 
@@ -133,7 +159,8 @@ class OptunaSearcher(Searcher):
         self.experiment_dir = Path(experiment_dir)
         self.prunes = prunes
         self.distributions = to_distributions(config)
-        self.trial_limit = trial_limit(config)
+        # Configurations run again after failing (resume --retry-failed) are trials beyond num_trials.
+        self.trial_limit = trial_limit(config) + runs_again(existing_study(self.experiment_dir, config.name))
         self._study: optuna.Study | None = None
         self._numbers: dict[str, int] = {}
         self._to_resume: list[int] = []
@@ -245,7 +272,9 @@ class OptunaSearcher(Searcher):
             study._storage.set_trial_user_attr(self._trial_key(number), RAY_TRIAL_ID, trial_id)
             self._sample_what_is_missing(number)
         if trial_id not in self._numbers:
-            if len(study.get_trials(deepcopy=False)) >= self.trial_limit:
+            # a trial queued to run again (resume --retry-failed) is in the study before it is handed out
+            handed_out = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
+            if len(handed_out) >= self.trial_limit:
                 return Searcher.FINISHED
             trial = study.ask(fixed_distributions=self.distributions)
             trial.set_user_attr(RAY_TRIAL_ID, trial_id)

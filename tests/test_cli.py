@@ -1171,7 +1171,7 @@ def test_a_ctrl_c_while_the_result_prints_is_ignored(monkeypatch, tmp_path, caps
     try:
         try:
             code = cli.cmd_resume(argparse.Namespace(experiment_dir=str(tmp_path), overrides=[], address=None,
-                                                     verbose=False))
+                                                     verbose=False, retry_failed=False))
         except KeyboardInterrupt:
             pytest.fail("the Ctrl+C interrupted the printing of a completed search's result")
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

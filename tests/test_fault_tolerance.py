@@ -277,10 +277,20 @@ def test_trials_failing_in_a_row_stop_the_search_and_resume_goes_on_once_fixed(t
                             capture_output=True, text=True)
     assert "its last session stopped because trials kept failing" in " ".join(status.stdout.split()), status.stdout
 
+    # Once fixed, the failed trials' configurations run again too, as new trials beyond
+    # num_trials: they were lost to the study, a grid's points among them (audit 27).
     (tmp_path / "markers" / "data-fixed").write_text("")
-    code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
+    code, output = finish(start("resume", str(exp_dir), "--retry-failed", cwd=tmp_path))
     assert code == 0, output
-    assert sorted(r["state"] for r in rows(exp_dir)) == ["COMPLETE", "COMPLETE", "FAILED", "FAILED"], rows(exp_dir)
+    # (the two failed trials were all the study had: one trial ran at a time)
+    assert "running again the configurations of 2 failed trials (trial 0 as 2, 1 as 3)" in output, output
+    table = {int(r["trial"]): r for r in rows(exp_dir)}
+    assert [table[n]["state"] for n in range(6)] == ["FAILED"] * 2 + ["COMPLETE"] * 4, table
+    assert [table[n]["model.lr"] for n in (2, 3)] == [table[n]["model.lr"] for n in (0, 1)], table
+    ran_again = {t.number: t.params for t in study(exp_dir, "failing").trials}
+    assert (ran_again[2], ran_again[3]) == (ran_again[0], ran_again[1]) != (ran_again[4], ran_again[5])
+    code, output = finish(start("resume", str(exp_dir), "--retry-failed", cwd=tmp_path), timeout=120)
+    assert code == 0 and "no failed trial to run again" in output and "already complete (6 trials)" in output, output
 
 
 FULL_DISK_DRIVER = """

@@ -281,3 +281,28 @@ def test_a_finished_grid_smaller_than_num_trials_is_a_complete_search(tmp_path, 
     table.row(5)["state"] = "PAUSED"
     table.save(exp.trials_csv)
     assert not _search_complete(exp, config)
+
+
+def test_a_finished_grids_failed_points_run_again_as_trials_beyond_it(tmp_path, example_config):
+    """A grid's failed point was never run again: once the cause was fixed, the grid could
+    only be searched anew (audit 27). resume --retry-failed queues each failed trial's
+    configuration once, as a trial beyond the grid's size, which the grid's sampler leaves be."""
+    from hpsearch.search.searcher import run_failed_again
+
+    config = grid_config(example_config, 6)
+    searcher = OptunaSearcher(config, tmp_path, PruneLog())
+    for trial_id in "abcdef":
+        searcher.suggest(trial_id)
+        searcher.on_trial_complete(trial_id, None, error=trial_id in "be")  # b and e failed
+    assert searcher.suggest("g") == Searcher.FINISHED
+    study = open_study(tmp_path, config.name, config.mode)
+    assert run_failed_again(study) == {1: 6, 4: 7}
+    assert run_failed_again(study) == {1: 6, 4: 7}  # queued once, however often asked
+    again = OptunaSearcher(config, tmp_path, PruneLog())
+    assert again.trial_limit == 8
+    run_trials(again, "hi")
+    assert again.suggest("j") == Searcher.FINISHED and again.is_complete()
+    trials = open_study(tmp_path, config.name, config.mode).trials
+    assert [(t.number, t.state.name) for t in trials[6:]] == [(6, "COMPLETE"), (7, "COMPLETE")]
+    assert (trials[6].params, trials[7].params) == (trials[1].params, trials[4].params)
+    assert run_failed_again(open_study(tmp_path, config.name, config.mode)) == {}  # each has run since
