@@ -30,11 +30,12 @@ from typing import Any
 from .cluster_join import cluster_address, ensure_joined_cluster_answers
 from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import flat_settings, load_config
-from .errors import (CallbackError, ConfigError, DiskFullError, HpsearchError, Interrupted, Problem, counted, exception_chain,
-                     first_line, resume_command, warn_user)
+from .errors import (CallbackError, ConfigError, DiskFullError, HpsearchError, Interrupted, Problem, counted,
+                     exception_chain, first_line, resume_command, warn_user)
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
-from .outcome import FINISHED_STATES, SESSION_COMPLETE, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED, SESSION_RAY_LOST
+from .outcome import (FINISHED_STATES, SESSION_COMPLETE, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED,
+                      SESSION_RAY_LOST)
 from .ray_watch import RayLostWatch
 from .storage import Mirror, StudyHome
 from .study_lock import study_lock
@@ -557,21 +558,19 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         warn_user(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
                                   f"result.best is None. See why in result.trials or with: "
                                   f"hpsearch status {exp.root}"))
+    # How a stopped search goes on, from Python or the command line: a notebook showed
+    # nothing of it, the call returning as if all went well.
+    go_on = (f"hpsearch.resume({str(exp.root)!r}" + (f", address={address!r})" if address else ")")
+             + f", or: {resume_command(exp.root, address)}")
     stop_reason = ""
     if outcome == SESSION_FAILURES_IN_A_ROW:
         stop_reason = failures_stop_reason(config.failure.max_consecutive_failures, trials)
-        warn_user(StoppedEarlyWarning(f"{stop_reason}; once the cause is fixed, continue the study with "
-                                      f"hpsearch.resume({str(exp.root)!r}" + (f", address={address!r})" if address
-                                                                              else ")")
-                                      + f", or: {resume_command(exp.root, address)}"))
-    if outcome == SESSION_INTERRUPTED:
-        # A Ctrl+C or SIGTERM that stopped the search gracefully: the call returns as if
-        # all went well, and a notebook showed nothing of how to go on.
-        call = f"hpsearch.resume({str(exp.root)!r}" + (f", address={address!r})" if address else ")")
+        warn_user(StoppedEarlyWarning(f"{stop_reason}; once the cause is fixed, continue the study with {go_on}"))
+    if outcome == SESSION_INTERRUPTED:  # by a Ctrl+C or SIGTERM, gracefully
         finished = _finished(trials)
         warn_user(StoppedEarlyWarning(f"search stopped before the study was complete ({finished} of "
                                       f"{counted(trial_limit(config), 'trial')} finished); continue it with "
-                                      f"{call}, or: {resume_command(exp.root, address)}"))
+                                      f"{go_on}"))
     return SearchResult(exp.root, outcome, best, trials, address=address,
                         finished_before=finished_before, stop_reason=stop_reason)
 

@@ -159,8 +159,8 @@ class OptunaSearcher(Searcher):
         self.experiment_dir = Path(experiment_dir)
         self.prunes = prunes
         self.distributions = to_distributions(config)
-        # Configurations run again after failing (resume --retry-failed) are trials beyond num_trials.
-        self.trial_limit = trial_limit(config) + runs_again(existing_study(self.experiment_dir, config.name))
+        self._limit = trial_limit(config)
+        self._runs_again = 0  # counted as the study opens
         self._study: optuna.Study | None = None
         self._numbers: dict[str, int] = {}
         self._to_resume: list[int] = []
@@ -178,6 +178,12 @@ class OptunaSearcher(Searcher):
         return state
 
     @property
+    def trial_limit(self) -> int:
+        """The trials the study holds when done: ``num_trials`` (or a smaller grid's size),
+        and beyond them the failed trials' configurations run again (resume --retry-failed)."""
+        return self._limit + (self._runs_again if self._study is not None else runs_again(self.study))
+
+    @property
     def study(self) -> optuna.Study:
         if self._study is None:
             existing = open_study(self.experiment_dir, self.config.name, self.config.mode)
@@ -186,6 +192,7 @@ class OptunaSearcher(Searcher):
                 existing.set_user_attr(GRID_SEED, self.config.search.seed)
             self._study = open_study(self.experiment_dir, self.config.name, self.config.mode,
                                      make_sampler(self.config, offset, existing.user_attrs.get(GRID_SEED)))
+            self._runs_again = runs_again(self._study)
             for trial in self._study.get_trials(deepcopy=False):
                 if RAY_TRIAL_ID in trial.user_attrs:
                     self._numbers[trial.user_attrs[RAY_TRIAL_ID]] = trial.number
