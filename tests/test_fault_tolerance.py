@@ -346,6 +346,7 @@ def test_an_interrupt_caught_inside_exec_d_code_leaves_the_exit_status_to_the_co
     process-wide flag that makes the interpreter re-raise SIGINT at exit, caught or not."""
     (tmp_path / "interrupted_in_exec.py").write_text(
         "import os, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job starts with it ignored\n"
         "from hpsearch.search import cli\n"
         "def stopped_at_start_up(args):\n"
         "    try:\n"
