@@ -276,7 +276,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         _run_failed_again(study)
     # trials queued to run again, by this resume or by one stopped before they ran
     queued = study is not None and any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False))
-    searched = _search_complete(exp, config) and not queued
+    searched = _search_complete(exp, config, runs_again(study)) and not queued
     say_what_resume_changes(stored, config, exp.root, trials_run=not searched)
     if searched and (_best_evaluated(exp, config) or not _has_a_result(exp, config)):
         # Nothing is left to run: neither Ray nor a session starts (both used to, only for
@@ -402,17 +402,19 @@ def _differs(recorded: Any, current: Any, user_keyed: bool = False) -> bool:
     return recorded != current
 
 
-def _search_complete(exp: ExperimentDir, config: ExperimentConfig) -> bool:
+def _search_complete(exp: ExperimentDir, config: ExperimentConfig, runs_again: int = 0) -> bool:
     """Whether the study's last session completed its search, with every trial finished:
     the session completed, or its Tune run did before the session was stopped during the
-    test evaluation. (Only then do trials.csv and the Optuna journal surely agree.)"""
+    test evaluation. (Only then do trials.csv and the Optuna journal surely agree.)
+    ``runs_again``: the study's trials that ran failed ones' configurations again, which
+    are beyond num_trials (a num_trials between the two counts ran nothing; audit 29)."""
     from .space import trial_limit
 
     sessions = sorted(read_sessions(exp), key=lambda s: float(s["started_at"]))
     if not sessions or not (sessions[-1].get("outcome") == SESSION_COMPLETE or sessions[-1].get("search_complete")):
         return False
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
-    return len(trials) >= trial_limit(config) and all(t.get("state") in FINISHED_STATES for t in trials)
+    return len(trials) - runs_again >= trial_limit(config) and all(t.get("state") in FINISHED_STATES for t in trials)
 
 
 def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str | None, verbose: bool,
@@ -502,7 +504,9 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     if mirror is not None:
         mirror.push_study_files()
     outcome, search_complete = "crashed", False
-    finished_before = _finished(read_rows(exp.trials_csv) if exp.trials_csv.is_file() else [])
+    rows_before = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
+    finished_before = _finished(rows_before)
+    ended_before = {str(row["trial"]) for row in rows_before if row.get("state") in FINISHED_STATES}
     held_before = _reservations()
 
     def ray_lost(silent_s: float) -> None:  # from the watch's thread; the process ends after it
@@ -564,7 +568,9 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
              + f", or: {resume_command(exp.root, address)}")
     stop_reason = ""
     if outcome == SESSION_FAILURES_IN_A_ROW:
-        stop_reason = failures_stop_reason(config.failure.max_consecutive_failures, trials)
+        # this session's failures, the run that stopped it among them, not the study's older ones (audit 29)
+        stop_reason = failures_stop_reason(config.failure.max_consecutive_failures,
+                                           [trial for trial in trials if str(trial["trial"]) not in ended_before])
         warn_user(StoppedEarlyWarning(f"{stop_reason}; once the cause is fixed, continue the study with {go_on}"))
     if outcome == SESSION_INTERRUPTED:  # by a Ctrl+C or SIGTERM, gracefully
         finished = _finished(trials)
@@ -576,8 +582,9 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
 
 
 def failures_stop_reason(in_a_row: int, trials: list[dict[str, Any]]) -> str:
-    """Why failure.max_consecutive_failures stopped the session, with the study's commonest
-    errors (one traceback file each), so that the fault to fix is named where the stop is."""
+    """Why failure.max_consecutive_failures stopped the session, with the commonest errors
+    of ``trials`` (the session's; one traceback file each), so that the fault to fix is
+    named where the stop is."""
     errors: Counter[str] = Counter()
     traceback_of: dict[str, str] = {}
     for trial in trials:
@@ -593,7 +600,8 @@ def failures_stop_reason(in_a_row: int, trials: list[dict[str, Any]]) -> str:
                       for error, count in errors.most_common(2))
     more = f"; and {counted(len(errors) - 2, 'other error')}" if len(errors) > 2 else ""
     return (f"search stopped: {counted(in_a_row, 'trial')} in a row failed (failure.max_consecutive_failures), "
-            f"as at a fault that every trial meets. The study's failures: {named}{more}")
+            f"as a fault every trial meets makes them, or one of much of the space. This session's failures: "
+            f"{named}{more}")
 
 
 def _finished(trials: list[dict[str, Any]]) -> int:

@@ -159,7 +159,10 @@ def _run_command(args) -> int:
     except KeyboardInterrupt:  # during the start-up: a search's own stop is an Interrupted
         from .errors import resume_command
 
-        again = (f"; nothing ran, and the study is as it was: continue it with:\n  "
+        # trials that --retry-failed queued may be in the study already; any resume runs them (audit 29)
+        queued = " (but for the failed trials' configurations queued to run again)" \
+            if getattr(args, "retry_failed", False) else ""
+        again = (f"; nothing ran, and the study is as it was{queued}: continue it with:\n  "
                  f"{resume_command(args.experiment_dir, args.address)}" if args.command == "resume" else "")
         print(f"\ninterrupted{again}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -290,7 +290,8 @@ class OptunaSearcher(Searcher):
         # A resumed trial sends again the epochs its checkpoint holds beyond these
         known = max(frozen.intermediate_values, default=0)
         return {"params": dict(frozen.params), TRIAL_NUMBER: frozen.number,
-                KNOWN_EPOCHS: min(known, self._epochs_recorded.get(frozen.number, known))}
+                KNOWN_EPOCHS: min(known, self._epochs_recorded.get(frozen.number, known)),
+                **({RETRY_OF: frozen.user_attrs[RETRY_OF]} if RETRY_OF in frozen.user_attrs else {})}
 
     def epochs_recorded(self, rows: dict[int, dict[str, Any]]) -> None:
         """The epochs trials.csv has of each trial: a resumed trial sends again those its

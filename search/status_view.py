@@ -258,6 +258,8 @@ def _row_cells(row: dict[str, Any], params: list[str], params_width: int | None,
         reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
     if row.get("notes"):
         reason = f"{reason} ({row['notes']})"
+    if row.get("retry_of") not in (None, ""):
+        reason = f"{reason} (trial {row['retry_of']}'s configuration again)".strip()
     values = [_fmt(row.get(p)) for p in params] if params_width is None else \
         ["" if measuring else _shared_values(row, params)]
     tries = _fmt(row.get("attempts")) + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")

@@ -22,7 +22,7 @@ TELEMETRY_COLUMNS = (
     "compute_s", "epoch_time_s", "train_s", "val_s", "epoch_cpu_s", "data_wait_s", "checkpoint_s", "report_s", "startup_s", "workers_start_s", "data_reused", "data_starved",
     "samples_per_s", "first_result_s", "seed", "device", "precision",
     "world_size", "strategy", "num_workers", "pin_memory", "loader_sharing", "batch_slots", "resumed", "attempts", "node_losses", "node_id", "node_ip",
-    "rank_nodes", "error", "notes", "trial_dir", "ray_trial_id",
+    "rank_nodes", "error", "notes", "retry_of", "trial_dir", "ray_trial_id",
 )
 # Result keys reported by the trial, by the column they fill.
 RESULT_TO_COLUMN = {

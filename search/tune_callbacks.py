@@ -23,7 +23,7 @@ from .errors import HpsearchError, counted
 from .experiment import atomic_write_text
 from .outcome import (COMPLETE, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP,
                       PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
-from .searcher import RAY_TRIAL_ID
+from .searcher import RAY_TRIAL_ID, RETRY_OF
 from .trial_watch import crash_account, crash_line
 from .trials_table import RESULT_TO_COLUMN, TrialsTable, has_value
 
@@ -122,6 +122,8 @@ class TrialsTableRecorder(Callback):
             if row.get(column) in (None, ""):
                 row[column] = value
         row["attempts"] = row.get("attempts") or 1
+        if RETRY_OF in trial.config:  # a failed trial's configuration run again (resume --retry-failed)
+            row["retry_of"] = trial.config[RETRY_OF]
         self._write(force=True)
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
@@ -442,11 +444,12 @@ class KeepTracebacks(Callback):
         if not source:
             return
         kept = kept_traceback(self.exp, trial)
-        # with what the trial's process wrote of its own death, which Ray's text cannot say
+        # after what the trial's process wrote of its own death, which Ray's text, guessing
+        # at a kill, cannot say (audit 29: it came after Ray's guess)
         account = crash_account(kept.parent)
-        own = f"\nThe trial's process's own account (trials/.../crash*.txt):\n{account}" if account else ""
+        own = f"The trial's process's own account (trials/.../crash*.txt):\n{account}\nRay's:\n" if account else ""
         try:
-            atomic_write_text(kept, without_colours(Path(source).read_text(errors="replace")) + own)
+            atomic_write_text(kept, own + without_colours(Path(source).read_text(errors="replace")))
         except (OSError, HpsearchError):  # a full disk too
             pass  # Ray's own file stays, and is named instead
 

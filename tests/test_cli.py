@@ -874,6 +874,10 @@ def test_a_ctrl_c_during_a_resumes_start_up_repeats_the_resume_command(tmp_path,
     err = capsys.readouterr().err
     assert f"nothing ran, and the study is as it was: continue it with:\n  hpsearch resume {tmp_path / 'study'} " \
            f"--address 10.1.2.3:6379" in err, err
+    # --retry-failed may have queued the failed trials' configurations before the Ctrl+C (audit 29)
+    assert main(["resume", str(tmp_path / "study"), "--retry-failed"]) == 130
+    err = capsys.readouterr().err
+    assert "the study is as it was (but for the failed trials' configurations queued to run again)" in err, err
 
 
 def test_the_resume_hints_name_the_cluster_the_study_ran_on(tmp_path, monkeypatch):

@@ -244,7 +244,7 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
                     r"\(failure.hang_timeout_s\) \(at \S*faulty\.py:\d+ in training_step\)", hung["reason"]), hung
     for number in (8, 9):
         kept = (exp_dir / "trials" / f"trial_{number:04d}" / "error.txt").read_text()
-        assert "own account" in kept and 'faulty.py", line' in kept, kept[-2000:]
+        assert kept.startswith("The trial's process's own account") and 'faulty.py", line' in kept, kept[:2000]
 
     states = {t.number: t.state.name for t in study(exp_dir, "faults").trials}
     assert [states[n] for n in range(len(faults))] == ["FAIL", "COMPLETE"] + ["FAIL"] * 8
@@ -261,13 +261,13 @@ def test_trials_failing_in_a_row_stop_the_search_and_resume_goes_on_once_fixed(t
     """A fault every trial meets (broken data, a bug at any setting) failed each trial of
     the study in turn, each after its own start-up, before the user heard of it."""
     path = experiment(tmp_path, "failing", num_trials=4, fault_epoch=1,
-                      faults={str(number): "broken_data" for number in range(4)})
+                      faults={str(number): "broken_data" for number in range(10)})
     exp_dir = tmp_path / "runs" / "failing"
     code, output = finish(start("run", path.name, "--set", "failure.max_consecutive_failures=2",
                                 "--set", "search.max_concurrent=1", "--set", "scheduler.max_epochs=1", cwd=tmp_path))
     assert code == 1, output
     assert "search stopped: 2 trials in a row failed (failure.max_consecutive_failures)" in output, output
-    assert re.search(r"The study's failures: TypeError: injected: a broken batch \(at \S*faulty\.py:\d+ in "
+    assert re.search(r"This session's failures: TypeError: injected: a broken batch \(at \S*faulty\.py:\d+ in "
                      r"training_step\); not retried: the same code would raise it again \(2 trials; traceback: "
                      + re.escape(str(exp_dir / "trials" / "trial_0000" / "error.txt")) + r"\)\.", output), output
     assert f"continue the study with:\n  hpsearch resume {exp_dir}" in output, output
@@ -287,10 +287,20 @@ def test_trials_failing_in_a_row_stop_the_search_and_resume_goes_on_once_fixed(t
     table = {int(r["trial"]): r for r in rows(exp_dir)}
     assert [table[n]["state"] for n in range(6)] == ["FAILED"] * 2 + ["COMPLETE"] * 4, table
     assert [table[n]["model.lr"] for n in (2, 3)] == [table[n]["model.lr"] for n in (0, 1)], table
+    assert [table[n]["retry_of"] for n in range(6)] == ["", "", "0", "1", "", ""], table  # said where it stays
     ran_again = {t.number: t.params for t in study(exp_dir, "failing").trials}
     assert (ran_again[2], ran_again[3]) == (ran_again[0], ran_again[1]) != (ran_again[4], ran_again[5])
     code, output = finish(start("resume", str(exp_dir), "--retry-failed", cwd=tmp_path), timeout=120)
     assert code == 0 and "no failed trial to run again" in output and "already complete (6 trials)" in output, output
+    # num_trials counts the trials that are not configurations run again: 5 asks for one more,
+    # where it said the study was complete (audit 29)
+    (tmp_path / "markers" / "data-broken-again").write_text("")
+    code, output = finish(start("resume", str(exp_dir), "--set", "search.num_trials=5", cwd=tmp_path))
+    assert code == 0 and "searching: 7 trials in all" in output and len(rows(exp_dir)) == 7, output
+    # A stop names the failures of its own session, not the study's fixed ones (audit 29)
+    code, output = finish(start("resume", str(exp_dir), "--set", "search.num_trials=8", cwd=tmp_path))
+    assert code == 1 and "This session's failures: ValueError: injected: broken again" in output, output
+    assert "TypeError" not in output.split("This session's failures:")[1], output
 
 
 FULL_DISK_DRIVER = """

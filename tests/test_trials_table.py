@@ -214,6 +214,6 @@ def test_a_stop_for_failures_names_the_commonest_errors_once_each():
     trials += [{"state": "FAILED", "error": "MemoryError"}, {"state": "COMPLETE", "error": "ValueError: once"},
                {"state": "FAILED", "reason": "val_acc is not finite (nan)"}]
     assert failures_stop_reason(5, trials) == (
-        "search stopped: 5 trials in a row failed (failure.max_consecutive_failures), as at a fault that every "
-        "trial meets. The study's failures: OSError: disk (3 trials; traceback: /s/trial_0000/error.txt); "
-        "MemoryError (1 trial); and 1 other error")
+        "search stopped: 5 trials in a row failed (failure.max_consecutive_failures), as a fault every trial meets "
+        "makes them, or one of much of the space. This session's failures: OSError: disk (3 trials; traceback: "
+        "/s/trial_0000/error.txt); MemoryError (1 trial); and 1 other error")
