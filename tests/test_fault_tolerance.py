@@ -171,7 +171,7 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     exp_dir = tmp_path / "runs" / "faults"
     # Nine of the ten trials fail: failure.max_consecutive_failures would stop the search.
     code, output = finish(start("run", path.name, "--set", "failure.max_consecutive_failures=null",
-                                "--set", "failure.hang_timeout_s=8", cwd=tmp_path))
+                                "--set", "failure.hang_timeout_s=5", cwd=tmp_path))
     assert code == 0, output
     table = {int(r["trial"]): r for r in rows(exp_dir)}
     assert len(table) == len(faults)
@@ -240,7 +240,7 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     assert re.match(r"failed 2 times the same way, at the same point: its process crashed: Segmentation fault "
                     r"\(at \S*faulty\.py:\d+ in training_step\)", crashed["reason"]), crashed["reason"]
     assert (hung["state"], hung["attempts"]) == ("FAILED", "2"), hung
-    assert re.match(r"failed 2 times the same way, at the same point: hung: no batch finished for 8 s "
+    assert re.match(r"failed 2 times the same way, at the same point: hung: no batch finished for 5 s "
                     r"\(failure.hang_timeout_s\) \(at \S*faulty\.py:\d+ in training_step\)", hung["reason"]), hung
     for number in (8, 9):
         kept = (exp_dir / "trials" / f"trial_{number:04d}" / "error.txt").read_text()
@@ -292,14 +292,14 @@ def test_trials_failing_in_a_row_stop_the_search_and_resume_goes_on_once_fixed(t
     assert (ran_again[2], ran_again[3]) == (ran_again[0], ran_again[1]) != (ran_again[4], ran_again[5])
     code, output = finish(start("resume", str(exp_dir), "--retry-failed", cwd=tmp_path), timeout=120)
     assert code == 0 and "no failed trial to run again" in output and "already complete (6 trials)" in output, output
-    # num_trials counts the trials that are not configurations run again: 5 asks for one more,
-    # where it said the study was complete (audit 29)
+    # num_trials counts the trials that are not configurations run again: 6 asks for two more,
+    # where it said the study was complete; and a stop names the failures of its own session,
+    # not the study's fixed ones (audit 29)
     (tmp_path / "markers" / "data-broken-again").write_text("")
-    code, output = finish(start("resume", str(exp_dir), "--set", "search.num_trials=5", cwd=tmp_path))
-    assert code == 0 and "searching: 7 trials in all" in output and len(rows(exp_dir)) == 7, output
-    # A stop names the failures of its own session, not the study's fixed ones (audit 29)
-    code, output = finish(start("resume", str(exp_dir), "--set", "search.num_trials=8", cwd=tmp_path))
-    assert code == 1 and "This session's failures: ValueError: injected: broken again" in output, output
+    code, output = finish(start("resume", str(exp_dir), "--set", "search.num_trials=6",
+                                "--set", "failure.max_consecutive_failures=1", cwd=tmp_path))
+    assert code == 1 and "searching: 8 trials in all" in output and len(finished(exp_dir)) == 7, output
+    assert "This session's failures: ValueError: injected: broken again" in output, output
     assert "TypeError" not in output.split("This session's failures:")[1], output
 
 
