@@ -276,7 +276,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         _run_failed_again(study)
     # trials queued to run again, by this resume or by one stopped before they ran
     queued = study is not None and any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False))
-    searched = _search_complete(exp, config, runs_again(study)) and not queued
+    searched = _search_complete(exp, config, again) and not queued
     say_what_resume_changes(stored, config, exp.root, trials_run=not searched)
     if searched and (_best_evaluated(exp, config) or not _has_a_result(exp, config)):
         # Nothing is left to run: neither Ray nor a session starts (both used to, only for
