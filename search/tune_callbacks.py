@@ -773,11 +773,13 @@ class ProgressDisplay(Callback):
         number = int(trial.config[TRIAL_NUMBER])
         # An epoch's checkpoint is on disk before its report: a trial with none has no checkpoint.
         start = "its last checkpoint" if (trial.last_result or {}).get(EPOCH) else "the start (no epoch finished)"
-        if self.table.row(number).get("error") == NODE_LOST:  # RetryPolicy's verdict, said in words
+        verdict = self.table.row(number).get("error")  # RetryPolicy's, which ran first
+        if verdict == NODE_LOST:  # said in words
             self._say(f"trial {number}: its node was lost; retrying from {start} on another node (not counted "
                       f"in failure.max_retries){_traceback_at(trial, self.exp)}")
             return
-        self._say(f"trial {number}: retrying from {start} after {_last_error_line(trial, self.exp)}"
+        # the line RetryPolicy read (Ray's error file, and a crashed process's own account) once
+        self._say(f"trial {number}: retrying from {start} after {verdict or _last_error_line(trial, self.exp)}"
                   f"{_traceback_at(trial, self.exp)}")
 
     def _announce(self, trial, note: str = "") -> None:
