@@ -573,10 +573,8 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
                                            [trial for trial in trials if str(trial["trial"]) not in ended_before])
         warn_user(StoppedEarlyWarning(f"{stop_reason}; once the cause is fixed, continue the study with {go_on}"))
     if outcome == SESSION_INTERRUPTED:  # by a Ctrl+C or SIGTERM, gracefully
-        finished = _finished(trials)
-        warn_user(StoppedEarlyWarning(f"search stopped before the study was complete ({finished} of "
-                                      f"{counted(trial_limit(config), 'trial')} finished); continue it with "
-                                      f"{go_on}"))
+        warn_user(StoppedEarlyWarning(f"search stopped before the study was complete "
+                                      f"({finished_of(trials, trial_limit(config))}); continue it with {go_on}"))
     return SearchResult(exp.root, outcome, best, trials, address=address,
                         finished_before=finished_before, stop_reason=stop_reason)
 
@@ -606,6 +604,17 @@ def failures_stop_reason(in_a_row: int, trials: list[dict[str, Any]]) -> str:
 
 def _finished(trials: list[dict[str, Any]]) -> int:
     return sum(1 for trial in trials if trial.get("state") in FINISHED_STATES)
+
+
+def finished_of(trials: list[dict[str, Any]], limit: int) -> str:
+    """How far a study got, out of its ``limit`` (num_trials, or a grid's size): the failed
+    trials' configurations run again (resume --retry-failed) are beyond it, and counted
+    apart, lest more trials than num_trials seem to have finished."""
+    again = [trial for trial in trials if trial.get("retry_of") not in (None, "")]
+    first_runs = [trial for trial in trials if trial.get("retry_of") in (None, "")]
+    text = f"{_finished(first_runs)} of {counted(limit, 'trial')} finished"
+    return text + (f"; of the failed trials' configurations run again, {_finished(again)} of {len(again)}"
+                   if again else "")
 
 
 def _reservations() -> set[str]:

@@ -285,3 +285,16 @@ def test_a_stopped_search_frees_only_its_own_jobs_new_reservations(monkeypatch):
     monkeypatch.setattr(groups, "remove_placement_group", lambda group: removed.append(group.id.hex()))
     _release_reservations_since(held_before={earlier})
     assert removed == [mine]
+
+
+def test_a_stopped_studys_count_keeps_the_failed_configurations_run_again_apart():
+    """The stopped search's warning said "(5 of 4 trials finished)" once resume
+    --retry-failed had run failed trials' configurations again, beyond num_trials."""
+    from hpsearch.search.api import finished_of
+
+    trials = [{"trial": 0, "state": "COMPLETE", "retry_of": ""}, {"trial": 1, "state": "FAILED", "retry_of": ""},
+              {"trial": 2, "state": "PRUNED", "retry_of": ""}, {"trial": 3, "state": "FAILED", "retry_of": ""},
+              {"trial": 4, "state": "COMPLETE", "retry_of": "1"}, {"trial": 5, "state": "RUNNING", "retry_of": "3"}]
+    assert finished_of(trials, 4) == ("4 of 4 trials finished; of the failed trials' configurations run again, "
+                                      "1 of 2")
+    assert finished_of(trials[:3], 4) == "3 of 4 trials finished"
