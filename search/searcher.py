@@ -181,7 +181,8 @@ class OptunaSearcher(Searcher):
     def trial_limit(self) -> int:
         """The trials the study holds when done: ``num_trials`` (or a smaller grid's size),
         and beyond them the failed trials' configurations run again (resume --retry-failed)."""
-        return self._limit + (self._runs_again if self._study is not None else runs_again(self.study))
+        self.study  # opened once, which counts the configurations run again
+        return self._limit + self._runs_again
 
     @property
     def study(self) -> optuna.Study:
