@@ -45,6 +45,33 @@ class _OwnStateKey(ModelCheckpoint):
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         state_from_plain_key(checkpoint, self.state_key, self._plain_state_key())
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_moved_to(state_dict, self.dirpath))
+
+
+def state_moved_to(state: dict, dirpath: str | None) -> dict:
+    """A ModelCheckpoint's saved state, its paths moved into ``dirpath`` where it was saved
+    in another folder: the trial's own, at another path (a study copied elsewhere, or one in
+    cloud storage resumed through another machine's cache). Lightning restores the best
+    score only when the saved folder is the current one, and the resumed trial then took
+    any later epoch for its best (audit 30)."""
+    saved = state.get("dirpath")
+    if not saved or not dirpath or saved == dirpath:
+        return state
+
+    def moved(path):
+        if isinstance(path, str) and path and os.path.dirname(path) == saved:
+            return os.path.join(dirpath, os.path.basename(path))
+        return path
+
+    state = dict(state, dirpath=dirpath)
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state:
+            state[key] = moved(state[key])
+    if isinstance(state.get("best_k_models"), dict):
+        state["best_k_models"] = {moved(path): score for path, score in state["best_k_models"].items()}
+    return state
+
 
 def state_from_plain_key(checkpoint: dict, own_key: str, plain_key: str) -> None:
     """For a callback whose state key became its own: a checkpoint written before holds its

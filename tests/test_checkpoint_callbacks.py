@@ -161,6 +161,23 @@ def test_a_checkpoint_written_under_the_plain_key_resumes_with_its_best_known(tm
     assert load(folder / "best.ckpt")["epoch"] == 1  # 2.5 is below the restored 3.0
 
 
+def test_a_trial_whose_study_moved_resumes_with_its_best_known(tmp_path, monkeypatch):
+    """A study copied elsewhere, or one in S3 resumed through another cache path (audit
+    30): Lightning restores a ModelCheckpoint's best score only when its folder's path is
+    the one saved, so the resumed trial took any later epoch for its best, and best.ckpt
+    and the trial's value with it."""
+    import shutil
+
+    fit(tmp_path / "here", [1.0, 3.0, 2.0], monkeypatch)
+    shutil.move(tmp_path / "here", tmp_path / "moved")
+    folder = tmp_path / "moved" / "checkpoints"
+    fit(tmp_path / "moved", [1.0, 3.0, 2.0, 2.5], monkeypatch, resume_from=folder / "epoch-0002.ckpt")
+    assert load(folder / "best.ckpt")["epoch"] == 1  # 2.5 is below the restored 3.0
+    assert not (tmp_path / "here").exists()  # nothing was written to where the study was
+    state = load(folder / "epoch-0003.ckpt")["callbacks"][STATE_KEY]
+    assert state["best_model_score"] == 3.0 and state["best_model_path"] == str(folder / "best.ckpt"), state
+
+
 def test_a_resumed_trial_keeps_every_cut_of_its_plateau_scheduler(tmp_path, monkeypatch):
     # Lightning steps ReduceLROnPlateau after an epoch's checkpoint is written and skips
     # that step when resuming from it: a retried or resumed trial lost one cut each time.
