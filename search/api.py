@@ -37,7 +37,7 @@ from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import (FINISHED_STATES, SESSION_COMPLETE, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED,
                       SESSION_RAY_LOST)
 from .ray_watch import RayLostWatch
-from .storage import Mirror, StudyHome
+from .storage import Mirror, StudyHome, study_address
 from .study_lock import study_lock
 from .trials_table import read_rows
 
@@ -561,7 +561,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         failed = sum(1 for trial in trials if trial.get("state") == "FAILED")
         warn_user(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
                                   f"result.best is None. See why in result.trials or with: "
-                                  f"hpsearch status {exp.root}"))
+                                  f"hpsearch status {study_address(exp.root)}"))
     # How a stopped search goes on, from Python or the command line: a notebook showed
     # nothing of it, the call returning as if all went well.
     go_on = (f"hpsearch.resume({str(exp.root)!r}" + (f", address={address!r})" if address else ")")

@@ -339,8 +339,11 @@ def _report(result) -> int:
     from .errors import counted
     from .outcome import FINISHED_STATES, PAUSED, SESSION_TIME_BUDGET
     from .status_view import print_best
+    from .storage import study_address
 
-    print(f"experiment: {result.experiment_dir}  ({result.elapsed_s:.1f}s)")
+    study = study_address(result.experiment_dir)
+    copy = f", its working copy {result.experiment_dir}" if study != str(result.experiment_dir) else ""
+    print(f"experiment: {study}  ({result.elapsed_s:.1f}s{copy})")
     if result.already_complete:
         print(f"the study was already complete ({counted(len(result.trials), 'trial')}); nothing was run. "
               + ("Every point of its grid has run, and the space cannot change on resume: "
@@ -376,7 +379,7 @@ def _report(result) -> int:
         states = [trial.get("state") for trial in result.trials]
         print(f"no trial finished with a result: {states.count('FAILED')} of {len(states)} failed (a failed trial's "
               f"epochs are not results); see why with:\n"
-              f"  hpsearch status {result.experiment_dir}", file=sys.stderr)
+              f"  hpsearch status {study_address(result.experiment_dir)}", file=sys.stderr)
         return 1
     return 0
 
@@ -412,6 +415,7 @@ def _why_no_best(exp) -> str:
     """Why a study has no best.json, from its trials: none has scored yet, or its last
     session ended before writing it (the best trial is evaluated once the search ends)."""
     from .errors import counted, resume_command
+    from .storage import study_address
     from .trials_table import read_rows
 
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
@@ -420,12 +424,12 @@ def _why_no_best(exp) -> str:
     failed = sum(row.get("state") == "FAILED" for row in rows)
     if not reported:
         return (f"no trial has a result yet ({len(rows)} started, {failed} failed; "
-                f"see hpsearch status {exp.root})")
+                f"see hpsearch status {study_address(exp.root)})")
     if not scored:
         failed_later = sum(row.get("state") == "FAILED" for row in reported)
         return (f"no trial has finished with a result yet ({counted(len(reported), 'trial')} reported an epoch's "
                 f"result, {failed_later} of them failed later, and a failed trial does not count); "
-                f"hpsearch status {exp.root} shows them")
+                f"hpsearch status {study_address(exp.root)} shows them")
     have = "has a result" if len(scored) == 1 else "have results"
     return (f"{counted(len(scored), 'trial')} {have}, but the search has not finished or ended before its "
             f"evaluation of the best trial; if no search is running, {resume_command(exp.root)} writes it")

@@ -120,9 +120,11 @@ def resume_command(experiment_dir, address: str | None = None) -> str:
     ``--address``, or by ``RAY_ADDRESS`` as a Ray job does (without either, a resume starts
     a Ray of its own on this machine)."""
     from .cluster_join import cluster_address
+    from .storage import study_address
 
     address = cluster_address(address)
-    return f"hpsearch resume {shlex.quote(str(experiment_dir))}" + (f" --address {address}" if address else "")
+    study = shlex.quote(study_address(experiment_dir))
+    return f"hpsearch resume {study}" + (f" --address {address}" if address else "")
 
 
 class CallbackError(HpsearchError):

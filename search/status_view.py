@@ -18,6 +18,7 @@ from rich.text import Text
 from .errors import counted, resume_command
 from .outcome import SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
 from .experiment import STUDY_FILE, ExperimentDir, read_sessions
+from .storage import study_address
 from .study_lock import dead_holder
 from .trials_table import TrialsTable, has_value, read_rows
 
@@ -58,8 +59,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
         console.print(_trials_table(title, shown, params, metric, *_layout(console, title, shown, params, metric)))
         if len(shown) < len(rows):
             console.print(f"{len(rows) - len(shown)} more trials not shown (the latest {SHOWN_TRIALS} are, and "
-                          f"those running or paused, and the best); `hpsearch status {exp.root} --all` shows "
-                          f"every one, and trials.csv has them.", markup=False, soft_wrap=True)
+                          f"those running or paused, and the best); `hpsearch status {study_address(exp.root)} --all` "
+                          f"shows every one, and trials.csv has them.", markup=False, soft_wrap=True)
         console.print(_summary_line(rows, best, metric, config["mode"]), markup=False, soft_wrap=True)
     else:
         journal = exp.root / STUDY_FILE

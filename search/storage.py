@@ -33,6 +33,8 @@ from .experiment import ExperimentDir, free_name
 
 # The study's own files: small, and what ``status``/``best``/``report``/``resume`` read.
 STUDY_FILES = ("experiment.yaml", "optuna.journal", "trials.csv", "sessions.json", "best.json", "driver.json")
+# In a working copy on the driver's machine: the URI of the study it mirrors (never pushed).
+HOME_FILE = ".hpsearch-home"
 
 
 class StorageError(HpsearchError):
@@ -65,6 +67,17 @@ def working_copy(uri: str) -> Path:
     root = Path(os.environ.get("HPSEARCH_CACHE", "~/.cache/hpsearch")).expanduser()
     tag = hashlib.sha1(uri.encode()).hexdigest()[:8]  # two endpoints with the same bucket name stay apart
     return (root / parts.scheme / f"{parts.netloc}-{tag}" / parts.path.strip("/")).resolve()
+
+
+def study_address(root: str | os.PathLike) -> str:
+    """How a person names the study at ``root``: the URI of a study in cloud storage when
+    ``root`` is its working copy (the commands hpsearch prints must reach the study, not
+    the copy: a resume of the copy pushed nothing to storage, audit 30), else the path."""
+    try:
+        home = (Path(root) / HOME_FILE).read_text().strip()
+    except OSError:
+        return str(root)
+    return home if is_uri(home) else str(root)
 
 
 def study_root(location: str) -> Path:
@@ -215,6 +228,10 @@ class Mirror:
     def push_study_files(self) -> int:
         return self.push(*[name for name in STUDY_FILES if (self.local / name).exists()])
 
+    def mark_working_copy(self) -> None:
+        """Record in the working copy which study it mirrors (see ``study_address``)."""
+        (self.local / HOME_FILE).write_text(self.uri + "\n")
+
 
 def check_local_writable(base: Path) -> None:
     """That studies can be made under ``base``: a directory made and removed in its
@@ -262,7 +279,9 @@ class StudyHome:
         if self.mirror is not None:
             if self.root.exists():
                 shutil.rmtree(self.root)  # a stale working copy of a study no longer in storage
-            return ExperimentDir.make(self.root)
+            exp = ExperimentDir.make(self.root)
+            self.mirror.mark_working_copy()
+            return exp
         root = self.root
         while True:
             try:
@@ -275,9 +294,13 @@ class StudyHome:
         """An existing study, from its directory or URI; for a URI, the study's files (and
         the given ``parts``, e.g. ``tensorboard``) are pulled into the working copy first."""
         if not is_uri(location):
-            return ExperimentDir.existing(local_path(str(location))), None
+            # a working copy given by its path stands for its study in storage
+            location = study_address(local_path(str(location)))
+            if not is_uri(location):
+                return ExperimentDir.existing(Path(location)), None
         mirror = Mirror.for_uri(str(location))
         if not mirror.exists():
             raise ExperimentError(f"{location!r} holds no hpsearch study (no experiment.yaml)")
         mirror.pull(*STUDY_FILES, *parts)
+        mirror.mark_working_copy()
         return ExperimentDir.existing(mirror.local), mirror

@@ -105,6 +105,31 @@ def test_mirror_pushes_changes_deletes_rotated_files_and_pulls_into_a_fresh_copy
     assert driver.delete_matching("trials/trial_9999/checkpoints", "epoch-*.ckpt") == 0  # none there: no error
 
 
+def test_a_working_copy_given_by_its_path_stands_for_its_study_in_storage(s3_server, tmp_path, monkeypatch):
+    """hpsearch printed the working copy's path in its resume commands, and resuming that
+    ran the study's trials but pushed nothing to storage (audit 30)."""
+    from hpsearch.search.errors import resume_command
+    from hpsearch.search.storage import StudyHome
+
+    for name, value in s3_server.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HPSEARCH_CACHE", str(tmp_path / "cache"))
+    home = StudyHome.new(f"s3://{BUCKET}/copies", "study")
+    exp = home.create()
+    (exp.root / "experiment.yaml").write_text("name: study\n")
+    home.mirror.push_study_files()
+    uri = f"s3://{BUCKET}/copies/study"
+    assert resume_command(exp.root) == f"hpsearch resume {uri}"
+    (exp.root / "experiment.yaml").unlink()  # the copy lags behind the study
+    again, mirror = StudyHome.existing(str(exp.root))
+    assert mirror is not None and mirror.uri == uri and again.root == exp.root
+    assert (again.root / "experiment.yaml").read_text() == "name: study\n"  # pulled from the study
+    assert keys(s3_server, "copies/study/") == {"copies/study/experiment.yaml"}  # the marker stays local
+    plain = tmp_path / "local-study"
+    plain.mkdir()
+    assert resume_command(plain) == f"hpsearch resume {plain}"
+
+
 def test_a_bad_storage_uri_is_refused_before_ray_starts(s3_server, tmp_path, example_config):
     config = {**example_config, "storage": f"s3://no-such-bucket-{os.getpid()}/exps"}
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(config))
@@ -151,6 +176,7 @@ def test_a_study_in_s3_survives_its_machine_and_resumes_from_a_fresh_process(s3_
 
     result = run_cli("resume", uri, cwd=tmp_path, timeout=400, env={**s3_server, "HPSEARCH_CACHE": str(cache_b)})
     assert result.returncode == 0, result.stdout + result.stderr
+    assert f"experiment: {uri}  (" in result.stdout, result.stdout  # the study, not its working copy
 
     table = list(csv.DictReader(io.StringIO(read_object(s3_server, prefix + "trials.csv").decode())))
     assert [r["state"] for r in table] == ["COMPLETE"] * 4, table
