@@ -283,7 +283,9 @@ def _stop_signals_act_as_ctrl_c() -> None:
                 os.dup2(devnull, fd)
             os.close(devnull)
         handler = signal.getsignal(signal.SIGINT)
-        if not callable(handler):  # ignored, or Python's default action: end as Ctrl+C ends
+        if handler == signal.SIG_IGN:  # only once the search has returned (_ctrl_c_ignored): its study is saved
+            return
+        if not callable(handler):  # Python's default action: end as Ctrl+C ends
             raise KeyboardInterrupt
         handler(signal.SIGINT, frame)  # as a Ctrl+C is handled now: hpsearch's, Ray Tune's or Python's own
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -92,7 +94,6 @@ def ray_for_search(config: ExperimentConfig, address: str | None, verbose: bool)
     the next search of this Python session, except when the search ran in a thread other
     than the main one: there it is shut down, because Ray's exit handler, run from the main
     thread at the interpreter's end, then waited 60 s for its GCS and exited with status 1."""
-    import threading
 
     search_ray = start_ray(config, address, verbose)
     try:
@@ -135,7 +136,8 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
     with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose), \
             _message_dropped(RAY_NO_SIGTERM_HANDLER_NOTICE, quiet=not verbose), \
             _inherited_by_local_ray(inherited), local_ray_without_idle_services(target == "local", verbose), \
-            _local_ray_in_its_own_session(target == "local"), _ctrl_c_held_until_ray_started():
+            _local_ray_in_its_own_session(target == "local"), _ctrl_c_held_until_ray_started(), \
+            _sigterm_handler_kept():
         if target == "local":
             local_environment = dict(os.environ)
         try:
@@ -192,14 +194,29 @@ def trial_actors_inherit_tune_env(local_environment: Mapping[str, str] | None) -
 
 
 @contextmanager
+def _sigterm_handler_kept() -> Iterator[None]:
+    """``ray.init`` sets a SIGTERM handler that exits the process with status 15: a handler
+    the process had set (the command line's, which takes SIGTERM as a Ctrl+C; a user's
+    own) is put back once Ray has started. A SIGTERM after the search, as the command
+    printed its result, ended it with 15 rather than as a Ctrl+C would (audit 30)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(before):  # not Python's default action, which Ray's exit is gentler than
+            signal.signal(signal.SIGTERM, before)
+
+
+@contextmanager
 def _ctrl_c_held_until_ray_started() -> Iterator[None]:
     """A Ctrl+C while ``ray.init`` starts Ray is acted on once it has: landing inside it, it
     left the half-started Ray's GCS, autoscaler monitor and dashboard running (about
     250 MB), which ``ray.shutdown()`` did not stop, and a Python session kept them until
     it ended (its next search started a second Ray beside them). The Ray just started is
     shut down, then ``KeyboardInterrupt`` raised: at most the start's few seconds later."""
-    import signal
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield

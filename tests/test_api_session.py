@@ -77,6 +77,10 @@ def test_one_python_session_through_a_ctrl_c_at_ray_start_a_failed_search_and_a_
         import hpsearch
         from hpsearch.search.api import NoResultWarning, StoppedEarlyWarning
 
+        def own_sigterm_handler(signum, frame):  # a user's; ray.init replaced it for good (audit 30)
+            pass
+
+        signal.signal(signal.SIGTERM, own_sigterm_handler)
         real_start_raylet = services.start_raylet
 
         def start_raylet(*args, **kwargs):  # the GCS runs by now: Ctrl+C here
@@ -120,10 +124,12 @@ def test_one_python_session_through_a_ctrl_c_at_ray_start_a_failed_search_and_a_
             result = hpsearch.run(json.loads({json.dumps(stopped)!r}), callbacks=[CtrlCOnce()])
         said = [str(w.message) for w in caught if issubclass(w.category, StoppedEarlyWarning)]
         print("STOPPED", result.outcome, "|".join(said), flush=True)
+        print("SIGTERM HANDLER KEPT", signal.getsignal(signal.SIGTERM) is own_sigterm_handler, flush=True)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "INTERRUPTED False" in out.stdout, out.stdout + out.stderr[-3000:]
     assert "LEFT []" in out.stdout, out.stdout
+    assert "SIGTERM HANDLER KEPT True" in out.stdout, out.stdout
     assert not (tmp_path / "at-start").exists()  # stopped before the study was made
     assert "FAILED complete None ['no trial finished with a result (2 of 2 failed); result.best is None" \
         in out.stdout, out.stdout + out.stderr[-3000:]

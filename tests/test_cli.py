@@ -1182,3 +1182,26 @@ def test_a_ctrl_c_while_the_result_prints_is_ignored(monkeypatch, tmp_path, caps
     finally:
         signal.signal(signal.SIGINT, before)
     assert code == 0 and "best trial 3" in capsys.readouterr().out
+
+
+def test_a_sigterm_once_the_search_has_returned_is_ignored_as_a_ctrl_c_is():
+    """The study is saved by then, and the command prints its result: a SIGTERM there cut
+    the report off with "interrupted" (or, with Ray's handler left, exited with 15; audit 30)."""
+    import os
+    import signal
+
+    from hpsearch.search import cli
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        cli._stop_signals_act_as_ctrl_c()
+        with cli._ctrl_c_ignored():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handler runs here, between bytecodes
+        with pytest.raises(KeyboardInterrupt):  # before and during the search it is a Ctrl+C
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
