@@ -556,27 +556,35 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         except HpsearchError:
             pass  # a full disk: the error that caused it is the one to report
     trials = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
-    if best is None and outcome == SESSION_COMPLETE:
-        # From Python, ``result.best`` is then None: say so where a notebook shows it.
-        failed = sum(1 for trial in trials if trial.get("state") == "FAILED")
-        warn_user(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
-                                  f"result.best is None. See why in result.trials or with: "
-                                  f"hpsearch status {study_address(exp.root)}"))
-    # How a stopped search goes on, from Python or the command line: a notebook showed
-    # nothing of it, the call returning as if all went well.
-    go_on = (f"hpsearch.resume({str(exp.root)!r}" + (f", address={address!r})" if address else ")")
-             + f", or: {resume_command(exp.root, address)}")
     stop_reason = ""
-    if outcome == SESSION_FAILURES_IN_A_ROW:
-        # this session's failures, the run that stopped it among them, not the study's older ones (audit 29)
-        stop_reason = failures_stop_reason(config.failure.max_consecutive_failures,
-                                           [trial for trial in trials if str(trial["trial"]) not in ended_before])
-        warn_user(StoppedEarlyWarning(f"{stop_reason}; once the cause is fixed, continue the study with {go_on}"))
-    if outcome == SESSION_INTERRUPTED:  # by a Ctrl+C or SIGTERM, gracefully
-        warn_user(StoppedEarlyWarning(f"search stopped before the study was complete "
-                                      f"({finished_of(trials, trial_limit(config))}); continue it with {go_on}"))
+    if outcome == SESSION_FAILURES_IN_A_ROW:  # this session's failures, not the study's older ones (audit 29)
+        session_trials = [trial for trial in trials if str(trial["trial"]) not in ended_before]
+        stop_reason = failures_stop_reason(config.failure.max_consecutive_failures, session_trials)
+    for warning in outcome_warnings(outcome, best, trials, trial_limit(config), stop_reason, exp.root, address):
+        warn_user(warning)
     return SearchResult(exp.root, outcome, best, trials, address=address,
                         finished_before=finished_before, stop_reason=stop_reason)
+
+
+def outcome_warnings(outcome: str, best: dict[str, Any] | None, trials: list[dict[str, Any]], limit: int,
+                     stop_reason: str, root: Path, address: str | None) -> list[UserWarning]:
+    """What a session's end must say from Python, where the call otherwise returns as if
+    all went well (the command line prints it, and exits with 1 or 130): that no trial has
+    a result, and how a stopped search goes on."""
+    said: list[UserWarning] = []
+    if best is None and outcome in (SESSION_COMPLETE, SESSION_FAILURES_IN_A_ROW):
+        failed = sum(1 for trial in trials if trial.get("state") == "FAILED")
+        said.append(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
+                                    f"result.best is None. See why in result.trials or with: "
+                                    f"hpsearch status {study_address(root)}"))
+    go_on = (f"hpsearch.resume({study_address(root)!r}" + (f", address={address!r})" if address else ")")
+             + f", or: {resume_command(root, address)}")
+    if outcome == SESSION_FAILURES_IN_A_ROW:
+        said.append(StoppedEarlyWarning(f"{stop_reason}; once the cause is fixed, continue the study with {go_on}"))
+    if outcome == SESSION_INTERRUPTED:  # by a Ctrl+C or SIGTERM, gracefully
+        said.append(StoppedEarlyWarning(f"search stopped before the study was complete "
+                                        f"({finished_of(trials, limit)}); continue it with {go_on}"))
+    return said
 
 
 def failures_stop_reason(in_a_row: int, trials: list[dict[str, Any]]) -> str:

@@ -304,3 +304,21 @@ def test_a_stopped_studys_count_keeps_the_failed_configurations_run_again_apart(
     assert finished_of(trials, 4) == ("4 of 4 trials finished; of the failed trials' configurations run again, "
                                       "1 of 2")
     assert finished_of(trials[:3], 4) == "3 of 4 trials finished"
+
+
+def test_a_session_that_failures_stopped_with_no_result_says_both(tmp_path):
+    """Every trial failed and failure.max_consecutive_failures stopped the session:
+    result.best is None, which only a session that completed warned of (audit 30)."""
+    from hpsearch.search.api import NoResultWarning, StoppedEarlyWarning, outcome_warnings
+
+    failed = [{"trial": n, "state": "FAILED", "retry_of": ""} for n in range(2)]
+    said = outcome_warnings("failures_in_a_row", None, failed, 4, "2 trials in a row failed", tmp_path, None)
+    assert [type(w) for w in said] == [NoResultWarning, StoppedEarlyWarning], said
+    assert str(said[0]).startswith("no trial finished with a result (2 of 2 failed)"), said
+    assert str(said[1]).startswith("2 trials in a row failed; once the cause is fixed, continue the study with "
+                                   f"hpsearch.resume('{tmp_path}'), or: hpsearch resume {tmp_path}"), said
+    best = {"trial": 0}
+    assert [type(w) for w in outcome_warnings("complete", best, failed, 2, "", tmp_path, None)] == []
+    assert [type(w) for w in outcome_warnings("complete", None, failed, 2, "", tmp_path, None)] == [NoResultWarning]
+    assert [type(w) for w in outcome_warnings("interrupted", None, failed, 4, "", tmp_path, None)] == \
+        [StoppedEarlyWarning]
