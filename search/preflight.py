@@ -274,7 +274,19 @@ def _field_at_fault(config: ExperimentConfig, exc: Exception, params: dict[str, 
     by_value = _searched_fractions_quoted(config, exc, params)
     if len(by_value) == 1:
         return by_value[0]
-    return "data.class_path" if raised_by(exc, model_class, data_class) is data_class else "model.class_path"
+    at_fault = raised_by(exc, model_class, data_class) or (data_class if _raised_loading_a_batch(exc) else None)
+    return "data.class_path" if at_fault is data_class else "model.class_path"
+
+
+def _raised_loading_a_batch(exc: Exception) -> bool:
+    """Raised inside torch's DataLoader (a Dataset's ``__getitem__``, a transform, a
+    collate function; re-raised from a loader worker too): the data's fault, though the
+    class that raised is a Dataset of the DataModule's, not the DataModule itself. An
+    unreadable image was blamed on the model (audit 30)."""
+    import traceback
+
+    return any("/torch/utils/data/" in frame.filename.replace("\\", "/")
+               for frame in traceback.extract_tb(exc.__traceback__))
 
 
 def _searched_fractions_quoted(config: ExperimentConfig, exc: Exception, params: dict[str, Any]) -> list[str]:

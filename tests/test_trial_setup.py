@@ -344,6 +344,17 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
                 raise FileNotFoundError("test split not downloaded")
             super().setup(stage)
 
+    class UnreadableSample(torch.utils.data.Dataset):  # a corrupt image file, say
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            raise ValueError(f"cannot identify image file 'emu/{index}.png'")
+
+    class UnreadableValidationData(DigitsDataModule):  # the Dataset raises: the data's fault (audit 30)
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader(UnreadableSample(), batch_size=2, num_workers=1)
+
     class TwoValidationLoaders(DigitsDataModule):  # the model's validation_step takes no dataloader_idx
         def val_dataloader(self):
             return [super().val_dataloader(), super().val_dataloader()]
@@ -356,6 +367,8 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
              "the validation's set-up (val_dataloader, validation_step's arguments) failed: RuntimeError: You "
              "provided multiple `val_dataloader`"),
             (BrokenValidation, data_class, "model.class_path", "one validation batch failed: RuntimeError: validation"),
+            (model_class, UnreadableValidationData, "data.class_path",
+             "one validation batch failed: ValueError: Caught ValueError in DataLoader worker process 0"),
             (BrokenTraining, data_class, "model.class_path", "training batch 1 failed: RuntimeError: training exploded"),
             (model_class, BrokenTrainLoader, "data.class_path", "before the first batch failed: RuntimeError: train loader"),
             (BrokenTest, data_class, "model.class_path", "one test batch (the best trial's final evaluation runs "
