@@ -84,7 +84,7 @@ def _add_override_option(parser: argparse.ArgumentParser) -> None:
 def _add_session_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="join this Ray cluster (default: start a local Ray)")
     _add_override_option(parser)
-    parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's and Lightning's own output")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show what the trials print (your code's output too), with Ray's and Lightning's")
 
 
 def main(argv: list[str] | None = None) -> int:
