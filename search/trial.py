@@ -29,6 +29,7 @@ from .seeding import training_seed
 from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RANK_NODES, RESTORED, TRIAL_NUMBER
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
+from .trial_output import output_kept
 from .trial_watch import TrialWatch, crash_file
 from .worker_data import IN_TRIAL_ENV, WORKER_DATA
 
@@ -106,10 +107,19 @@ def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:
             raise ImportError(f"on {socket.gethostname()}: {'; '.join(map(str, exc.problems))}") from None
 
 
-def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
-              report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0,
-              stopped_by_scheduler: Callable[[Any, dict], bool] | None = None,
-              started_at: float | None = None) -> None:
+def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str,
+              **how: Any) -> None:
+    """``_fit_trial``, with what the process prints meanwhile also kept in the trial's
+    ``output.log`` (see ``trial_output``)."""
+    number = int(trial_config[TRIAL_NUMBER])
+    with output_kept(ExperimentDir(study_root(experiment_dir)).trial_dir(trial_name(number))):
+        _fit_trial(trial_config, experiment, experiment_dir, **how)
+
+
+def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
+               report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0,
+               stopped_by_scheduler: Callable[[Any, dict], bool] | None = None,
+               started_at: float | None = None) -> None:
     """Train one sampled configuration in this process (a Ray worker), reporting after
     every validation. ``workers_start_s``: how long the trial had already waited for this
     process (a distributed trial's worker group); its start-up and first result count it.

@@ -296,6 +296,10 @@ def test_a_users_own_module_by_import_path(tmp_path):
         assert [how for p, how in lines if p == pid] == ["built"] + ["reused"] * (sum(p == pid for p, _ in lines) - 1)
     assert sum(how == "reused" for _, how in lines) >= 1  # two workers, three trials
     assert sorted(r["data_reused"] for r in rows) == sorted(str(how == "reused") for _, how in lines)
+    # What each trial printed is kept beside its checkpoints, not only in Ray's worker logs (audit 30).
+    for number in range(3):
+        printed = (tmp_path / "runs" / "user-regression" / "trials" / f"trial_{number:04d}" / "output.log").read_text()
+        assert printed.splitlines()[0] == f"NoisyLinearData set up in trial {number}", printed
 
 
 def test_a_trial_tune_stops_ends_its_fit_as_finished_not_as_a_crash(tmp_path):

@@ -1376,3 +1376,25 @@ def test_the_driver_leaves_lightnings_loggers_and_the_warning_filters_as_it_foun
     with lightning_quieted():
         assert logging.getLogger("pytorch_lightning").level == logging.ERROR
     assert logging.getLogger("pytorch_lightning").level == levels["pytorch_lightning"]
+
+
+def test_what_a_trial_prints_is_copied_to_its_output_log_and_the_streams_are_given_back(tmp_path, capsys):
+    import sys
+
+    from hpsearch.search.trial_output import output_kept
+
+    before = sys.stdout, sys.stderr
+    with output_kept(tmp_path / "trials" / "trial_0000"):  # made at the first write
+        print("to stdout")
+        print("to stderr", file=sys.stderr)
+    assert (sys.stdout, sys.stderr) == before
+    assert (tmp_path / "trials" / "trial_0000" / "output.log").read_text().splitlines() == ["to stdout", "to stderr"]
+    shown = capsys.readouterr()
+    assert (shown.out, shown.err) == ("to stdout\n", "to stderr\n")  # still where it went before
+    (tmp_path / "a-file").write_text("")
+    with output_kept(tmp_path / "a-file" / "trial_0001"):  # cannot be written: the print still works
+        print("only here")
+    assert capsys.readouterr().out == "only here\n"
+    with output_kept(tmp_path / "trial_0002"):
+        pass
+    assert not (tmp_path / "trial_0002").exists()  # a trial that prints nothing leaves no file
