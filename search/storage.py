@@ -269,8 +269,10 @@ class StudyHome:
             check_local_writable(base)
             return cls(base / free_name(name, lambda candidate: (base / candidate).exists()))
         chosen = free_name(name, lambda candidate: Mirror.for_uri(join_uri(storage, candidate)).exists())
+        # probed in the storage location, not in the study's place: deleting the probe there
+        # left an empty folder of the study's name, though `check` makes no study (audit 30)
+        Mirror.for_uri(storage).check_writable()
         mirror = Mirror.for_uri(join_uri(storage, chosen))
-        mirror.check_writable()
         return cls(mirror.local, mirror)
 
     def create(self) -> ExperimentDir:

@@ -129,6 +129,10 @@ def test_a_working_copy_given_by_its_path_stands_for_its_study_in_storage(s3_ser
     plain.mkdir()
     assert resume_command(plain) == f"hpsearch resume {plain}"
 
+    StudyHome.new(f"s3://{BUCKET}/copies", "checked")  # as `check` does: chooses the place, makes nothing there
+    listed = client(s3_server).list_objects_v2(Bucket=BUCKET, Prefix="copies/checked")
+    assert [item["Key"] for item in listed.get("Contents", [])] == [], listed
+
 
 def test_a_bad_storage_uri_is_refused_before_ray_starts(s3_server, tmp_path, example_config):
     config = {**example_config, "storage": f"s3://no-such-bucket-{os.getpid()}/exps"}
