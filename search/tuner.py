@@ -60,6 +60,10 @@ RAY_TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setu
 # Ray's warning when ray.init runs outside the main thread (a web app's or a notebook
 # tool's search): true, and nothing the user can act on; the search stops as it should.
 RAY_NO_SIGTERM_HANDLER_NOTICE = ("ray._private.worker", "SIGTERM handler is not set")
+# Ray Tune's warning at the end of every session, as it builds the results it returns,
+# which hpsearch does not use: with Tune's own result files off (hpsearch keeps trials.csv,
+# TensorBoard and the journal), it says that each trial's results were not found (audit 30).
+TUNE_NO_RESULT_FILES_NOTICE = ("ray.tune.analysis.experiment_analysis", "Failed to fetch metrics")
 
 
 def ray_settings() -> dict[str, str]:
@@ -536,7 +540,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     outcome = SESSION_INTERRUPTED
     quiet_trial_tracebacks(not verbose)
     try:
-        with trial_actors_inherit_tune_env(local_environment):
+        with trial_actors_inherit_tune_env(local_environment), _message_dropped(TUNE_NO_RESULT_FILES_NOTICE, True):
             tuner.fit()
         outcome = _session_outcome(searcher.is_complete(), budget is not None and budget.reached,
                                    failing is not None and failing.reached)

@@ -279,9 +279,12 @@ def test_a_users_own_module_by_import_path(tmp_path):
         "storage": "runs",
     }
     write_yaml(tmp_path / "exp.yaml", config)
-    result = run_cli("run", "exp.yaml", cwd=tmp_path, timeout=300)
+    result = run_cli("run", "exp.yaml", "-v", cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "loader.num_workers is not passed on: NoisyLinearData takes no argument 'num_workers'" in result.stderr
+    # -v shows what the trials print; not Ray Tune's claim that their results are missing (audit 30)
+    assert "NoisyLinearData set up in trial 2" in result.stdout + result.stderr, result.stdout + result.stderr
+    assert "Failed to fetch metrics" not in result.stdout + result.stderr, result.stdout + result.stderr
     best = json.loads((tmp_path / "runs" / "user-regression" / "best.json").read_text())
     assert best["metric"] == "val_mse" and best["value"] >= 0 and best["test_metrics"] == {}
     rows = rows_of(tmp_path / "runs" / "user-regression")
