@@ -146,11 +146,15 @@ class Mirror:
                 key = path.relative_to(self.local).as_posix()
                 if path.name.startswith(".") and path.name.endswith(".tmp"):
                     continue  # an atomic write in progress
-                present.add(key)
                 try:
                     stat = path.stat()
                 except FileNotFoundError:
                     continue  # rotated away while we walked
+                if stat.st_size == 0:
+                    # nothing to keep: a trial's crash account while the trial lives (every
+                    # trial's was uploaded empty; audit 30); nothing else hpsearch writes is empty
+                    continue
+                present.add(key)
                 signature = (stat.st_size, stat.st_mtime_ns)
                 if self._pushed.get(key) == signature:
                     continue

@@ -79,7 +79,8 @@ def test_mirror_pushes_changes_deletes_rotated_files_and_pulls_into_a_fresh_copy
     checkpoints.mkdir(parents=True)
     (checkpoints / "epoch-0000.ckpt").write_bytes(b"a" * 1000)
     (checkpoints / "epoch-0001.ckpt").write_bytes(b"b" * 2000)
-    assert first.push("trials/trial_0000") == 2
+    (checkpoints.parent / "crash.txt").write_bytes(b"")  # the crash account while the trial lives
+    assert first.push("trials/trial_0000") == 2  # the empty file is not uploaded
     assert first.push("trials/trial_0000") == 0  # nothing changed: nothing sent
     (checkpoints / "epoch-0000.ckpt").unlink()  # rotated away
     (checkpoints / "epoch-0002.ckpt").write_bytes(b"c" * 3000)
