@@ -38,6 +38,37 @@ def test_sampled_values_override_init_args_and_data_fills_model_shape(example_co
     assert tuple(model.hparams.input_shape) == (1, 8, 8) and model.hparams.num_classes == 10
 
 
+def test_persistent_workers_and_prefetching_follow_the_workers_the_datamodule_gets(example_config):
+    """Given on while the user's own init_args (or a sampled value) set num_workers: 0,
+    they failed every trial: torch refuses both without workers (audit 31)."""
+    import pytorch_lightning as pl
+
+    class PassesThemOn(pl.LightningDataModule):
+        def __init__(self, num_workers: int = 2, persistent_workers: bool = False, prefetch_factor=None):
+            super().__init__()
+            self.options = {"num_workers": num_workers, "persistent_workers": persistent_workers,
+                            "prefetch_factor": prefetch_factor}
+
+    class NoWorkerCount(PassesThemOn):  # its parent's num_workers, reached through **kwargs
+        def __init__(self, persistent_workers: bool = False, **kwargs):
+            super().__init__(persistent_workers=persistent_workers, **kwargs)
+
+    hpsearchs = {"num_workers": 1, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 4}
+    config = load_config({**example_config, "loader": {"prefetch_factor": 4},
+                          "data": {**example_config["data"], "init_args": {}}})
+    built = build_datamodule(config, PassesThemOn, {}, hpsearchs)
+    assert built.options == {"num_workers": 1, "persistent_workers": True, "prefetch_factor": 4}
+    config.data.init_args["num_workers"] = 0
+    built = build_datamodule(config, PassesThemOn, {}, hpsearchs)
+    assert built.options == {"num_workers": 0, "persistent_workers": False, "prefetch_factor": None}
+    built = build_datamodule(config, PassesThemOn, {"data.num_workers": 3}, {**hpsearchs, "num_workers": 0,
+                                                                            "persistent_workers": False})
+    assert built.options == {"num_workers": 3, "persistent_workers": True, "prefetch_factor": 4}  # loader's own
+    del config.data.init_args["num_workers"]
+    built = build_datamodule(config, NoWorkerCount, {}, hpsearchs)
+    assert built.options == {"num_workers": 2, "persistent_workers": False, "prefetch_factor": None}  # its own
+
+
 def _preflight_in_a_child(config, start_together, results) -> None:
     """One trial's set-up as Lightning runs it: the DataModule, the model, one validation
     batch; started with the other child's, once both have imported everything."""
