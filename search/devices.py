@@ -51,17 +51,24 @@ def precision_fallback_warning(trainer: TrainerConfig, resources: ResourcesConfi
                   "it uses 'bf16-mixed', so the two choices train alike")
 
 
-def loader_setting_warnings(loader: LoaderConfig, resources: ResourcesConfig) -> None:
+def loader_setting_warnings(loader: LoaderConfig, resources: ResourcesConfig,
+                            data_workers: Mapping[str, int] | None = None) -> None:
     """Warn, in the driver, of ``loader`` settings that cannot do what they ask for these
     trials: pinned memory for trials without a GPU (torch pins only for an accelerator),
-    and more loader workers than the CPUs a trial worker holds (they share those CPUs)."""
+    and more loader workers than the CPUs a trial worker holds (they share those CPUs),
+    by the loader setting or by the DataModule's own ``num_workers`` (``data_workers``:
+    the most each field that sets it can give, e.g. ``data.init_args.num_workers``)."""
     if loader.pin_memory is True and resources.worker_gpus == 0:
         warn_user("loader.pin_memory: true does nothing for these trials: they run on CPU, and memory is "
                   "pinned only for a GPU")
     cpus = resources.worker_cpus
-    if loader.num_workers != "auto" and loader.num_workers > cpus:
-        warn_user(f"loader.num_workers: {loader.num_workers} loader processes share the {cpus:g} CPU(s) each trial "
-                  f"worker holds (resources.cpus_per_{'worker' if resources.workers_per_trial > 1 else 'trial'})")
+    asked = {**({} if loader.num_workers == "auto" else {"loader.num_workers": loader.num_workers}),
+             **(data_workers or {})}
+    for field, workers in asked.items():
+        if workers > cpus:
+            up_to = "up to " if field.startswith("space.") else ""
+            warn_user(f"{field}: {up_to}{workers} loader processes share the {cpus:g} CPU(s) each trial worker "
+                      f"holds (resources.cpus_per_{'worker' if resources.workers_per_trial > 1 else 'trial'})")
 
 
 def loader_in_use(loaders: Any) -> dict[str, Any]:
