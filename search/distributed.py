@@ -133,11 +133,25 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     reservation = ray.util.get_current_placement_group()
     named = {PLACEMENT_GROUP: reservation.id.hex()} if reservation is not None else {}
     decisions = loop_config["decisions"]
+    _quiet_report_log()
     fit_trial(loop_config["trial_config"], loop_config["experiment"], loop_config["experiment_dir"],
               report=lambda metrics: ray.train.report({**metrics, **named}), parallel=parallel,
               workers_start_s=workers_start_s, started_at=started_at,
               stopped_by_scheduler=None if decisions is None else partial(
                   stopped_at_rung, decisions, int(loop_config["trial_config"][TRIAL_NUMBER])))
+
+
+def _quiet_report_log() -> None:
+    """Ray Train logs every report of every rank at INFO, the whole report with hpsearch's
+    own fields in one long line, to a logger named by its file: in each epoch, a line a
+    rank in the trial's output.log, which is for what the user's code prints (audit 31)."""
+    import logging
+
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:  # another Ray: its reports say what they say
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
 def stopped_at_rung(decisions: RungDecisions, trial_number: int, trainer, report: dict[str, Any]) -> bool:

@@ -100,6 +100,9 @@ def test_only_rank_zero_wrote_logs_and_checkpoints(ddp_search):
         # TensorBoard has the epochs the study has: one validation per reported epoch.
         row = next(r for r in csv.DictReader((exp_dir / "trials.csv").open()) if int(r["trial"]) == number)
         assert tensorboard_steps(run, "val_loss") == list(range(1, int(row["epochs"]) + 1)), (number, row["state"])
+        # what the ranks printed, not Ray Train's log of every report (audit 31)
+        printed = (trial_dir / "output.log").read_text() if (trial_dir / "output.log").exists() else ""
+        assert "Reporting training result" not in printed, printed[:2000]
     best = json.loads((exp_dir / "best.json").read_text())
     assert best["state"] == "COMPLETE" and best["checkpoint"].endswith("best.ckpt")
 
