@@ -34,6 +34,9 @@ from .outcome import EPOCH, FINISHED, RESTORED, STOP_REASON, best_of
 # A trial that waits on its DataLoader for more than this share of its training time
 # is flagged as data-starved (more loader workers, or faster decoding, would help).
 STARVED_SHARE = 0.3
+# ... and has waited at least this long in the epoch: in a tiny epoch the wait is mostly
+# the loader's own start, and the flag was noise on trials of 0.1 s epochs (audit 31).
+STARVED_MIN_WAIT_S = 0.1
 # Steps between host-side checks that the training loss stayed finite. Reading a GPU
 # tensor's value on the host waits for every kernel queued before it: a check on every
 # step would keep the CPU from queueing the next step while the GPU runs this one.
@@ -447,7 +450,7 @@ class TuneReporter(pl.Callback):
             "hps_checkpoint_s": time.perf_counter() - self._checkpoint_started if self._checkpoint_started else 0.0,
             "hps_report_s": self._report_s,  # the previous report's cost
             "hps_startup_s": self._startup_s or 0.0,
-            "hps_data_starved": busy > 0 and data_wait / busy > STARVED_SHARE,
+            "hps_data_starved": data_wait >= STARVED_MIN_WAIT_S and data_wait / busy > STARVED_SHARE,
             # over the training's time, waiting for data included: what the trial trained at
             "hps_samples_per_s": self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
         }

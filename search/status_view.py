@@ -256,7 +256,7 @@ def _row_cells(row: dict[str, Any], params: list[str], params_width: int | None,
         else:  # a trial in its next try, or paused or interrupted before it
             reason = f"{reason}: {row['error']}" if reason else str(row["error"])
     if row.get("data_starved") is True:
-        reason = f"{reason} [data-starved: {_fmt(row.get('data_wait_s'))}s waiting on data]".strip()
+        reason = f"{reason} [data-starved: {_waiting_on_data(row)}]".strip()
     if row.get("notes"):
         reason = f"{reason} ({row['notes']})"
     if row.get("retry_of") not in (None, ""):
@@ -282,6 +282,15 @@ def _short_names(params: list[str]) -> list[str]:
     ``model.lr``), or the whole key where two share one."""
     last = [param.rsplit(".", 1)[-1] for param in params]
     return [name if last.count(name) == 1 else param for name, param in zip(last, params)]
+
+
+def _waiting_on_data(row: dict[str, Any]) -> str:
+    """A data-starved trial's last epoch: the share of its training time spent waiting on
+    data, which the flag is for, and the seconds (the seconds alone told little)."""
+    wait, train = row.get("data_wait_s"), row.get("train_s")
+    if not isinstance(wait, (int, float)) or not isinstance(train, (int, float)) or wait + train <= 0:
+        return f"{_fmt(wait)}s waiting on data"
+    return f"{wait / (wait + train):.0%} of its training time waiting on data, {_fmt(wait)}s in its last epoch"
 
 
 def _fmt(value: Any) -> str:

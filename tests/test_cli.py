@@ -846,13 +846,15 @@ def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_pa
     exp = ExperimentDir.make(tmp_path / "study")
     write_config(exp, shrunk_example(tmp_path))
     (exp.root / "trials.csv").write_text(
-        "trial,state,reason,best,epochs,data_starved,data_wait_s,error\n"
-        "0,COMPLETE,max_epochs,0.5,2,True,0.787,\n"
-        "1,FAILED,RuntimeError: [rank1] [bold]lost,,1,False,0.01,\n")
+        "trial,state,reason,best,epochs,data_starved,data_wait_s,train_s,error\n"
+        "0,COMPLETE,max_epochs,0.5,2,True,0.787,0.213,\n"
+        "1,FAILED,RuntimeError: [rank1] [bold]lost,,1,False,0.01,0.5,\n")
     console = Console(width=200, record=True)
     print_status(exp, console)
     shown = console.export_text()
-    assert "max_epochs [data-starved: 0.787s waiting on data]" in shown, shown
+    # the share the flag is for (audit 31: the seconds alone told little)
+    assert "max_epochs [data-starved: 79% of its training time waiting on data, 0.787s in its last epoch]" \
+        in shown, shown
     assert "RuntimeError: [rank1] [bold]lost" in shown, shown
     from hpsearch.search.status_view import print_best
 

@@ -214,6 +214,14 @@ def test_a_loader_slower_than_training_is_flagged_as_data_starved(tmp_path):
         assert report["hps_epoch_cpu_s"] < 0.5 * report["hps_epoch_time_s"], report
 
 
+def test_a_tiny_epochs_short_wait_on_data_is_not_flagged(tmp_path):
+    # 8 ms a batch against a step of a few ms: most of the training time, and 50 ms in all,
+    # in an epoch of a tenth of a second (audit 31: flagged, and noise)
+    data = SlowLoadingData(item_seconds=0.001)
+    for report in reports_of(tmp_path, mlp_for(data), data):
+        assert report["hps_data_wait_s"] < 0.1 and report["hps_data_starved"] is False, report
+
+
 class TwoTrainingLoaders(SlowLoadingData):
     def train_dataloader(self):
         return {"a": super().train_dataloader(), "b": super().train_dataloader()}
