@@ -465,12 +465,13 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
 
     with collector_paused(freeze_survivors=True):
         model_class, data_class = check_components(config)
-        from .devices import loader_setting_warnings, precision_fallback_warning
+        from .devices import datamodule_worker_counts, loader_setting_warnings, precision_fallback_warning
     check_strategy_available(config)
     check_sampler(config)
     check_steps(config)
     precision_fallback_warning(config.trainer, config.resources, config.space)
-    loader_setting_warnings(config.loader, config.resources, _datamodules_own_workers(config))
+    loader_setting_warnings(config.loader, config.resources, datamodule_worker_counts(config.data.init_args,
+                                                                                      config.space))
     if config.search.preflight if preflight is None else preflight:
         from .preflight import run_preflight
 
@@ -564,18 +565,6 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         warn_user(warning)
     return SearchResult(exp.root, outcome, best, trials, address=address,
                         finished_before=finished_before, stop_reason=stop_reason)
-
-
-def _datamodules_own_workers(config: ExperimentConfig) -> dict[str, int]:
-    """The most loader workers the DataModule's own ``num_workers`` gives, by the field that
-    sets it: its ``init_args``, or the search space (which wins)."""
-    searched, set_by_hand = config.space.get("data.num_workers"), config.data.init_args.get("num_workers")
-    if searched is not None:
-        counts = [value for value in searched.edge_values() if isinstance(value, int) and not isinstance(value, bool)]
-        return {"space.data.num_workers": max(counts)} if counts else {}
-    if isinstance(set_by_hand, int) and not isinstance(set_by_hand, bool):
-        return {"data.init_args.num_workers": set_by_hand}
-    return {}
 
 
 def outcome_warnings(outcome: str, best: dict[str, Any] | None, trials: list[dict[str, Any]], limit: int,

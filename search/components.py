@@ -379,11 +379,6 @@ def _type_name(annotation: Any) -> str:
     return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
 
 
-# Loader options that apply only to worker processes, and their "off" values: torch
-# refuses persistent workers and a prefetch factor when num_workers is 0.
-FOR_WORKERS_ONLY = {"persistent_workers": False, "prefetch_factor": None}
-
-
 def build_datamodule(config: ExperimentConfig, data_class: type, params: dict[str, Any], loader_options: dict[str, Any]):
     """The DataModule for one trial: init_args and the sampled values, then hpsearch's
     loader options it accepts that those leave unset. Persistent workers and prefetching
@@ -391,16 +386,19 @@ def build_datamodule(config: ExperimentConfig, data_class: type, params: dict[st
     are left to the DataModule where that count is its own affair (no ``num_workers``
     argument): given on while its ``init_args`` set ``num_workers: 0``, they failed every
     trial, after a preflight that loads without workers had passed (audit 31)."""
+    from .devices import WORKER_DEPENDENT_OPTIONS, worker_dependent_options
+
     signature = Signature.of(data_class)
     kwargs = {**config.data.init_args, **config.params_for("data", params)}
     workers = kwargs.get("num_workers", loader_options["num_workers"] if "num_workers" in signature.names else None)
+    dependent = worker_dependent_options(config.loader, workers) if isinstance(workers, int) else None
     for name, value in loader_options.items():
         if name not in signature.names or name in kwargs:
             continue
-        if name in FOR_WORKERS_ONLY:
-            if workers is None:
-                continue
-            value = getattr(config.loader, name) if workers else FOR_WORKERS_ONLY[name]
+        if name in WORKER_DEPENDENT_OPTIONS:
+            if dependent is None:
+                continue  # the DataModule's own worker count, unknown here: its own values stand
+            value = dependent[name]
         kwargs[name] = value
     datamodule = data_class(**kwargs)
     _prepare_data_one_at_a_time(datamodule)

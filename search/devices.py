@@ -109,12 +109,29 @@ def loader_options(loader: LoaderConfig, resources: ResourcesConfig, on_gpu: boo
         workers = cpus if on_gpu else max(0, cpus - 1)
     pin = on_gpu if loader.pin_memory == "auto" else loader.pin_memory
     workers = int(workers)
-    return {
-        "num_workers": workers,
-        "pin_memory": bool(pin),
-        "persistent_workers": loader.persistent_workers and workers > 0,
-        "prefetch_factor": loader.prefetch_factor if workers > 0 else None,
-    }
+    return {"num_workers": workers, "pin_memory": bool(pin), **worker_dependent_options(loader, workers)}
+
+
+WORKER_DEPENDENT_OPTIONS = ("persistent_workers", "prefetch_factor")
+
+
+def worker_dependent_options(loader: LoaderConfig, workers: int) -> dict:
+    """Persistent workers and prefetching for a DataLoader of ``workers`` processes: as
+    ``loader`` asks, or off without workers (torch refuses both when num_workers is 0)."""
+    return {"persistent_workers": loader.persistent_workers and workers > 0,
+            "prefetch_factor": loader.prefetch_factor if workers > 0 else None}
+
+
+def datamodule_worker_counts(data_init_args: Mapping[str, Any], space: Mapping[str, Any]) -> dict[str, int]:
+    """The most loader workers a DataModule's own ``num_workers`` can get, by the field that
+    sets it: its ``init_args``, or the search space (which wins); for ``loader_setting_warnings``."""
+    searched, set_by_hand = space.get("data.num_workers"), data_init_args.get("num_workers")
+    if searched is not None:
+        counts = [value for value in searched.edge_values() if isinstance(value, int) and not isinstance(value, bool)]
+        return {"space.data.num_workers": max(counts)} if counts else {}
+    if isinstance(set_by_hand, int) and not isinstance(set_by_hand, bool):
+        return {"data.init_args.num_workers": set_by_hand}
+    return {}
 
 
 def use_sharing_strategy(loader: LoaderConfig) -> str:

@@ -161,16 +161,16 @@ def test_loader_settings_that_cannot_act_are_warned_of(example_config, monkeypat
     assert any("loader.pin_memory: true does nothing for these trials: they run on CPU" in m for m in said), said
     assert any("loader.num_workers: 8 loader processes share the 2 CPU(s)" in m for m in said), said
     # the DataModule's own num_workers, set in init_args or searched, share the CPUs as well (audit 31)
-    from hpsearch.search.api import _datamodules_own_workers
+    from hpsearch.search.devices import datamodule_worker_counts
 
     for overrides, said in ((["data.init_args.num_workers=4"], "data.init_args.num_workers: 4 loader processes"),
                             (["data.init_args.num_workers=1", "space.data.num_workers={type: int, low: 0, high: 6}"],
                              "space.data.num_workers: up to 6 loader processes")):
         own = load_config(example_config, [*overrides, "resources.cpus_per_trial=2"])
         with pytest.warns(UserWarning, match=re.escape(f"{said} share the 2 CPU(s)")):
-            loader_setting_warnings(own.loader, own.resources, _datamodules_own_workers(own))
-    assert _datamodules_own_workers(load_config(example_config, ["data.init_args.num_workers=2"])) == \
-        {"data.init_args.num_workers": 2}
+            loader_setting_warnings(own.loader, own.resources, datamodule_worker_counts(own.data.init_args, own.space))
+    two = load_config(example_config, ["data.init_args.num_workers=2"])
+    assert datamodule_worker_counts(two.data.init_args, two.space) == {"data.init_args.num_workers": 2}
     half = load_config(example_config, ["loader.num_workers=1", "resources.cpus_per_trial=0.5"])
     with pytest.warns(UserWarning, match=r"1 loader processes share the 0\.5 CPU\(s\)"):  # said "the 0 CPU(s)"
         loader_setting_warnings(half.loader, half.resources)
