@@ -7,7 +7,6 @@ imports: torch, Lightning, Ray and Optuna load only for commands that search.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
@@ -15,6 +14,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from .streams import PassThroughStream
 
 EXIT_CONFIG_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -84,7 +85,8 @@ def _add_override_option(parser: argparse.ArgumentParser) -> None:
 def _add_session_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="join this Ray cluster (default: start a local Ray)")
     _add_override_option(parser)
-    parser.add_argument("-v", "--verbose", action="store_true", help="show what the trials print (your code's output too), with Ray's and Lightning's")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show what the trials print (your code's output too), with Ray's and Lightning's")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,28 +170,7 @@ def _run_command(args) -> int:
         return EXIT_INTERRUPTED
 
 
-class _ConsoleStream(io.TextIOBase):
-    """A wrapper of one of the command's console streams that passes on what it does not change."""
-
-    def __init__(self, stream) -> None:
-        super().__init__()
-        self.stream = stream
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def isatty(self) -> bool:
-        return self.stream.isatty()
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-    @property
-    def encoding(self) -> str:
-        return self.stream.encoding
-
-
-class _ReaderMayLeave(_ConsoleStream):
+class _ReaderMayLeave(PassThroughStream):
     """A console stream whose reader may go away (``hpsearch run ... | head``, a ``less``
     that was quit): from then on what is written is dropped, and the stream's descriptor
     points at /dev/null, instead of a ``BrokenPipeError`` stopping the search (it was
@@ -225,7 +206,7 @@ class _ReaderMayLeave(_ConsoleStream):
             pass
 
 
-class _WithoutRayletEcho(_ConsoleStream):
+class _WithoutRayletEcho(PassThroughStream):
     """stdout without the raylets' error messages that Ray's driver prints there, prefixed
     ``(raylet)``: a dead node's is its raylet's last 20 log lines, twice. The search says
     what happened in one line of its own; ``-v`` shows Ray's output as it is."""

@@ -12,23 +12,24 @@ Lightning's and Ray's do) are not in it.
 
 from __future__ import annotations
 
-import io
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .streams import PassThroughStream
+
 OUTPUT_FILE = "output.log"
 
 
-class _Copied(io.TextIOBase):
+class _Copied(PassThroughStream):
     """A stream whose writes also go to a file, opened at the first write (a trial that
     prints nothing leaves none; with cloud storage, the trial's earlier output is pulled
     before the file exists here)."""
 
     def __init__(self, stream, path: Path) -> None:
-        super().__init__()
-        self.stream, self.path, self.copy = stream, path, None  # path: None once it cannot be written
+        super().__init__(stream)
+        self.path, self.copy = path, None  # path: None once it cannot be written
 
     def write(self, text: str) -> int:
         written = self.stream.write(text)
@@ -50,19 +51,6 @@ class _Copied(io.TextIOBase):
     def close_copy(self) -> None:
         if self.copy is not None:
             self.copy.close()
-
-    def isatty(self) -> bool:
-        return self.stream.isatty()
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-    def writable(self) -> bool:
-        return True
-
-    @property
-    def encoding(self) -> str:
-        return getattr(self.stream, "encoding", "utf-8")
 
 
 @contextmanager
