@@ -98,7 +98,6 @@ def ray_for_search(config: ExperimentConfig, address: str | None, verbose: bool)
     the next search of this Python session, except when the search ran in a thread other
     than the main one: there it is shut down, because Ray's exit handler, run from the main
     thread at the interpreter's end, then waited 60 s for its GCS and exited with status 1."""
-
     search_ray = start_ray(config, address, verbose)
     try:
         yield search_ray
