@@ -107,13 +107,16 @@ def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:
             raise ImportError(f"on {socket.gethostname()}: {'; '.join(map(str, exc.problems))}") from None
 
 
-def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str,
-              **how: Any) -> None:
+def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
+              report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0,
+              stopped_by_scheduler: Callable[[Any, dict], bool] | None = None,
+              started_at: float | None = None) -> None:
     """``_fit_trial``, with what the process prints meanwhile also kept in the trial's
     ``output.log`` (see ``trial_output``)."""
     number = int(trial_config[TRIAL_NUMBER])
     with output_kept(ExperimentDir(study_root(experiment_dir)).trial_dir(trial_name(number))):
-        _fit_trial(trial_config, experiment, experiment_dir, **how)
+        _fit_trial(trial_config, experiment, experiment_dir, report=report, parallel=parallel,
+                   workers_start_s=workers_start_s, stopped_by_scheduler=stopped_by_scheduler, started_at=started_at)
 
 
 def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
