@@ -203,6 +203,17 @@ class RetryPolicy(Callback):
         self.table, self.max_retries, self.exp = table, max_retries, exp
         self._last_fault: dict[int, tuple[str, Any]] = {}  # trial number -> (error line, last epoch reported)
 
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        """A retry's report, again, of an epoch its checkpoint holds: the attempt before it
+        had got that far, though its own report of that epoch may never have left it (a
+        one-process trial sends an epoch's report once the epoch's files are written, and a
+        crash or hang can come in between), so that attempt's fault came after that epoch."""
+        number = int(trial.config[TRIAL_NUMBER])
+        if result.get(RESTORED) and number in self._last_fault:
+            error, epoch = self._last_fault[number]
+            if result.get(EPOCH) is not None and (epoch is None or result[EPOCH] > epoch):
+                self._last_fault[number] = (error, result[EPOCH])
+
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         number = int(trial.config[TRIAL_NUMBER])
         row = self.table.row(number)
@@ -586,6 +597,13 @@ class DropResumeCheckpoints(Callback):
             warnings.warn(f"epoch checkpoints of ended trial {trial_dir.name} not deleted: {exc}", stacklevel=2)
 
 
+def _has_epoch_checkpoint(trial, exp) -> bool:
+    from .checkpoints import epoch_checkpoints
+    from .experiment import trial_name
+
+    return bool(epoch_checkpoints(exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER])))))
+
+
 class KeepBestCheckpoints(Callback):
     """``search.keep_checkpoints``: of the ended trials, only the best N by the search
     metric keep their ``best.ckpt``, and the study's best by its own rule (a complete trial
@@ -771,8 +789,11 @@ class ProgressDisplay(Callback):
         if trial.config.get(GIVE_UP):
             return  # out of retries (``RetryPolicy``): its end as FAILED is announced instead
         number = int(trial.config[TRIAL_NUMBER])
-        # An epoch's checkpoint is on disk before its report: a trial with none has no checkpoint.
-        start = "its last checkpoint" if (trial.last_result or {}).get(EPOCH) else "the start (no epoch finished)"
+        # An epoch's checkpoint is on disk before its report. One whose report never left
+        # (a large checkpoint is written while the next epoch trains, see checkpoint_writes)
+        # is in the trial's folder, where the driver sees it unless the trial ran elsewhere.
+        checkpointed = (trial.last_result or {}).get(EPOCH) or _has_epoch_checkpoint(trial, self.exp)
+        start = "its last checkpoint" if checkpointed else "the start (no epoch finished)"
         verdict = self.table.row(number).get("error")  # RetryPolicy's, which ran first
         if verdict == NODE_LOST:  # said in words
             self._say(f"trial {number}: its node was lost; retrying from {start} on another node (not counted "

@@ -735,8 +735,13 @@ def test_a_retry_says_whether_it_starts_from_a_checkpoint_or_from_the_start(tmp_
     assert f"searching: 4 trials in all; results in {exp.root}" in capsys.readouterr().err
     ProgressDisplay(TrialsTable("val_acc", "max", []), 1, exp).setup()
     assert "searching: 1 trial in all" in capsys.readouterr().err
+    # trial 2 reported no epoch, but wrote one's checkpoint: its report waited for the files
+    # of a large checkpoint, written while the next epoch trained, when the fault came
+    (exp.trial_dir("trial_0002") / "checkpoints").mkdir(parents=True)
+    (exp.trial_dir("trial_0002") / "checkpoints" / "epoch-0000.ckpt").write_bytes(b"written")
     for number, last_result, said in ((0, {}, "from the start (no epoch finished)"),
-                                      (1, {"epoch": 2}, "from its last checkpoint")):
+                                      (1, {"epoch": 2}, "from its last checkpoint"),
+                                      (2, {}, "from its last checkpoint")):
         trial = SimpleNamespace(config={"hps_trial_number": number}, last_result=last_result, error_file=str(error))
         display.on_trial_recover(0, [], trial)
         assert f"trial {number}: retrying {said} after RuntimeError: worker lost" in capsys.readouterr().err

@@ -257,6 +257,29 @@ def test_a_process_killed_twice_at_one_point_is_tried_again(tmp_path):
     assert trial.config[GIVE_UP].startswith("failed 3 times: its process died without a Python error"), trial.config
 
 
+def test_a_fault_repeated_after_the_epoch_a_retry_restored_is_at_the_same_point(tmp_path):
+    """A one-process trial sends an epoch's report once the epoch's checkpoint files are
+    written; a hang or crash in between lost it, and the retry's report of that epoch, sent
+    again from the checkpoint, made its repeated fault look like one at a later point: a
+    third try, which would fail the same way."""
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.outcome import EPOCH, GIVE_UP, RESTORED, TRIAL_NUMBER
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tune_callbacks import RetryPolicy
+
+    table = TrialsTable("val_acc", "max", [])
+    policy = RetryPolicy(table, max_retries=2, exp=ExperimentDir(tmp_path))
+    trial = error_file(tmp_path, "Failure # 1 (occurred at x)\nTraceback (most recent call last):\n"
+                                 "RuntimeError: stuck in epoch 2\n")
+    trial.config, trial.run_metadata, trial.last_result = {TRIAL_NUMBER: 0}, SimpleNamespace(num_failures=1), None
+    policy.on_trial_recover(0, [], trial)  # its epoch 1 trained and checkpointed, never reported
+    assert GIVE_UP not in trial.config and table.row(0)["attempts"] == 2
+    trial.last_result = {EPOCH: 1, RESTORED: True}
+    policy.on_trial_result(0, [], trial, trial.last_result)  # the retry starts from epoch 1's checkpoint
+    policy.on_trial_recover(0, [], trial)  # and meets the same fault in epoch 2
+    assert trial.config[GIVE_UP].startswith("failed 2 times the same way, at the same point: RuntimeError: stuck")
+
+
 def test_a_config_error_raised_in_a_trial_reaches_the_driver_whole_and_its_problem_is_the_reason(tmp_path):
     """A trial whose class fails to import on its worker raises a ConfigError. Ray pickles
     it to the driver, which rebuilt it from its message, one problem per character ("137
