@@ -25,8 +25,6 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.strategies import DeepSpeedStrategy, FSDPStrategy
 
-from .checkpoint_writes import background_writes
-
 
 class _OwnStateKey(ModelCheckpoint):
     """Saves and restores its state under a key of its own (``hpsearch.BestCheckpoint{...}``):
@@ -109,11 +107,7 @@ class BestCheckpoint(_OwnStateKey):
             return
         target, self._deferred_path = self._deferred_path, None
         if trainer.is_global_zero:  # only rank 0 writes checkpoint files
-            writes = background_writes(trainer)
-            if writes is not None:
-                writes.then(replace_with_copy, written, target)  # once ``written`` is
-            else:
-                replace_with_copy(written, target)
+            replace_with_copy(written, target)
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
 

@@ -35,8 +35,7 @@ def epoch_checkpoints(trial_dir: Path) -> list[Path]:
 
 def drop_resume_checkpoints(trial_dir: Path) -> None:
     """Delete an ended trial's epoch checkpoints (``best.ckpt`` stays), and any file a
-    process killed while writing left half written (``*.partial``, a large checkpoint's
-    most of all: see ``checkpoint_writes``)."""
+    process killed while writing it left half written (``*.partial``, see ``checkpoint_writes``)."""
     for path in [*epoch_checkpoints(trial_dir), *checkpoint_dir(trial_dir).glob("*.partial")]:
         path.unlink(missing_ok=True)
 

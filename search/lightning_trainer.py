@@ -18,7 +18,7 @@ import torch
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor
 
 from .checkpoint_callbacks import BestCheckpoint, EpochCheckpoints, ModelCheckpointsInTrialDir, state_from_plain_key
-from .checkpoint_writes import BackgroundCheckpointWrites
+from .checkpoint_writes import CheckpointFileWriter
 from .checkpoints import BEST_CHECKPOINT, ResumedAt, checkpoint_dir, model_checkpoint_dir
 from .config import TrainerConfig
 from .devices import TrialDevice
@@ -228,11 +228,9 @@ def build_trainer(
     ``checkpoint_callbacks.py``).
 
     Checkpointing and early stopping act at the end of validation, which Lightning runs
-    before ``on_train_epoch_end``: so when ``TuneReporter`` composes the epoch's report
-    there, the stop decision is made. A one-process trial's checkpoint files are written in
-    a thread while the next epoch trains (``checkpoint_writes.py``), and the report goes
-    out once they are on disk. That matters because Tune may stop the trial at that report,
-    and nothing after it is guaranteed to run.
+    before ``on_train_epoch_end``: so when ``TuneReporter`` reports there, this epoch's
+    checkpoint is on disk and the stop decision is made. That matters because Tune may
+    stop the trial at that report, and nothing after it is guaranteed to run.
 
     ``profiler``: what Lightning reports its timed actions to (``TuneReporter.fetch_timer``
     takes the waits for training batches from there).
@@ -281,8 +279,15 @@ def build_trainer(
         enable_model_summary=False,
         log_every_n_steps=LOG_EVERY_N_STEPS,
         profiler=profiler,
-        # a distributed strategy's ranks write (or shard) their checkpoints as Lightning does
-        plugins=[BackgroundCheckpointWrites()] if strategy == "auto" else None,
+        # each file serialized straight into place (sharded strategies write directories of their own)
+        plugins=[CheckpointFileWriter()] if _writes_whole_files(strategy) else None,
     )
     logger.follow(trainer)
     return trainer
+
+
+def _writes_whole_files(strategy) -> bool:
+    """Whether the strategy writes a checkpoint as one file (rank 0's), with its CheckpointIO."""
+    from pytorch_lightning.strategies import DDPStrategy, DeepSpeedStrategy
+
+    return strategy == "auto" or (isinstance(strategy, DDPStrategy) and not isinstance(strategy, DeepSpeedStrategy))

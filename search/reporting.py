@@ -1,13 +1,11 @@
 """The Lightning callback that reports each validated epoch to Ray Tune.
 
 The report is composed at ``on_train_epoch_end``: by then validation has logged its
-metrics, ModelCheckpoint has asked for best/last, and EarlyStopping has decided whether
+metrics, ModelCheckpoint has written best/last, and EarlyStopping has decided whether
 to stop, so it can say truthfully whether this epoch was the trial's last
-(``hps_finished``). It is sent once Lightning has logged the epoch's training metrics (see
-``_close_pending``) and the epoch's checkpoint files are written: a one-process trial's
-are written in a thread while the next epoch trains (``checkpoint_writes``), and its report
-goes out at the first batch after that (``_send_held``). The training's last report is
-sent once ``fit`` has returned (``send_final``). Tune may stop the trial at a report (ASHA, the time budget, or a
+(``hps_finished``). It is sent a moment later, once Lightning has logged the epoch's
+training metrics (see ``_deliver_pending``); the training's last report, once ``fit`` has
+returned (``send_final``). Tune may stop the trial at a report (ASHA, the time budget, or a
 finished trial), which Ray signals by raising ``SystemExit`` from the report: inside ``fit``
 it becomes ``StoppedByScheduler``. Only rank 0 reports to Tune directly; under Ray Train every rank
 reports (Train waits for all of them and forwards rank 0's metrics), and metrics logged
@@ -29,7 +27,6 @@ from pytorch_lightning.callbacks import EarlyStopping
 from pytorch_lightning.profilers import Profiler
 from pytorch_lightning.utilities.exceptions import _TunerExitException
 
-from .checkpoint_writes import background_writes
 from .errors import HpsearchError
 from .outcome import EPOCH, FINISHED, RESTORED, STOP_REASON, best_of
 
@@ -126,7 +123,6 @@ class TuneReporter(pl.Callback):
         self.best: float | None = None
         self.reported = False
         self._pending: dict[str, Any] | None = None  # composed at an epoch's end, sent just after
-        self._held: dict[str, Any] | None = None  # ... once its epoch's checkpoint files are written
         self._final: dict[str, Any] | None = None  # the training's last report, sent after fit
         self.stopped_by_tune = False  # Tune stopped the trial at a report (its SystemExit, not the user's)
         self._restored_at = 0.0  # when a resumed trial began again from its checkpoint
@@ -138,9 +134,6 @@ class TuneReporter(pl.Callback):
         self.fetch_timer = BatchFetchTimer()  # the trainer's profiler (see build_trainer)
         self._epoch_started = self._batch_started = self._fetched_before_epoch = 0.0
         self._val_started = self._val_seconds = self._checkpoint_started = 0.0
-        # inside this epoch: waiting for the last epoch's checkpoint files (checkpoint time),
-        # and sending its report (which the epoch's own time leaves out, as it did before)
-        self._write_waited_s = self._reported_in_epoch_s = 0.0
         self._cpu_at_epoch_start = self._epoch_cpu_s = 0.0
         self._train_samples, self._train_seconds = 0, 0.0
         self._several_loaders = False
@@ -189,7 +182,7 @@ class TuneReporter(pl.Callback):
                 if earlier["epoch"] > self.known_epochs:
                     self._send(trainer, self._earlier_epoch_report(earlier), inside_fit=True)
             # Sent at the next epoch's start or the training's end, after that epoch end:
-            # a stop decided there ends the trial finished (see _close_pending).
+            # a stop decided there ends the trial finished (see _deliver_pending).
             self._pending = self._checkpointed_epoch_report(trainer, validated)
             self._restored_at = time.perf_counter()
 
@@ -234,18 +227,14 @@ class TuneReporter(pl.Callback):
         return metrics
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._close_pending(trainer)
-        self._send_held(trainer)  # now if its files are written already
+        self._deliver_pending(trainer)
         self._epoch_started, self._cpu_at_epoch_start = time.perf_counter(), time.process_time()
         self._fetched_before_epoch = self.fetch_timer.seconds
         self._train_samples, self._train_seconds = 0, 0.0
         self._val_seconds = self._checkpoint_started = self._epoch_cpu_s = 0.0
-        self._write_waited_s = self._reported_in_epoch_s = 0.0
         self._validated = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._held is not None:
-            self._send_held(trainer, in_epoch=True)  # once the last epoch's files are written
         self._batch_started = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -269,10 +258,6 @@ class TuneReporter(pl.Callback):
         self._losses_finite, self._unchecked_from_step = None, trainer.global_step
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking:
-            # At the latest here: this epoch's checkpoint comes next, and Tune learns of
-            # each epoch in turn.
-            self._send_held(trainer, wait=True, in_epoch=True)
         self._before_validation = dict(trainer.callback_metrics)
         if not trainer.sanity_checking:
             waiting_from = time.perf_counter()
@@ -305,7 +290,7 @@ class TuneReporter(pl.Callback):
                 self._earlier_epochs.append(self._validated_epoch)
             self._validated_epoch = None if checked is None else {
                 "epoch": trainer.current_epoch + 1, "metrics": checked,
-                "telemetry": self._telemetry(trainer, now - self._epoch_started - self._reported_in_epoch_s),
+                "telemetry": self._telemetry(trainer, now - self._epoch_started),
                 "trained_with": {key: self.static_fields[key] for key in TRAINED_WITH if key in self.static_fields}}
 
     def _compare_ranks_metric(self, trainer: pl.Trainer, pl_module, value: float) -> None:
@@ -324,7 +309,6 @@ class TuneReporter(pl.Callback):
             self.static_fields["hps_notes"] = "; ".join(filter(None, (self.static_fields.get("hps_notes"), note)))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
-        self._send_held(trainer, wait=True, in_epoch=True)  # (an epoch that did not validate)
         self._check_losses_finite(trainer)
         if trainer.sanity_checking or not self._validated:
             # No validation ran in this epoch (e.g. the tail of an epoch whose checkpoint a
@@ -335,17 +319,10 @@ class TuneReporter(pl.Callback):
             return
         epoch = trainer.current_epoch + 1
         finished = bool(trainer.should_stop) or epoch >= self.max_epochs
-        self._pending = self._compose(trainer, metrics, epoch, finished, self._epoch_seconds())
+        self._pending = self._compose(trainer, metrics, epoch, finished, time.perf_counter() - self._epoch_started)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._send_held(trainer, wait=True)
-        self._close_pending(trainer, last=True)
-        if self._final is not None:
-            self._publish(trainer)  # its files written and, with URI storage, uploaded
-
-    def _epoch_seconds(self) -> float:
-        """The epoch's time so far, without sending the last epoch's report inside it."""
-        return time.perf_counter() - self._epoch_started - self._reported_in_epoch_s
+        self._deliver_pending(trainer, last=True)
 
     def send_final(self, trainer: pl.Trainer) -> None:
         """Send the training's last report, once ``fit`` has returned: every callback's
@@ -356,11 +333,10 @@ class TuneReporter(pl.Callback):
             final, self._final = self._final, None
             self._send(trainer, final, inside_fit=False)
 
-    def _close_pending(self, trainer: pl.Trainer, last: bool = False) -> None:
-        """Finish the last epoch's report, composed at its end, and hold it until its files
-        are written (``_send_held``). It is finished only now (the next epoch's start, or
-        the end of training) because Lightning logs the epoch's training metrics, and runs
-        the model's own ``on_train_epoch_end``, after every callback's
+    def _deliver_pending(self, trainer: pl.Trainer, last: bool = False) -> None:
+        """Send the last epoch's report, composed at its end. It goes out only now (the next
+        epoch's start, or the end of training) because Lightning logs the epoch's training
+        metrics, and runs the model's own ``on_train_epoch_end``, after every callback's
         ``on_train_epoch_end``; Tune may stop the trial at the report, and a trial pruned
         there would otherwise never have that epoch's ``train_loss`` in TensorBoard. The
         epoch's time is taken here too, so it includes the model's epoch-end work.
@@ -380,56 +356,12 @@ class TuneReporter(pl.Callback):
             else:
                 # The epoch ends here, after the model's own on_train_epoch_end (EMA updates,
                 # epoch-level metrics): its time belongs to the epoch and to the compute spent.
-                pending["hps_epoch_time_s"] = self._epoch_seconds()
-                self._log_epoch(trainer, pending)  # (TensorBoard has a restored epoch)
+                pending["hps_epoch_time_s"] = time.perf_counter() - self._epoch_started
+                self._log_and_publish(trainer, pending)  # (TensorBoard has a restored epoch)
             if last:
                 self._final = pending
             else:
-                self._held = pending
-
-    def _send_held(self, trainer: pl.Trainer, wait: bool = False, in_epoch: bool = False,
-                   inside_fit: bool = True) -> None:
-        """Send the held report once its epoch's checkpoint files are written: at once if
-        they are (or ``wait`` for them). ``in_epoch``: inside an epoch's training, whose
-        time leaves the report out and counts the wait as checkpointing."""
-        if self._held is None:
-            return
-        writes = background_writes(trainer)
-        if writes is not None and writes.busy and not wait:
-            return
-        held, self._held = self._held, None
-        waited = self._publish(trainer)
-        sending = time.perf_counter()
-        try:
-            self._send(trainer, held, inside_fit=inside_fit)
-        finally:
-            if in_epoch:
-                self._write_waited_s += waited
-                self._reported_in_epoch_s += time.perf_counter() - sending
-
-    def send_held(self, trainer: pl.Trainer) -> None:
-        """After a fault ended ``fit``: the report of the epoch validated before it, as it
-        would have been sent before the fault, if its files were written. Tune may stop
-        the trial at it (``SystemExit``), as it would have before the fault."""
-        writes = background_writes(trainer)
-        if self._held is None or self.stopped_by_tune or (writes is not None and writes.faulted):
-            return
-        try:
-            self._send_held(trainer, wait=True, inside_fit=False)
-        except Exception:  # the fault at hand is the trial's story; a retry sends the epoch again
-            self._held = None
-
-    def _publish(self, trainer: pl.Trainer) -> float:
-        """Before a report: the epoch's checkpoint files written (the seconds waited for
-        them are returned) and, with URI storage, the trial's files uploaded (rank 0)."""
-        writes = background_writes(trainer)
-        waiting = time.perf_counter()
-        if writes is not None:
-            writes.wait()
-        waited = time.perf_counter() - waiting
-        if trainer.global_rank == 0 and self.before_report is not None:
-            self.before_report()
-        return waited
+                self._send(trainer, pending, inside_fit=True)
 
     def report_restored(self, trainer: pl.Trainer, validation_metrics) -> None:
         """Report a resumed trial that had nothing left to train (its last checkpoint was
@@ -437,7 +369,7 @@ class TuneReporter(pl.Callback):
         metrics = self._checked(trainer, validation_metrics)
         if metrics is not None:
             restored = self._compose(trainer, metrics, trainer.current_epoch, True, 0.0)
-            self._publish(trainer)  # (TensorBoard has the epoch)
+            self._log_and_publish(trainer, restored, in_tensorboard=False)  # it has the epoch
             self._send(trainer, restored, inside_fit=False)
 
     def _check_logged_now(self, trainer: pl.Trainer) -> None:
@@ -515,9 +447,7 @@ class TuneReporter(pl.Callback):
             # itself (about 1 on a busy CPU trial, low when it waits on a GPU or on data)
             "hps_epoch_cpu_s": self._epoch_cpu_s,
             "hps_data_wait_s": data_wait,
-            # on the training path: taking the state, and waiting for the last epoch's files
-            "hps_checkpoint_s": (time.perf_counter() - self._checkpoint_started if self._checkpoint_started else 0.0)
-            + self._write_waited_s,
+            "hps_checkpoint_s": time.perf_counter() - self._checkpoint_started if self._checkpoint_started else 0.0,
             "hps_report_s": self._report_s,  # the previous report's cost
             "hps_startup_s": self._startup_s or 0.0,
             "hps_data_starved": data_wait >= STARVED_MIN_WAIT_S and data_wait / busy > STARVED_SHARE,
@@ -525,17 +455,21 @@ class TuneReporter(pl.Callback):
             "hps_samples_per_s": self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
         }
 
-    def _log_epoch(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
+    def _log_and_publish(self, trainer: pl.Trainer, metrics: dict[str, Any], in_tensorboard: bool = True) -> None:
         """Before an epoch's report: its speed and the best search metric so far
-        (``hp/<metric>``, the column HParams compares trials by) in TensorBoard."""
-        if trainer.global_rank == 0 and trainer.logger is not None:
-            scalars = {f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS}
-            if metrics["hps_best"] is not None:
-                scalars[f"hp/{self.metric}"] = metrics["hps_best"]
-            trainer.logger.log_epoch_metrics(scalars, metrics[EPOCH])
-            # Events reach disk before the report: a driver killed right after it
-            # must not leave TensorBoard missing epochs the study has.
-            trainer.logger.flush()
+        (``hp/<metric>``, the column HParams compares trials by) in TensorBoard, unless it
+        has them already, and its files where the study keeps them."""
+        if trainer.global_rank == 0:
+            if trainer.logger is not None and in_tensorboard:
+                scalars = {f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS}
+                if metrics["hps_best"] is not None:
+                    scalars[f"hp/{self.metric}"] = metrics["hps_best"]
+                trainer.logger.log_epoch_metrics(scalars, metrics[EPOCH])
+                # Events reach disk before the report: a driver killed right after it
+                # must not leave TensorBoard missing epochs the study has.
+                trainer.logger.flush()
+            if self.before_report is not None:
+                self.before_report()
 
     def _send(self, trainer: pl.Trainer, metrics: dict[str, Any], inside_fit: bool) -> None:
         """Report from the ranks that report, then learn whether the trial goes on. The

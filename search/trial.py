@@ -234,10 +234,6 @@ def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experim
         if resume_from is not None and not reporter.reported:
             reporter.report_restored(trainer, _validate_quietly(model, datamodule, device))
     except (Exception, SystemExit) as exc:
-        if not isinstance(exc, SystemExit):
-            # The last epoch's report, if it waited for its checkpoint files when the fault
-            # came: sent as it would have been before the fault (Tune may stop the trial there)
-            reporter.send_held(trainer)
         reason = _failure_reason(exc, stopped_by_tune=reporter.stopped_by_tune)
         if reason is None:
             stand_in = _stand_in_ray_can_copy(exc)

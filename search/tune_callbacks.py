@@ -206,8 +206,8 @@ class RetryPolicy(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         """A retry's report, again, of an epoch its checkpoint holds: the attempt before it
         had got that far, though its own report of that epoch may never have left it (a
-        one-process trial sends an epoch's report once the epoch's files are written, and a
-        crash or hang can come in between), so that attempt's fault came after that epoch."""
+        crash or kill between writing the epoch's checkpoint and reporting it, which takes
+        a large model's write long), so that attempt's fault came after that epoch."""
         number = int(trial.config[TRIAL_NUMBER])
         if result.get(RESTORED) and number in self._last_fault:
             error, epoch = self._last_fault[number]
@@ -789,9 +789,9 @@ class ProgressDisplay(Callback):
         if trial.config.get(GIVE_UP):
             return  # out of retries (``RetryPolicy``): its end as FAILED is announced instead
         number = int(trial.config[TRIAL_NUMBER])
-        # An epoch's checkpoint is on disk before its report. One whose report never left
-        # (a large checkpoint is written while the next epoch trains, see checkpoint_writes)
-        # is in the trial's folder, where the driver sees it unless the trial ran elsewhere.
+        # An epoch's checkpoint is on disk before its report. A trial stopped between the
+        # two has the checkpoint and no report: in its folder, which the driver sees unless
+        # the trial ran on another machine.
         checkpointed = (trial.last_result or {}).get(EPOCH) or _has_epoch_checkpoint(trial, self.exp)
         start = "its last checkpoint" if checkpointed else "the start (no epoch finished)"
         verdict = self.table.row(number).get("error")  # RetryPolicy's, which ran first

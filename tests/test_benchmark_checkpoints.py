@@ -20,10 +20,10 @@ def test_the_checkpoint_benchmark_runs_every_way_and_prints_its_ratios(monkeypat
     assert exit_info.value.code == 0
     lines = capsys.readouterr().out.strip().splitlines()
     rows = {line.split()[0]: line.split() for line in lines[1:-1]}
-    assert set(rows) == {"plain", "hpsearch", "inline:", "async:"}
+    assert set(rows) == {"plain", "hpsearch", "before:", "async:"}
     assert all(int(row[-3]) == 12 for row in rows.values())  # MB of one 1000x1000 layer with Adam
     assert lines[-1].startswith("ratios hpsearch/baseline: checkpoint time per epoch ")
-    assert "; inline/baseline: checkpoint time per epoch " in lines[-1]
+    assert "; before/baseline: checkpoint time per epoch " in lines[-1]
     assert "; async/baseline: checkpoint time per epoch " in lines[-1]
-    assert "; hpsearch/inline: fit time " in lines[-1]
+    assert "; hpsearch/before: fit time " in lines[-1]
     assert "(2 epochs, 1 new bests, medians of 1 rounds)" in lines[-1]

@@ -735,8 +735,7 @@ def test_a_retry_says_whether_it_starts_from_a_checkpoint_or_from_the_start(tmp_
     assert f"searching: 4 trials in all; results in {exp.root}" in capsys.readouterr().err
     ProgressDisplay(TrialsTable("val_acc", "max", []), 1, exp).setup()
     assert "searching: 1 trial in all" in capsys.readouterr().err
-    # trial 2 reported no epoch, but wrote one's checkpoint: its report waited for the files
-    # of a large checkpoint, written while the next epoch trained, when the fault came
+    # trial 2 reported no epoch, but wrote one's checkpoint: stopped between the two
     (exp.trial_dir("trial_0002") / "checkpoints").mkdir(parents=True)
     (exp.trial_dir("trial_0002") / "checkpoints" / "epoch-0000.ckpt").write_bytes(b"written")
     for number, last_result, said in ((0, {}, "from the start (no epoch finished)"),

@@ -258,10 +258,9 @@ def test_a_process_killed_twice_at_one_point_is_tried_again(tmp_path):
 
 
 def test_a_fault_repeated_after_the_epoch_a_retry_restored_is_at_the_same_point(tmp_path):
-    """A one-process trial sends an epoch's report once the epoch's checkpoint files are
-    written; a hang or crash in between lost it, and the retry's report of that epoch, sent
-    again from the checkpoint, made its repeated fault look like one at a later point: a
-    third try, which would fail the same way."""
+    """An epoch's report follows the write of its checkpoint; a crash or kill in between lost
+    it, and the retry's report of that epoch, sent again from the checkpoint, made its
+    repeated fault look like one at a later point: a third try, which would fail the same way."""
     from hpsearch.search.experiment import ExperimentDir
     from hpsearch.search.outcome import EPOCH, GIVE_UP, RESTORED, TRIAL_NUMBER
     from hpsearch.search.trials_table import TrialsTable
