@@ -271,7 +271,9 @@ def _stop_signals_act_as_ctrl_c() -> None:
         handler(signal.SIGINT, frame)  # as a Ctrl+C is handled now: hpsearch's, Ray Tune's or Python's own
 
     signal.signal(signal.SIGTERM, as_ctrl_c)
-    if hasattr(signal, "SIGHUP"):
+    # A command started with nohup has hang-ups ignored, to outlive its terminal: so it
+    # does (audit 32; it stopped the search at the logout nohup is for).
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
         signal.signal(signal.SIGHUP, as_ctrl_c)
 
 

@@ -1190,6 +1190,27 @@ def test_a_ctrl_c_while_the_result_prints_is_ignored(monkeypatch, tmp_path, caps
     assert code == 0 and "best trial 3" in capsys.readouterr().out
 
 
+def test_a_command_started_with_nohup_keeps_ignoring_hang_ups():
+    """nohup ignores SIGHUP so that the command outlives the terminal; hpsearch took the
+    hang-up at the logout for a stop and ended the search (audit 32)."""
+    import signal
+
+    from hpsearch.search import cli
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts it
+        cli._stop_signals_act_as_ctrl_c()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert callable(signal.getsignal(signal.SIGTERM))  # a stop signal still
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # started without it, a hang-up stops the search
+        cli._stop_signals_act_as_ctrl_c()
+        assert callable(signal.getsignal(signal.SIGHUP))
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
 def test_a_sigterm_once_the_search_has_returned_is_ignored_as_a_ctrl_c_is():
     """The study is saved by then, and the command prints its result: a SIGTERM there cut
     the report off with "interrupted" (or, with Ray's handler left, exited with 15; audit 30)."""
