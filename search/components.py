@@ -142,7 +142,7 @@ def check_components(config: ExperimentConfig) -> tuple[type, type]:
     """Resolve both classes and check every argument the file gives them; raise all problems at once."""
     _make_cwd_importable()
     _forget_user_modules(Path.cwd())
-    problems: list[Problem] = []
+    problems: list[Problem] = [Problem("", message) for message in _stack_shadowed_in(Path.cwd())]
     classes: dict[str, type] = {}
     for section in ("model", "data"):
         component: ComponentConfig = getattr(config, section)
@@ -163,6 +163,29 @@ def check_components(config: ExperimentConfig) -> tuple[type, type]:
         raise ConfigError(problems)
     _warn_of_loader_settings_not_taken(config, classes["data"])
     return classes["model"], classes["data"]
+
+
+# What a trial process imports by these names: hpsearch (to unpickle its trial function)
+# and the libraries it trains with.
+TRIALS_IMPORT = ("hpsearch", "ray", "torch", "pytorch_lightning", "lightning_fabric", "torchmetrics", "optuna",
+                 "numpy", "yaml", "tensorboard")
+
+
+def _stack_shadowed_in(directory: Path) -> list[str]:
+    """A module in the search's folder named as one a trial imports: Ray's workers import
+    that folder first, so every trial got it instead, and failed ('No module named
+    hpsearch.search; hpsearch is not a package' for a launcher script named hpsearch.py)
+    while the checks here passed (audit 32). A folder named hpsearch is left alone: it is
+    the package itself when the search runs from hpsearch's own checkout."""
+    found = []
+    for name in TRIALS_IMPORT:
+        shadows = [directory / f"{name}.py"] + ([] if name == "hpsearch" else [directory / name / "__init__.py"])
+        for path in shadows:
+            if path.is_file():
+                shown = path.name if path.parent == directory else f"{name}/"
+                found.append(f"{shown} in the current folder would be imported by every trial in place of {name} "
+                             f"(Ray's workers import the search's folder first): rename it")
+    return found
 
 
 def _warn_of_loader_settings_not_taken(config: ExperimentConfig, data_class: type) -> None:

@@ -528,3 +528,26 @@ def test_a_name_yaml_reads_as_a_number_is_told_to_be_quoted(example_config):
         load_config(example_config, ["name=1e3"])
     [problem] = caught.value.problems
     assert problem.field == "name" and "YAML read 1000.0 as a float: put it in quotes" in problem.message, problem
+
+
+def test_a_module_in_the_search_folder_named_as_one_a_trial_imports_is_refused(example_config, tmp_path, monkeypatch):
+    """Ray's workers import the search's folder first: a launcher script named hpsearch.py
+    failed every trial ('hpsearch' is not a package) while check passed (audit 32)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hpsearch.py").write_text("print('my launcher')\n")
+    (tmp_path / "numpy").mkdir()
+    (tmp_path / "numpy" / "__init__.py").write_text("")
+    (tmp_path / "torch").mkdir()  # a folder of files (no package): imported after the real one
+    with pytest.raises(ConfigError) as caught:
+        check_components(load_config(example_config))
+    messages = sorted(problem.message for problem in caught.value.problems)
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("hpsearch.py in the current folder would be imported by every trial in place of "
+                                  "hpsearch (Ray's workers import the search's folder first): rename it"), messages
+    assert messages[1].startswith("numpy/ in the current folder would be imported by every trial in place of numpy")
+    (tmp_path / "hpsearch.py").unlink()
+    (tmp_path / "numpy" / "__init__.py").unlink()
+    (tmp_path / "hpsearch").mkdir()  # hpsearch's own checkout has one: the package itself
+    (tmp_path / "hpsearch" / "__init__.py").write_text("")
+    check_components(load_config(example_config))
