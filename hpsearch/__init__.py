@@ -1,8 +1,9 @@
 """hpsearch: fast hyperparameter search for PyTorch Lightning models on Ray Tune.
 
-The public API is ``run``, ``resume`` and ``check`` (see ``hpsearch.search.api``), and, for
-your DataModules, ``once_per_worker`` (see ``hpsearch.search.worker_data``). They are
-imported lazily so that ``import hpsearch`` (and the CLI's fast paths) stay cheap.
+The public API is ``run``, ``resume`` and ``check`` (see ``hpsearch.search.api``), the
+exceptions and warnings they raise, and, for your DataModules, ``once_per_worker`` (see
+``hpsearch.search.worker_data``). They are imported lazily so that ``import hpsearch`` (and
+the CLI's fast paths) stay cheap.
 """
 
 import os as _os
@@ -19,7 +20,13 @@ if not _os.path.isdir(_os.path.join(__path__[0], "search")):
     if _os.path.isfile(_os.path.join(_checkout, "search", "__init__.py")):
         __path__.append(_checkout)
 
-__all__ = ["run", "resume", "check", "load_config", "once_per_worker", "__version__"]
+__all__ = ["run", "resume", "check", "load_config", "once_per_worker", "__version__",
+           "HpsearchError", "ConfigError", "Interrupted", "CallbackError", "NoResultWarning", "StoppedEarlyWarning"]
+
+# where each exception and warning the API raises is defined (audit 32: named by the README,
+# they could not be imported from hpsearch)
+_RAISED = {"HpsearchError": "errors", "ConfigError": "errors", "Interrupted": "errors", "CallbackError": "errors",
+           "NoResultWarning": "api", "StoppedEarlyWarning": "api"}
 
 
 def __getattr__(name: str):
@@ -31,6 +38,10 @@ def __getattr__(name: str):
         from .search.worker_data import once_per_worker
 
         return once_per_worker
+    if name in _RAISED:
+        import importlib
+
+        return getattr(importlib.import_module(f".search.{_RAISED[name]}", __name__), name)
     if name == "load_config":
         from .search.config_loading import load_config
 

@@ -1133,6 +1133,12 @@ def test_every_public_name_of_the_package_resolves():
     for name in hpsearch.__all__:
         assert getattr(hpsearch, name) is not None, name
     assert callable(hpsearch.load_config) and hpsearch.load_config.__module__ == "hpsearch.search.config_loading"
+    # what the README's Python API section names, to catch or filter (audit 32)
+    from hpsearch.search import api, errors
+
+    assert (hpsearch.Interrupted, hpsearch.CallbackError, hpsearch.ConfigError) == \
+        (errors.Interrupted, errors.CallbackError, errors.ConfigError)
+    assert (hpsearch.NoResultWarning, hpsearch.StoppedEarlyWarning) == (api.NoResultWarning, api.StoppedEarlyWarning)
 
 
 def test_a_ctrl_c_while_the_command_leaves_ray_is_ignored(monkeypatch):
