@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ExperimentConfig
-from .errors import HpsearchError, first_line
+from .errors import HpsearchError, exception_chain, first_line
 from .experiment import TRIAL_SETTINGS, ExperimentDir, trial_name, write_json
 from .checkpoints import BEST_CHECKPOINT, checkpoint_dir, epochs_trained
 from .storage import Mirror, join_uri
@@ -41,6 +41,10 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         except HpsearchError:
             raise
         except Exception as exc:  # the user's test code: the search's result is still written
+            if any(isinstance(error, KeyboardInterrupt) for error in exception_chain(exc)):
+                # A Ctrl+C that Lightning's teardown met, and failed on in its own handling
+                # ("Writer is closed"): an interrupt, not the test code's fault (audit 32)
+                raise KeyboardInterrupt from exc
             test_error = _evaluation_failure(exc, exp)
     best_epoch = epochs_trained(checkpoint) if checkpoint.is_file() else None
     best = {

@@ -209,6 +209,32 @@ def test_the_best_trial_is_evaluated_and_described_as_it_was_trained_after_a_res
 
 
 
+def test_a_ctrl_c_that_lightnings_teardown_failed_on_is_an_interrupt_not_a_failed_evaluation(finished_search, tmp_path,
+                                                                                               monkeypatch):
+    """A Ctrl+C landing in the evaluation's teardown: Lightning handled it by closing its
+    logger as failed, whose flush raised OSError ('Writer is closed'), which replaced it,
+    and the evaluation was recorded as failed by the test code (audit 32)."""
+    from hpsearch.search import results
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.experiment import ExperimentDir
+
+    exp_dir, config, _ = finished_search
+    copy = tmp_path / "copy"
+    shutil.copytree(exp_dir, copy)
+    (copy / "best.json").unlink()
+
+    def interrupted_in_teardown(config, params, checkpoint, mirror=None):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise OSError("Writer is closed")  # raised while handling it, as in Lightning's teardown
+
+    monkeypatch.setattr(results, "evaluate_on_cluster", interrupted_in_teardown)
+    with pytest.raises(KeyboardInterrupt):
+        results.finalize(load_config(config), ExperimentDir(copy))
+    assert not (copy / "best.json").exists() and not (copy / results.EVALUATION_ERROR).exists()
+
+
 def test_a_resume_evaluates_a_best_trial_that_best_json_does_not_name(finished_search, tmp_path, monkeypatch):
     """A session that found a new best trial and was stopped or killed during its test
     evaluation left the earlier best's best.json; every resume after it said "already
