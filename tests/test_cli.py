@@ -1196,6 +1196,28 @@ def test_a_ctrl_c_while_the_result_prints_is_ignored(monkeypatch, tmp_path, caps
     assert code == 0 and "best trial 3" in capsys.readouterr().out
 
 
+def test_once_the_command_has_decided_its_exit_status_stop_signals_are_ignored(tmp_path, example_config):
+    """What is left is the interpreter's exit, 1.5 s after a search here, in which a Ctrl+C
+    or SIGTERM ended the command with 130 or 143 instead of its status (audit 32). Only for
+    the command's own process: main([...]) called from Python leaves them as they were."""
+    from conftest import write_yaml
+
+    path = write_yaml(tmp_path / "exp.yaml", example_config)
+    script = f"""
+import signal, sys
+from hpsearch.search import cli
+sys.argv = ["hpsearch", "check", {str(path)!r}]
+called = cli.main(["check", {str(path)!r}])
+kept = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+code = cli.main()
+ignored = [signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
+print(called, code, kept[0] is signal.default_int_handler, kept[1] == signal.SIG_DFL, ignored)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "0 0 True True [True, True, True]", done.stdout + done.stderr
+
+
 def test_a_command_started_with_nohup_keeps_ignoring_hang_ups():
     """nohup ignores SIGHUP so that the command outlives the terminal; hpsearch took the
     hang-up at the logout for a stop and ended the search (audit 32)."""
