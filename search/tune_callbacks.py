@@ -558,6 +558,8 @@ def _process_death_in_short(death: re.Match) -> str:
     """Ray's account runs to 800 characters, its likely causes in the middle, and was cut at 300."""
     detail = death.group(2).strip()
     exited = _EXIT_CODE.search(detail)
+    if "SIGTERM" in detail:  # Ray's handler exits with 1 on it: no code of the trial's own (audit 32)
+        return f"{PROCESS_DIED}: it was sent SIGTERM (by a person, a script or the machine) (Ray: {detail})"
     if exited and int(exited.group(1)) > 0:
         return (f"{PROCESS_DIED}: it exited with code {exited.group(1)} (os._exit, or an exit in native code "
                 f"or in a thread of its own) (Ray: {detail})")

@@ -208,6 +208,17 @@ def test_a_trial_process_that_exited_with_a_code_is_not_said_to_be_killed(tmp_pa
     assert not node_was_lost(pickled(tmp_path, dead_actor(exited)))
 
 
+def test_a_trial_process_sent_sigterm_is_named_so_not_as_an_exit_of_its_own(tmp_path):
+    """Ray's handler ends a worker sent SIGTERM with code 1, and the reason read 'it exited
+    with code 1 (os._exit, or an exit in native code...)' beside Ray's own word (audit 32)."""
+    termed = PROCESS_DIED.replace("Worker unexpectedly exits with a connection error code 2. End of file.",
+                                  "Worker exits with an exit code 1. The process receives a SIGTERM.")
+    written = error_file(tmp_path, f"Failure # 1 (occurred at 2026-12-06_16-40-00)\n{dead_actor(termed)}\n")
+    assert _last_error_line(written) == (
+        "its process died without a Python error: it was sent SIGTERM (by a person, a script or the machine) "
+        "(Ray: Worker exits with an exit code 1. The process receives a SIGTERM.)")
+
+
 def test_node_losses_are_forgiven_a_bounded_number_of_times(tmp_path):
     """A fault taken for a node loss is not counted in max_retries, but never without end."""
     from hpsearch.search.experiment import ExperimentDir
