@@ -511,7 +511,8 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     held_before = _reservations()
 
     def ray_lost(silent_s: float) -> None:  # from the watch's thread; the process ends after it
-        record_session(exp, started_at, time.time(), SESSION_RAY_LOST, search_complete)
+        # ended when Ray fell silent: the wait since was no work (compare's wall time; audit 32)
+        record_session(exp, started_at, max(started_at, time.time() - silent_s), SESSION_RAY_LOST, search_complete)
         if mirror is not None:
             mirror.push_study_files()
         here = f"hpsearch resume {shlex.quote(str(exp.root))}"

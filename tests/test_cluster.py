@@ -173,6 +173,7 @@ def test_a_search_whose_clusters_gcs_dies_says_so_records_it_and_exits_75(tmp_pa
         [session] = {re.search(r"--session-name=(\S+)", command).group(1) for command in commands_matching(
             lambda command: f"--gcs-address={cluster.address}" in command and "--session-name=" in command).values()}
         [gcs] = pids_whose_command(lambda command: "gcs_server" in command and f"--session-name={session} " in command)
+        killed_at = time.time()
         os.kill(gcs, signal.SIGKILL)
         code, output = finish(driver, timeout=120)
     finally:
@@ -182,6 +183,8 @@ def test_a_search_whose_clusters_gcs_dies_says_so_records_it_and_exits_75(tmp_pa
     assert f"hpsearch resume {exp_dir} --address ADDRESS" in output, output
     [session] = json.loads((exp_dir / "sessions.json").read_text())
     assert session["outcome"] == "ray_lost" and session["ended_at"] is not None, session
+    # ended when its Ray fell silent, not 9 s later when the watch gave up on it (audit 32)
+    assert session["ended_at"] < killed_at + 4, (session, killed_at)
     assert any(r["state"] == "RUNNING" for r in rows(exp_dir).values())  # as the kill left them
     status = run_cli("status", str(exp_dir), cwd=tmp_path, timeout=60)
     assert status.returncode == 0 and "No search is running: its Ray stopped answering at" in status.stdout, \
