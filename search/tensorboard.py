@@ -90,7 +90,7 @@ def _tensorboard(logdir: Path, host: str, port: int, every_reload, legend: str =
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                "--host", host, "--port", str(port), "--reload_interval", str(RELOAD_S)]
     print(f"TensorBoard at http://{host}:{port}/  (Ctrl+C to stop)\n{legend}", end="", flush=True)
-    process = subprocess.Popen(command)
+    process = subprocess.Popen(command, preexec_fn=_ended_with_its_parent if sys.platform == "linux" else None)
     # SIGTERM (a service manager, a test) stops TensorBoard too, as Ctrl+C does; so does a
     # Ctrl+C (kill -INT) to a script's background job, which starts with SIGINT ignored.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -113,6 +113,16 @@ def _tensorboard(logdir: Path, host: str, port: int, every_reload, legend: str =
         signal.signal(signal.SIGTERM, previous)
         if previous_int is not None:  # None: set outside Python, cannot be put back
             signal.signal(signal.SIGINT, previous_int)
+
+
+def _ended_with_its_parent() -> None:
+    """In TensorBoard's process, before it starts (Linux): the kernel sends it SIGTERM when
+    the command dies, also killed outright (SIGKILL, the out-of-memory killer), which no
+    handler of the command's sees. It then served on, holding the port (audit 32)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _check_port_free(host: str, port: int) -> None:

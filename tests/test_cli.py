@@ -14,7 +14,7 @@ import time
 import pytest
 import yaml
 
-from conftest import run_cli, shrunk_example, write_yaml
+from conftest import pids_whose_command, run_cli, shrunk_example, write_yaml
 from hpsearch.search.cli import EXIT_CONFIG_ERROR, build_parser, main
 
 
@@ -558,6 +558,41 @@ def test_tensorboard_started_as_a_background_job_stops_at_ctrl_c_and_leaves_no_d
     finally:
         process.kill()
     assert not list(scratch.glob("hpsearch-tensorboard-*"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_tensorboard_ends_when_its_command_is_killed_outright(tmp_path):
+    """kill -9 of hpsearch tensorboard left TensorBoard serving, the port taken (audit 32)."""
+    import signal
+    import socket
+
+    study = _study_with(tmp_path / "a", ["COMPLETE"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "hpsearch.search.cli", "tensorboard", str(study.root),
+                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout.readline().startswith("TensorBoard at")
+        served = None
+        for _ in range(600):  # TensorBoard's start takes seconds
+            served = pids_whose_command(lambda command: "tensorboard.main" in command and f"--port {port}" in command)
+            if served:
+                break
+            time.sleep(0.05)
+        assert served, "TensorBoard did not start"
+        process.kill()
+        process.wait(timeout=10)
+        for _ in range(200):
+            if not pids_whose_command(lambda command: "tensorboard.main" in command and f"--port {port}" in command):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"TensorBoard {served} outlived its command")
+    finally:
+        process.kill()
+        for pid in pids_whose_command(lambda command: "tensorboard.main" in command and f"--port {port}" in command):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_tensorboard_never_outlives_the_command_even_when_linking_new_runs_fails(tmp_path, monkeypatch):
