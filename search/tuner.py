@@ -64,6 +64,9 @@ RAY_NO_SIGTERM_HANDLER_NOTICE = ("ray._private.worker", "SIGTERM handler is not 
 # which hpsearch does not use: with Tune's own result files off (hpsearch keeps trials.csv,
 # TensorBoard and the journal), it says that each trial's results were not found (audit 30).
 TUNE_NO_RESULT_FILES_NOTICE = ("ray.tune.analysis.experiment_analysis", "Failed to fetch metrics")
+# ... and its ERROR line listing the trials that did not end as TERMINATED, Tune's internal
+# trial objects, when any failed: hpsearch's display has named each one (audit 32)
+TUNE_INCOMPLETE_NOTICE = ("ray.tune.tune", "Trials did not complete")
 
 
 def ray_settings() -> dict[str, str]:
@@ -539,7 +542,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     outcome = SESSION_INTERRUPTED
     quiet_trial_tracebacks(not verbose)
     try:
-        with trial_actors_inherit_tune_env(local_environment), _message_dropped(TUNE_NO_RESULT_FILES_NOTICE, True):
+        with trial_actors_inherit_tune_env(local_environment), _message_dropped(TUNE_NO_RESULT_FILES_NOTICE, True), \
+                _message_dropped(TUNE_INCOMPLETE_NOTICE, True):
             tuner.fit()
         outcome = _session_outcome(searcher.is_complete(), budget is not None and budget.reached,
                                    failing is not None and failing.reached)
