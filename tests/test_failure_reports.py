@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from hpsearch.search.tune_callbacks import _last_error_line, node_was_lost
 
 TRACEBACK_THEN_LOST_ACTOR = """\
@@ -196,27 +198,21 @@ def test_a_trial_process_killed_on_a_live_node_is_the_trials_own_fault_and_said_
                                             f"{in_short}"
 
 
-def test_a_trial_process_that_exited_with_a_code_is_not_said_to_be_killed(tmp_path):
-    """``os._exit(4)`` in a trial was shown as a process killed by the out-of-memory killer
-    or crashed in native code, which a code it chose is neither (audit 21)."""
-    exited = PROCESS_DIED.replace("Worker unexpectedly exits with a connection error code 2. End of file.",
-                                  "Worker exits unexpectedly. Worker exits with an exit code 4.")
-    written = error_file(tmp_path, f"Failure # 1 (occurred at 2026-12-06_05-50-00)\n{dead_actor(exited)}\n")
-    assert _last_error_line(written) == (
-        "its process died without a Python error: it exited with code 4 (os._exit, or an exit in native code "
-        "or in a thread of its own) (Ray: Worker exits unexpectedly. Worker exits with an exit code 4.)")
-    assert not node_was_lost(pickled(tmp_path, dead_actor(exited)))
-
-
-def test_a_trial_process_sent_sigterm_is_named_so_not_as_an_exit_of_its_own(tmp_path):
-    """Ray's handler ends a worker sent SIGTERM with code 1, and the reason read 'it exited
-    with code 1 (os._exit, or an exit in native code...)' beside Ray's own word (audit 32)."""
-    termed = PROCESS_DIED.replace("Worker unexpectedly exits with a connection error code 2. End of file.",
-                                  "Worker exits with an exit code 1. The process receives a SIGTERM.")
-    written = error_file(tmp_path, f"Failure # 1 (occurred at 2026-12-06_16-40-00)\n{dead_actor(termed)}\n")
-    assert _last_error_line(written) == (
-        "its process died without a Python error: it was sent SIGTERM (by a person, a script or the machine) "
-        "(Ray: Worker exits with an exit code 1. The process receives a SIGTERM.)")
+@pytest.mark.parametrize("detail, named", [
+    # os._exit(4): a code the trial chose is neither a kill nor a native crash (audit 21)
+    ("Worker exits unexpectedly. Worker exits with an exit code 4.",
+     "it exited with code 4 (os._exit, or an exit in native code or in a thread of its own)"),
+    # Ray's handler ends a worker sent SIGTERM with code 1: no exit of its own (audit 32)
+    ("Worker exits with an exit code 1. The process receives a SIGTERM.",
+     "it was sent SIGTERM (by a person, a script or the machine)"),
+], ids=["os._exit", "SIGTERM"])
+def test_a_trial_process_that_ended_itself_or_was_sent_sigterm_is_not_said_to_be_killed(tmp_path, detail, named):
+    """Such deaths were shown as a process killed by the out-of-memory killer or crashed in
+    native code."""
+    ended = PROCESS_DIED.replace("Worker unexpectedly exits with a connection error code 2. End of file.", detail)
+    written = error_file(tmp_path, f"Failure # 1 (occurred at 2026-12-06_05-50-00)\n{dead_actor(ended)}\n")
+    assert _last_error_line(written) == f"its process died without a Python error: {named} (Ray: {detail})"
+    assert not node_was_lost(pickled(tmp_path, dead_actor(ended)))
 
 
 def test_node_losses_are_forgiven_a_bounded_number_of_times(tmp_path):
