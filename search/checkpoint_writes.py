@@ -6,7 +6,7 @@ over the whole state in memory, and as many copies of it held at once, for every
 Here ``torch.save`` writes into ``<file>.partial`` beside the target, which is then
 renamed over it: a reader (a resume, the final evaluation) never sees half a file, and the
 write is one pass. For a model of 300 MB with Adam, a trial's checkpoint time per epoch
-fell from 0.71 to 0.28 s here and its fit took 0.64x the time (``benchmarks/checkpoints.py``).
+fell from 0.75 to 0.25 s here and its fit took 0.56x the time (``benchmarks/checkpoints.py``).
 
 Written on the training thread, not in a thread of its own: measured here, a background
 writer (the state copied, then written while the next epoch trains) took 1.02-1.09x the

@@ -206,8 +206,8 @@ class RetryPolicy(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         """A retry's report, again, of an epoch its checkpoint holds: the attempt before it
         had got that far, though its own report of that epoch may never have left it (a
-        crash or kill between writing the epoch's checkpoint and reporting it, which takes
-        a large model's write long), so that attempt's fault came after that epoch."""
+        crash or kill after the epoch's checkpoint was written and before its report), so
+        that attempt's fault came after that epoch."""
         number = int(trial.config[TRIAL_NUMBER])
         if result.get(RESTORED) and number in self._last_fault:
             error, epoch = self._last_fault[number]
