@@ -20,7 +20,7 @@ from ray.tune.stopper import Stopper, TimeoutStopper
 
 from .config import ExperimentConfig
 from .errors import HpsearchError, counted
-from .experiment import atomic_write_text
+from .experiment import atomic_write_text, trial_name
 from .outcome import (COMPLETE, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP,
                       PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
 from .searcher import RAY_TRIAL_ID, RETRY_OF
@@ -430,9 +430,14 @@ def _traceback_at(trial, exp) -> str:
 
 
 def kept_traceback(exp, trial) -> Path:
-    from .experiment import TRIAL_TRACEBACK, trial_name
+    from .experiment import TRIAL_TRACEBACK
 
-    return exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER]))) / TRIAL_TRACEBACK
+    return trial_dir_of(trial, exp) / TRIAL_TRACEBACK
+
+
+def trial_dir_of(trial, exp) -> Path:
+    """The study's folder of a Ray Tune trial."""
+    return exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER])))
 
 
 class KeepTracebacks(Callback):
@@ -537,9 +542,7 @@ def _last_error_line(trial, exp=None) -> str:
         return "unknown error"
     line = _PROCESS_DEATH.sub(_process_death_in_short, line)[:300]
     if exp is not None and PROCESS_DIED in line:
-        from .experiment import trial_name
-
-        line = crash_line(crash_account(exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER]))))) or line
+        line = crash_line(crash_account(trial_dir_of(trial, exp))) or line
     return line[:300]
 
 
@@ -587,9 +590,8 @@ class DropResumeCheckpoints(Callback):
 
     def _drop(self, trial) -> None:
         from .checkpoints import EPOCH_PATTERN, checkpoint_dir, drop_resume_checkpoints
-        from .experiment import trial_name
 
-        trial_dir = self.exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER])))
+        trial_dir = trial_dir_of(trial, self.exp)
         try:
             drop_resume_checkpoints(trial_dir)
             if self.mirror is not None:
@@ -601,9 +603,8 @@ class DropResumeCheckpoints(Callback):
 
 def _has_epoch_checkpoint(trial, exp) -> bool:
     from .checkpoints import epoch_checkpoints
-    from .experiment import trial_name
 
-    return bool(epoch_checkpoints(exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER])))))
+    return bool(epoch_checkpoints(trial_dir_of(trial, exp)))
 
 
 class KeepBestCheckpoints(Callback):
@@ -654,7 +655,6 @@ class KeepBestCheckpoints(Callback):
 
     def _drop_all_but_the_best(self, ended: int | None = None) -> None:
         from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
-        from .experiment import trial_name
 
         if self._held is None:
             self._held = {int(row["trial"]) for row in self.table.rows.values() if row.get("state") in FINISHED_STATES}
