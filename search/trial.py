@@ -111,21 +111,11 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
               report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0,
               stopped_by_scheduler: Callable[[Any, dict], bool] | None = None,
               started_at: float | None = None) -> None:
-    """``_fit_trial``, with what the process prints meanwhile also kept in the trial's
-    ``output.log`` (see ``trial_output``)."""
-    number = int(trial_config[TRIAL_NUMBER])
-    with output_kept(ExperimentDir(study_root(experiment_dir)).trial_dir(trial_name(number))):
-        _fit_trial(trial_config, experiment, experiment_dir, report=report, parallel=parallel,
-                   workers_start_s=workers_start_s, stopped_by_scheduler=stopped_by_scheduler, started_at=started_at)
-
-
-def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
-               report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0,
-               stopped_by_scheduler: Callable[[Any, dict], bool] | None = None,
-               started_at: float | None = None) -> None:
     """Train one sampled configuration in this process (a Ray worker), reporting after
-    every validation. ``workers_start_s``: how long the trial had already waited for this
-    process (a distributed trial's worker group); its start-up and first result count it.
+    every validation; what the process prints meanwhile is also kept in the trial's
+    ``output.log`` (see ``trial_output``). ``workers_start_s``: how long the trial had
+    already waited for this process (a distributed trial's worker group); its start-up and
+    first result count it.
     ``stopped_by_scheduler``: for ranks whose report does not wait for Tune, whether the
     scheduler stopped the trial at a report (see ``TuneReporter``). ``started_at``: the
     ``time.perf_counter()`` at which this process took the trial up, when the caller did
@@ -149,104 +139,105 @@ def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experim
     if mirror is not None:
         mirror.pull(*own_files)
     trial_dir.mkdir(parents=True, exist_ok=True)
-    # User code may want to know which trial it is part of (e.g. to write files beside it).
-    os.environ[IN_TRIAL_ENV], os.environ["HPSEARCH_TRIAL_DIR"] = str(number), str(trial_dir)
-    import pytorch_lightning as pl
-    import torch
+    with output_kept(trial_dir):  # from here: a trial with cloud storage has pulled its earlier output
+        # User code may want to know which trial it is part of (e.g. to write files beside it).
+        os.environ[IN_TRIAL_ENV], os.environ["HPSEARCH_TRIAL_DIR"] = str(number), str(trial_dir)
+        import pytorch_lightning as pl
+        import torch
 
-    from .devices import loader_in_use, trial_device, use_sharing_strategy
-    from .lightning_trainer import build_trainer, quiet_lightning, remember_callback_factories
-    from .reporting import TuneReporter
+        from .devices import loader_in_use, trial_device, use_sharing_strategy
+        from .lightning_trainer import build_trainer, quiet_lightning, remember_callback_factories
+        from .reporting import TuneReporter
 
-    quiet_lightning()
-    remember_callback_factories()
+        quiet_lightning()
+        remember_callback_factories()
 
-    torch.set_num_threads(max(1, int(config.resources.worker_cpus)))
-    sharing = use_sharing_strategy(config.loader)
-    seed = training_seed(config.search.seed, number)
-    if seed is not None:
-        # Each trial's weights and shuffling are reproducible, and differ between trials;
-        # every rank of a trial starts from the same weights.
-        pl.seed_everything(seed, workers=True, verbose=False)
-    settings = config.with_trainer_params(params)
-    # What the trial trains with, its sampled trainer settings applied: the best trial is
-    # evaluated and described by it (each rank writes the same, atomically).
-    write_json(trial_dir / TRIAL_SETTINGS, {**experiment, "trainer": settings.model_dump(mode="json")})
-    device = trial_device(settings, config.loader, config.resources)
-    reuses_before = WORKER_DATA.reuses
-    try:
-        datamodule = build_datamodule(config, data_class, params, device.loader_options)
-        model = build_model(config, model_class, params, datamodule)
-    except OSError:
-        raise  # reading files: another try, or another node, may succeed
-    except Exception as exc:
-        # The sampled values themselves are at fault (a bad combination the constructor
-        # rejects): every retry would raise the same, so the trial fails at once.
-        report({TRIAL_NUMBER: number, FINISHED: True,
-                FAILURE: f"building the trial's {_class_name(raised_by(exc, data_class, model_class))} raised "
-                         f"{type(exc).__name__}: {first_line(exc)}"[:300]})
-        return
-    resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
-    if resume_from is not None:
-        from .trial_logger import after_earlier_event_files
+        torch.set_num_threads(max(1, int(config.resources.worker_cpus)))
+        sharing = use_sharing_strategy(config.loader)
+        seed = training_seed(config.search.seed, number)
+        if seed is not None:
+            # Each trial's weights and shuffling are reproducible, and differ between trials;
+            # every rank of a trial starts from the same weights.
+            pl.seed_everything(seed, workers=True, verbose=False)
+        settings = config.with_trainer_params(params)
+        # What the trial trains with, its sampled trainer settings applied: the best trial is
+        # evaluated and described by it (each rank writes the same, atomically).
+        write_json(trial_dir / TRIAL_SETTINGS, {**experiment, "trainer": settings.model_dump(mode="json")})
+        device = trial_device(settings, config.loader, config.resources)
+        reuses_before = WORKER_DATA.reuses
+        try:
+            datamodule = build_datamodule(config, data_class, params, device.loader_options)
+            model = build_model(config, model_class, params, datamodule)
+        except OSError:
+            raise  # reading files: another try, or another node, may succeed
+        except Exception as exc:
+            # The sampled values themselves are at fault (a bad combination the constructor
+            # rejects): every retry would raise the same, so the trial fails at once.
+            report({TRIAL_NUMBER: number, FINISHED: True,
+                    FAILURE: f"building the trial's {_class_name(raised_by(exc, data_class, model_class))} raised "
+                             f"{type(exc).__name__}: {first_line(exc)}"[:300]})
+            return
+        resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
+        if resume_from is not None:
+            from .trial_logger import after_earlier_event_files
 
-        after_earlier_event_files(tensorboard_run)
-    static_fields = {
-        TRIAL_NUMBER: number,
-        "hps_trial_dir": str(trial_dir),
-        "hps_device": device.accelerator,
-        "hps_precision": device.precision,
-        "hps_world_size": parallel.world_size,
-        "hps_workers_start_s": workers_start_s,
-        "hps_strategy": parallel.strategy_name,
-        # hpsearch's loader options until the training starts; then what its DataLoaders use
-        "hps_num_workers": device.loader_options["num_workers"],
-        "hps_pin_memory": device.loader_options["pin_memory"],
-        "hps_loader_sharing": sharing,
-        "hps_batch_slots": getattr(datamodule, "uses_batch_slots", False),
-        "hps_resumed": resume_from is not None,
-        "hps_notes": "; ".join(checkpoint_notes),
-        **_placement(),
-    }
-    publish = (lambda: mirror.push(*own_files)) if mirror is not None else None
-    reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
-                            report=_timed(report, started), static_fields=static_fields, before_report=publish,
-                            report_on_every_rank=parallel.report_on_every_rank, started=started,
-                            stopped_by_scheduler=stopped_by_scheduler,
-                            known_epochs=int(trial_config.get(KNOWN_EPOCHS, 0)),
-                            # by the training's start, the DataModule's setup has asked for its data
-                            fields_at_train_start=lambda trainer: {
-                                "hps_data_reused": WORKER_DATA.reuses > reuses_before,
-                                **loader_in_use(trainer.train_dataloader),
-                                **(_ranks_placement() if parallel.world_size > 1 else {})})
-    watch = TrialWatch(config.failure.hang_timeout_s)
-    trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
-                            max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
-                            tensorboard_run=tensorboard_run, callbacks=[reporter, *watch.callbacks()],
-                            strategy=parallel.strategy, profiler=reporter.fetch_timer,
-                            resumed_at=resumed_at(resume_from) if resume_from else None)
-    try:
-        with watch.recording(crash_file(trial_dir, trainer.global_rank if parallel.world_size > 1 else None)):
-            trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
-        if reporter.stopped_by_tune:
-            raise SystemExit(0)  # the end of the trial's thread that Ray's stop at a report asks for
-        reporter.send_final(trainer)  # Tune may stop the trial here: SystemExit, as above
-        if resume_from is not None and not reporter.reported:
-            reporter.report_restored(trainer, _validate_quietly(model, datamodule, device))
-    except (Exception, SystemExit) as exc:
-        reason = _failure_reason(exc, stopped_by_tune=reporter.stopped_by_tune)
-        if reason is None:
-            stand_in = _stand_in_ray_can_copy(exc)
-            if stand_in is not None:
-                raise stand_in from None
-            raise  # Tune retries it from the last checkpoint (failure.max_retries); Tune's stop ends the thread
-        # Not worth a retry: end the trial as failed, with the reason and where its
-        # traceback is kept, and let the search go on.
-        saved = _save_traceback(exc, trial_dir, trainer.global_rank if parallel.world_size > 1 else None)
-        if publish is not None and trainer.global_rank == 0:
-            publish()
-        report({**static_fields, FAILURE: f"{reason} (traceback: {saved})"[:400] if saved else reason,
-                FINISHED: True, EPOCH: trainer.current_epoch})
+            after_earlier_event_files(tensorboard_run)
+        static_fields = {
+            TRIAL_NUMBER: number,
+            "hps_trial_dir": str(trial_dir),
+            "hps_device": device.accelerator,
+            "hps_precision": device.precision,
+            "hps_world_size": parallel.world_size,
+            "hps_workers_start_s": workers_start_s,
+            "hps_strategy": parallel.strategy_name,
+            # hpsearch's loader options until the training starts; then what its DataLoaders use
+            "hps_num_workers": device.loader_options["num_workers"],
+            "hps_pin_memory": device.loader_options["pin_memory"],
+            "hps_loader_sharing": sharing,
+            "hps_batch_slots": getattr(datamodule, "uses_batch_slots", False),
+            "hps_resumed": resume_from is not None,
+            "hps_notes": "; ".join(checkpoint_notes),
+            **_placement(),
+        }
+        publish = (lambda: mirror.push(*own_files)) if mirror is not None else None
+        reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
+                                report=_timed(report, started), static_fields=static_fields, before_report=publish,
+                                report_on_every_rank=parallel.report_on_every_rank, started=started,
+                                stopped_by_scheduler=stopped_by_scheduler,
+                                known_epochs=int(trial_config.get(KNOWN_EPOCHS, 0)),
+                                # by the training's start, the DataModule's setup has asked for its data
+                                fields_at_train_start=lambda trainer: {
+                                    "hps_data_reused": WORKER_DATA.reuses > reuses_before,
+                                    **loader_in_use(trainer.train_dataloader),
+                                    **(_ranks_placement() if parallel.world_size > 1 else {})})
+        watch = TrialWatch(config.failure.hang_timeout_s)
+        trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
+                                max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
+                                tensorboard_run=tensorboard_run, callbacks=[reporter, *watch.callbacks()],
+                                strategy=parallel.strategy, profiler=reporter.fetch_timer,
+                                resumed_at=resumed_at(resume_from) if resume_from else None)
+        try:
+            with watch.recording(crash_file(trial_dir, trainer.global_rank if parallel.world_size > 1 else None)):
+                trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+            if reporter.stopped_by_tune:
+                raise SystemExit(0)  # the end of the trial's thread that Ray's stop at a report asks for
+            reporter.send_final(trainer)  # Tune may stop the trial here: SystemExit, as above
+            if resume_from is not None and not reporter.reported:
+                reporter.report_restored(trainer, _validate_quietly(model, datamodule, device))
+        except (Exception, SystemExit) as exc:
+            reason = _failure_reason(exc, stopped_by_tune=reporter.stopped_by_tune)
+            if reason is None:
+                stand_in = _stand_in_ray_can_copy(exc)
+                if stand_in is not None:
+                    raise stand_in from None
+                raise  # Tune retries it from the last checkpoint (failure.max_retries); Tune's stop ends the thread
+            # Not worth a retry: end the trial as failed, with the reason and where its
+            # traceback is kept, and let the search go on.
+            saved = _save_traceback(exc, trial_dir, trainer.global_rank if parallel.world_size > 1 else None)
+            if publish is not None and trainer.global_rank == 0:
+                publish()
+            report({**static_fields, FAILURE: f"{reason} (traceback: {saved})"[:400] if saved else reason,
+                    FINISHED: True, EPOCH: trainer.current_epoch})
 
 
 def _placement() -> dict[str, str]:

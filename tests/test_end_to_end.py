@@ -329,6 +329,7 @@ def test_a_users_own_module_by_import_path(tmp_path):
     for number in range(3):
         printed = (tmp_path / "runs" / "user-regression" / "trials" / f"trial_{number:04d}" / "output.log").read_text()
         assert printed.splitlines()[0] == f"NoisyLinearData set up in trial {number}", printed
+        assert "NoisyLinearData wrote below Python" in printed.splitlines(), printed  # a C library's, too
 
 
 def test_a_trial_tune_stops_ends_its_fit_as_finished_not_as_a_crash(tmp_path):

@@ -1421,6 +1421,7 @@ def test_the_driver_leaves_lightnings_loggers_and_the_warning_filters_as_it_foun
 
 
 def test_what_a_trial_prints_is_copied_to_its_output_log_and_the_streams_are_given_back(tmp_path, capsys):
+    """Where the streams are not the descriptors (pytest's capsys here), Python's are copied."""
     import sys
 
     from hpsearch.search.trial_output import output_kept
@@ -1440,6 +1441,54 @@ def test_what_a_trial_prints_is_copied_to_its_output_log_and_the_streams_are_giv
     with output_kept(tmp_path / "trial_0002"):
         pass
     assert not (tmp_path / "trial_0002").exists()  # a trial that prints nothing leaves no file
+
+
+_WRITES_AT_EVERY_LEVEL = """
+import os, signal, subprocess, sys, warnings
+from pathlib import Path
+from hpsearch.search.trial_output import output_kept
+
+trial_dir = Path(sys.argv[1])
+with output_kept(trial_dir / "trial_0000"):
+    print("a print")
+    warnings.warn("a warning")
+    os.write(1, b"below Python, to stdout\\n")
+    os.write(2, b"below Python, to stderr\\n")
+    subprocess.run(["sh", "-c", "echo from a child process"], check=True)
+    # a process the trial starts that outlives it (torch's shared-memory manager) keeps the pipe open
+    sleeper = subprocess.Popen(["sleep", "60"])
+children = [int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+            for pid in os.listdir("/proc") if pid.isdigit() and os.path.exists(f"/proc/{pid}/stat")]
+sleeper.kill()
+print("after the trial", flush=True)
+print(f"children left: {sum(children)}", flush=True)  # the sleeper's, not the copier's
+with output_kept(trial_dir / "trial_0001"):
+    pass
+with output_kept(trial_dir / "trial_0002"):
+    print("then killed", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_trials_output_is_copied_at_its_descriptors_and_survives_a_kill(tmp_path):
+    """What a C library, a CUDA kernel's assert or a child process writes reaches the
+    trial's output.log too, in the order written, as does what was written just before the
+    process was killed; the descriptors go back as they were after the trial, whose copier
+    ends though a process it started holds the pipe."""
+    for number in range(3):
+        (tmp_path / f"trial_000{number}").mkdir()
+    ran = subprocess.run([sys.executable, "-c", _WRITES_AT_EVERY_LEVEL, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert ran.returncode == -9, ran.stderr
+    kept = (tmp_path / "trial_0000" / "output.log").read_text().splitlines()
+    assert kept[0] == "a print" and "UserWarning: a warning" in kept[1], kept
+    assert kept[-3:] == ["below Python, to stdout", "below Python, to stderr", "from a child process"], kept
+    # while the trial ran, both streams went where its standard output went; then as before
+    assert ran.stdout.splitlines() == kept + ["after the trial", "children left: 1", "then killed"]
+    assert ran.stderr == ""
+    assert not (tmp_path / "trial_0001" / "output.log").exists()  # a trial that prints nothing leaves no file
+    assert (tmp_path / "trial_0002" / "output.log").read_text() == "then killed\n"
 
 
 def test_ray_tunes_list_of_trials_that_did_not_complete_stays_off_the_console():
