@@ -20,7 +20,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     """Evaluate the best trial's best checkpoint and write ``best.json``; None if no trial scored.
     With URI storage the checkpoint is fetched first (another node may have written it)."""
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
-    row = table.best_row()
+    row, pruned_ahead = table.best_row(), table.pruned_ahead()
     if row is None:
         return None
     number = int(row["trial"])
@@ -66,6 +66,9 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         if mirror is not None and checkpoint.is_file() else None,
         "test_metrics": test_metrics,
         "test_error": test_error,  # why the evaluation failed; hpsearch resume runs it again
+        # a pruned trial that scored better: not a candidate (TrialsTable.best_row), but said
+        "pruned_ahead": None if pruned_ahead is None else {
+            "trial": int(pruned_ahead["trial"]), "value": pruned_ahead["best"], "epochs": pruned_ahead.get("epochs")},
     }
     write_json(exp.best_json, best)
     if test_metrics:

@@ -34,6 +34,9 @@ TELEMETRY_COLUMNS = {"s/epoch": "epoch_time_s", "start-up s": "startup_s"}  # ti
 OPTIONAL_COLUMNS = ("start-up s", "s/epoch")
 SHOWN_TRIALS = 40  # status's rows, past which only the latest, the running or paused, and the best are shown
 STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan", "PAUSED": "magenta"}
+# Why the best trial named is not a pruned one that scored better (``TrialsTable.best_row``).
+PRUNED_NOT_CANDIDATES = ("a pruned trial is the best only when none completed (Optuna's rule: its value is from "
+                         "an epoch before ASHA judged it)")
 
 
 def table_console(piped_width: int = 160) -> Console:
@@ -109,9 +112,17 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
 
 
 def _best_row(rows: list[dict[str, Any]], metric: str, mode: str, params: list[str]) -> dict[str, Any] | None:
+    return _table_of(rows, metric, mode, params).best_row()
+
+
+def _pruned_ahead(rows: list[dict[str, Any]], metric: str, mode: str) -> dict[str, Any] | None:
+    return _table_of(rows, metric, mode, []).pruned_ahead()
+
+
+def _table_of(rows: list[dict[str, Any]], metric: str, mode: str, params: list[str]) -> TrialsTable:
     table = TrialsTable(metric, mode, params)
     table.rows.update((int(row["trial"]), row) for row in rows)
-    return table.best_row()
+    return table
 
 
 def _worth_showing(rows: list[dict[str, Any]], best: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -131,6 +142,10 @@ def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metri
     line = f"{counted(len(rows), 'trial')}: " + ", ".join(f"{states[state]} {state.lower()}" for state in order)
     if best is not None:
         line += f"; best {metric} = {_fmt(best.get('best'))} (trial {best['trial']})"
+        ahead = _pruned_ahead(rows, metric, mode)
+        if ahead is not None:
+            line += (f"; pruned trial {ahead['trial']} scored better, {metric} = {_fmt(ahead['best'])}, but "
+                     f"{PRUNED_NOT_CANDIDATES}")
     # A trial not ended is not the study's best yet (the test evaluation takes ended ones),
     # but its better value so far is worth a word: the line seemed to skip it (audit 21, D4).
     going = [row for row in rows if row.get("state") in ("RUNNING", "PAUSED") and has_value(row)]
@@ -159,6 +174,11 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
                       markup=False, soft_wrap=True)
     if best.get("checkpoint"):
         console.print(f"  checkpoint: {best['checkpoint']}", markup=False)
+    ahead = best.get("pruned_ahead")
+    if ahead:
+        console.print(f"  pruned trial {ahead['trial']} scored better, {best['metric']} = {_fmt(ahead['value'])} "
+                      f"(in {counted(ahead.get('epochs'), 'epoch')}), but {PRUNED_NOT_CANDIDATES}", markup=False,
+                      soft_wrap=True)
 
 
 def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: list[str],

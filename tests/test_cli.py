@@ -454,6 +454,12 @@ def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp
     out = capsys.readouterr().out
     assert "best trial 1: val_acc = 0.9963 at epoch 2 (complete, 5 epochs, seed 123)" in out, out
     assert "model.lr = 0.002689685941170982" in out and "model.channels = 16" in out, out
+    # a pruned trial that scored better is named, with why it is not the best (audit 33)
+    print_best({"trial": 7, "metric": "score", "value": 10.03, "state": "COMPLETE", "epochs": 5, "params": {},
+                "pruned_ahead": {"trial": 2, "value": 10.71, "epochs": 1}})
+    out = capsys.readouterr().out
+    assert "pruned trial 2 scored better, score = 10.71 (in 1 epoch), but a pruned trial is the best only when " \
+           "none completed" in " ".join(out.split()), out
 
 
 def test_numeric_choices_of_ints_and_floats_get_their_hparams_columns_and_rows(tmp_path):
@@ -850,6 +856,7 @@ def test_status_of_a_large_study_shows_its_latest_running_and_best_trials_and_su
     table = TrialsTable.load(exp.trials_csv, "val_acc", "max", [])
     table.row(7).update(best=0.97)  # an early trial is the best
     table.row(10).update(best=0.99)  # a paused one has a better value so far
+    table.row(9).update(best=0.98)  # a pruned one scored better: not a candidate, but named (audit 33)
     table.save(exp.trials_csv)
 
     def shown_trials(output: str) -> list[int]:
@@ -861,7 +868,9 @@ def test_status_of_a_large_study_shows_its_latest_running_and_best_trials_and_su
     assert shown_trials(output) == [7, 10, *range(len(states) - 40, len(states))], output
     assert f"{len(states) - 42} more trials not shown" in output and "--all` shows every one" in output, output
     assert (f"{len(states)} trials: 59 complete, 40 pruned, 40 failed, 1 running, 1 paused; "
-            f"best val_acc = 0.97 (trial 7); paused trial 10 has val_acc = 0.99 so far") in output, output
+            f"best val_acc = 0.97 (trial 7); pruned trial 9 scored better, val_acc = 0.98, but a pruned trial is "
+            f"the best only when none completed (Optuna's rule: its value is from an epoch before ASHA judged it); "
+            f"paused trial 10 has val_acc = 0.99 so far") in " ".join(output.split()), output
     assert main(["status", str(exp.root), "--all"]) == 0
     output = capsys.readouterr().out
     assert shown_trials(output) == list(range(len(states))) and "not shown" not in output, output
