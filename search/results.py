@@ -59,6 +59,10 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         # the epoch whose checkpoint scored the value, and was evaluated (a trial goes on after its best)
         "best_epoch": best_epoch,
         "seed": row.get("seed") if row.get("seed") not in (None, "") else None,  # it trained with (seeding.py)
+        # what it ran on and with (trials.csv's columns): config's trainer.precision is the
+        # one asked for, which a machine without it replaces (16-mixed on CPU: bf16-mixed)
+        "device": row.get("device") or None,
+        "precision": row.get("precision") or None,
         "params": params,
         "config": resolved_config(config, params),
         "checkpoint": str(checkpoint) if checkpoint.is_file() else None,

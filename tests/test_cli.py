@@ -454,6 +454,12 @@ def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp
     out = capsys.readouterr().out
     assert "best trial 1: val_acc = 0.9963 at epoch 2 (complete, 5 epochs, seed 123)" in out, out
     assert "model.lr = 0.002689685941170982" in out and "model.channels = 16" in out, out
+    assert "ran with precision" not in out
+    # the precision the trial ran with, where the one asked for was replaced (audit 33)
+    print_best({"trial": 0, "metric": "val_acc", "value": 0.5, "state": "COMPLETE", "epochs": 1, "params": {},
+                "config": {"trainer": {"precision": "16-mixed"}}, "device": "cpu", "precision": "bf16-mixed"})
+    assert "ran with precision bf16-mixed on cpu (trainer.precision 16-mixed is not available there)" \
+        in capsys.readouterr().out
     # a pruned trial that scored better is named, with why it is not the best (audit 33)
     print_best({"trial": 7, "metric": "score", "value": 10.03, "state": "COMPLETE", "epochs": 5, "params": {},
                 "pruned_ahead": {"trial": 2, "value": 10.71, "epochs": 1}})
