@@ -250,7 +250,8 @@ def _trials_table(title: str, rows: list[dict[str, Any]], params: list[str], met
     folded = ("params", "why it stopped")  # figures are never cut: these fold instead
     telemetry = [column for column in TELEMETRY_COLUMNS if column not in left_out]
     titles = ("trial", "state", *param_columns, metric, "epochs", "tries", *node_column, *telemetry, "why it stopped")
-    cells = [_row_cells(row, params, params_width, bool(node_column), telemetry, measuring) for row in rows]
+    digits = _distinguishing_digits([row.get("best") for row in rows])
+    cells = [_row_cells(row, params, params_width, bool(node_column), telemetry, measuring, digits) for row in rows]
     table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
     for index, column in enumerate(titles):
         # A column of figures is as wide as its widest cell, set here so that rich does not
@@ -267,8 +268,18 @@ def _trials_table(title: str, rows: list[dict[str, Any]], params: list[str], met
     return table
 
 
+def _distinguishing_digits(values: list[Any], least: int = 4, most: int = 12) -> int:
+    """The significant digits at which different values of the metric read differently:
+    at four, 1.005995 and 1.006423 both read 1.006 (audit 33)."""
+    numbers = {value for value in values if isinstance(value, float)}
+    for digits in range(least, most):
+        if len({f"{value:.{digits}g}" for value in numbers}) == len(numbers):
+            return digits
+    return most
+
+
 def _row_cells(row: dict[str, Any], params: list[str], params_width: int | None, node_column: bool,
-               telemetry: list[str], measuring: bool) -> list[Text]:
+               telemetry: list[str], measuring: bool, digits: int = 4) -> list[Text]:
     """One trial's cells in ``status``'s table. They hold the user's values and messages as
     they are: a "[rank0]" in an error is text, not rich markup (which dropped it)."""
     state = str(row.get("state", ""))
@@ -292,7 +303,7 @@ def _row_cells(row: dict[str, Any], params: list[str], params_width: int | None,
         Text(str(row["trial"])),
         Text.assemble((state, STATE_STYLES.get(state, "white"))),  # the word styled, not its padding
         *(Text(value) for value in values),
-        Text(_fmt(row.get("best"))),
+        Text(_fmt(row.get("best"), digits)),
         Text(_fmt(row.get("epochs"))),
         Text(tries),
         *((Text(f"{row.get('node_ip', '')} {str(row.get('node_id', ''))[:8]}"),) if node_column else ()),
@@ -317,11 +328,11 @@ def _waiting_on_data(row: dict[str, Any]) -> str:
     return f"{wait / (wait + train):.0%} of its training time waiting on data, {_fmt(wait)}s in its last epoch"
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: Any, digits: int = 4) -> str:
     if value is None or value == "":
         return "-"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:.{digits}g}"
     return str(value)
 
 

@@ -891,6 +891,23 @@ def test_status_of_a_large_study_shows_its_latest_running_and_best_trials_and_su
         in capsys.readouterr().out
 
 
+def test_status_shows_the_metric_with_the_digits_that_tell_trials_apart(tmp_path):
+    """At four significant digits 1.005995 and 1.006423 both read 1.006 (audit 33)."""
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import print_status
+
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk_example(tmp_path))
+    (exp.root / "trials.csv").write_text("trial,state,reason,best,epochs\n0,COMPLETE,max_epochs,1.005995,3\n"
+                                         "1,COMPLETE,max_epochs,1.006423,3\n2,PRUNED,asha,0.25,1\n")
+    console = Console(width=200, record=True)
+    print_status(exp, console)
+    cells = [line.split() for line in console.export_text().splitlines()]
+    assert [cell[5] for cell in cells if cell and cell[0] in "012"] == ["1.006", "1.0064", "0.25"], cells
+
+
 def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_path):
     from rich.console import Console
 
