@@ -1420,7 +1420,8 @@ def test_the_driver_leaves_lightnings_loggers_and_the_warning_filters_as_it_foun
     assert logging.getLogger("pytorch_lightning").level == levels["pytorch_lightning"]
 
 
-def test_what_a_trial_prints_is_copied_to_its_output_log_and_the_streams_are_given_back(tmp_path, capsys):
+def test_what_a_trial_prints_is_copied_to_its_output_log_and_the_streams_are_given_back(tmp_path, capsys,
+                                                                                        monkeypatch):
     """Where the streams are not the descriptors (pytest's capsys here), Python's are copied."""
     import sys
 
@@ -1441,10 +1442,26 @@ def test_what_a_trial_prints_is_copied_to_its_output_log_and_the_streams_are_giv
     with output_kept(tmp_path / "trial_0002"):
         pass
     assert not (tmp_path / "trial_0002").exists()  # a trial that prints nothing leaves no file
+    # A handler made in the trial keeps its stream past it: it writes on, to the stream only
+    # ("--- Logging error --- ValueError: I/O operation on closed file" at every record after).
+    with output_kept(tmp_path / "trial_0003"):
+        kept_stream = sys.stderr
+        print("in the trial", file=kept_stream)
+    print("after it", file=kept_stream)
+    assert (tmp_path / "trial_0003" / "output.log").read_text() == "in the trial\n"
+    assert capsys.readouterr().err == "in the trial\nafter it\n"
+    # a process started without a standard stream (sys.stderr is None) keeps it so: code that
+    # checks for it (as logging's last resort does) writes nothing, and raised nothing before
+    monkeypatch.setattr(sys, "stderr", None)
+    with output_kept(tmp_path / "trial_0004"):
+        assert sys.stderr is None
+        print("to stdout")
+    assert sys.stderr is None and capsys.readouterr().out == "to stdout\n"
+    assert (tmp_path / "trial_0004" / "output.log").read_text() == "to stdout\n"
 
 
 _WRITES_AT_EVERY_LEVEL = """
-import os, signal, subprocess, sys, warnings
+import os, signal, subprocess, sys, threading, warnings
 from pathlib import Path
 from hpsearch.search.trial_output import output_kept
 
@@ -1455,15 +1472,35 @@ with output_kept(trial_dir / "trial_0000"):
     os.write(1, b"below Python, to stdout\\n")
     os.write(2, b"below Python, to stderr\\n")
     subprocess.run(["sh", "-c", "echo from a child process"], check=True)
-    # a process the trial starts that outlives it (torch's shared-memory manager) keeps the pipe open
-    sleeper = subprocess.Popen(["sleep", "60"])
+    # a process the trial starts that outlives it (torch's shared-memory manager, a
+    # tracker's service) holds the pipe, and writes after the trial has ended
+    outlives = subprocess.Popen(["sh", "-c", "read line; echo from a process that outlived the trial"],
+                                stdin=subprocess.PIPE)
+print("after the trial", flush=True)
+outlives.communicate(b"go\\n")
+for thread in threading.enumerate():
+    if thread.name == "hpsearch-output-copier":
+        thread.join(timeout=30)
 children = [int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]) == os.getpid()
             for pid in os.listdir("/proc") if pid.isdigit() and os.path.exists(f"/proc/{pid}/stat")]
-sleeper.kill()
-print("after the trial", flush=True)
-print(f"children left: {sum(children)}", flush=True)  # the sleeper's, not the copier's
+print(f"children left: {sum(children)}", flush=True)
 with output_kept(trial_dir / "trial_0001"):
     pass
+# Ray's worker has other threads: one that holds the GIL as a trial's block ends (audit 33's review)
+busy = True
+
+
+def spin():
+    while busy:
+        pass
+
+
+threading.Thread(target=spin, daemon=True).start()
+for number in range(3, 43):
+    (trial_dir / f"trial_{number:04d}").mkdir()
+    with output_kept(trial_dir / f"trial_{number:04d}"):
+        os.write(1, f"trial {number}\\n".encode())
+busy = False
 with output_kept(trial_dir / "trial_0002"):
     print("then killed", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -1484,10 +1521,16 @@ def test_a_trials_output_is_copied_at_its_descriptors_and_survives_a_kill(tmp_pa
     kept = (tmp_path / "trial_0000" / "output.log").read_text().splitlines()
     assert kept[0] == "a print" and "UserWarning: a warning" in kept[1], kept
     assert kept[-3:] == ["below Python, to stdout", "below Python, to stderr", "from a child process"], kept
-    # while the trial ran, both streams went where its standard output went; then as before
-    assert ran.stdout.splitlines() == kept + ["after the trial", "children left: 1", "then killed"]
+    # While the trial ran, both streams went where its standard output went; then as before.
+    # What a process it started writes after its end goes there too, not into a broken
+    # pipe, and not into the trial's file; that process gone, no copier is left.
+    assert ran.stdout.splitlines() == kept + ["after the trial", "from a process that outlived the trial",
+                                              "children left: 0"] + [f"trial {n}" for n in range(3, 43)] + \
+        ["then killed"], ran.stdout
     assert ran.stderr == ""
     assert not (tmp_path / "trial_0001" / "output.log").exists()  # a trial that prints nothing leaves no file
+    assert [(tmp_path / f"trial_{n:04d}" / "output.log").read_text() for n in range(3, 43)] == \
+        [f"trial {n}\n" for n in range(3, 43)]
     assert (tmp_path / "trial_0002" / "output.log").read_text() == "then killed\n"
 
 
