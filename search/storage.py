@@ -237,6 +237,29 @@ class Mirror:
         (self.local / HOME_FILE).write_text(self.uri + "\n")
 
 
+# Set by Ray's job supervisor for a job's entrypoint: the job's runtime environment.
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def check_outside_a_ray_jobs_copy(base: Path) -> None:
+    """A study inside a Ray job's working directory (``ray job submit --working-dir``),
+    whose entrypoint runs in Ray's unpacked copy of the upload: on one node, and deleted
+    by Ray. The example's ``storage: ./runs`` put the study there, with no word (audit 34)."""
+    import json
+
+    try:
+        runtime_env = json.loads(os.environ.get(RAY_JOB_CONFIG) or "{}").get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return
+    if not runtime_env.get("working_dir"):
+        return
+    copy, place = Path.cwd().resolve(), base.resolve()
+    if place == copy or copy in place.parents:
+        raise StorageError(f"storage {str(base)!r} is inside this Ray job's working directory ({copy}): Ray's "
+                           f"unpacked copy of --working-dir, on one node, which Ray deletes. Give a directory "
+                           f"every node mounts (--storage /mnt/shared/runs) or a URI (--storage s3://bucket/runs)")
+
+
 def check_local_writable(base: Path) -> None:
     """That studies can be made under ``base``: a directory made and removed in its
     nearest existing ancestor, so a file, a read-only or a virtual file system (``/proc``)
@@ -270,6 +293,7 @@ class StudyHome:
         can be written, so a wrong bucket or credentials fail before Ray starts."""
         if not is_uri(storage):
             base = local_path(storage)
+            check_outside_a_ray_jobs_copy(base)
             check_local_writable(base)
             return cls(base / free_name(name, lambda candidate: (base / candidate).exists()))
         chosen = free_name(name, lambda candidate: Mirror.for_uri(join_uri(storage, candidate)).exists())

@@ -152,6 +152,30 @@ def test_local_storage_that_cannot_hold_a_study_is_an_error_before_anything_is_m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]  # the probe left nothing
 
 
+def test_storage_inside_a_ray_jobs_working_directory_is_refused(tmp_path, monkeypatch, example_config):
+    """``ray job submit --working-dir`` runs the command in Ray's unpacked copy of the
+    upload, which Ray deletes: the example's ``storage: ./runs`` put the study there, with
+    no word (audit 34)."""
+    import json
+
+    import hpsearch
+    from hpsearch.search.storage import RAY_JOB_CONFIG, StorageError, StudyHome
+
+    copy = tmp_path / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123"
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    assert StudyHome.new("runs", "study").root == copy / "runs" / "study"  # not a job: as always
+    monkeypatch.setenv(RAY_JOB_CONFIG, json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_0123.zip"}}))
+    for inside in ("runs", ".", str(copy / "deep" / "runs")):
+        with pytest.raises(StorageError, match="inside this Ray job's working directory"):
+            StudyHome.new(inside, "study")
+    assert StudyHome.new(str(tmp_path / "shared"), "study").root == tmp_path / "shared" / "study"
+    with pytest.raises(hpsearch.ConfigError, match=r"storage.*inside this Ray job's working directory"):
+        hpsearch.check(example_config, {"storage": "runs", "search.preflight": False})
+    monkeypatch.setenv(RAY_JOB_CONFIG, json.dumps({"runtime_env": {}}))  # a job without --working-dir
+    assert StudyHome.new("runs", "study").root == copy / "runs" / "study"
+
+
 def test_two_runs_that_chose_the_same_name_get_two_studies(tmp_path):
     from hpsearch.search.storage import StudyHome
 
