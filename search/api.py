@@ -100,7 +100,7 @@ def run(
         from .tuner import ray_for_search
 
         with ray_for_search(config, address, verbose) as search_ray:
-            concurrency = _plan(config)
+            concurrency = _plan(config, local=starts_a_local_ray(address))
             exp = home.create()
             with study_lock(exp):
                 write_config(exp, config.model_dump(mode="json"))
@@ -304,7 +304,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     from .tuner import ray_for_search
 
     with ray_for_search(config, address, verbose) as search_ray:
-        concurrency = _plan(config)
+        concurrency = _plan(config, local=starts_a_local_ray(address))
         write_config(exp, config.model_dump(mode="json"))
         interrupted.raise_if_heard()
         return _search(config, exp, verbose, concurrency, callbacks, mirror, address, search_ray.local_environment)
@@ -478,15 +478,15 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
         run_preflight(config, model_class, data_class)
 
 
-def _plan(config: ExperimentConfig) -> int:
-    """Concurrent trials the cluster can hold, at full scale if it autoscales (a
-    ``ResourceError`` if none fits)."""
+def _plan(config: ExperimentConfig, local: bool) -> int:
+    """Concurrent trials the cluster (``local``: this machine's own Ray) can hold, at full
+    scale if it autoscales (a ``ResourceError`` if none fits)."""
     import ray
 
     from .autoscaling import addable_nodes
     from .tuner import plan_concurrency
 
-    return plan_concurrency(config, ray.nodes(), addable_nodes())
+    return plan_concurrency(config, ray.nodes(), addable_nodes(), place="this machine" if local else "the cluster")
 
 
 def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurrency: int,

@@ -133,6 +133,7 @@ def started_by_ray_start() -> str:
     if not found:
         raise ClusterError(
             "--address auto joins the Ray that `ray start` began on this machine, and none was (Ray keeps its address "
-            "in ray_current_cluster, in its temporary folder): start one with `ray start --head`, or give the "
-            "cluster's address (a search's own Ray, started without --address, is private to it)")
+            "in ray_current_cluster, in its temporary folder, /tmp/ray by default: a Ray started with --temp-dir "
+            "keeps it there, out of sight): start one with `ray start --head`, or give the cluster's address "
+            "(a search's own Ray, started without --address, is private to it)")
     return found

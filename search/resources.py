@@ -37,8 +37,8 @@ def concurrent_trials_capacity(resources: ResourcesConfig, nodes: Iterable[Mappi
         most_cpu = max((n.get("CPU", 0.0) for n in nodes), default=0.0)
         most_gpu = max((n.get("GPU", 0.0) for n in nodes), default=0.0)
         raise ResourceError(
-            f"{what} needs {per_worker} on one node, but the largest node has {most_cpu:g} CPUs and "
-            f"{most_gpu:g} GPUs ({len(nodes)} node(s)); lower resources.* or add a larger node"
+            f"{what} needs {per_worker} on one node, but the largest node has {_amount(most_cpu, 'CPU')} and "
+            f"{_amount(most_gpu, 'GPU')} ({len(nodes)} node(s)); lower resources.* or add a larger node"
         )
     if slots < workers:
         total_cpu = sum(n.get("CPU", 0.0) for n in nodes)
@@ -51,3 +51,8 @@ def concurrent_trials_capacity(resources: ResourcesConfig, nodes: Iterable[Mappi
             "(resources.cpus_per_worker, gpus_per_worker), or add nodes"
         )
     return slots // workers
+
+
+def _amount(count: float, unit: str) -> str:
+    """``1 CPU``, ``0.5 GPUs``, ``8 CPUs`` (audit 34: "has 1 CPUs")."""
+    return f"{count:g} {unit}" + ("" if count == 1 else "s")

@@ -401,8 +401,9 @@ def worker_runtime_env(user_code: list[str], joins_cluster: bool) -> dict:
     return runtime_env
 
 
-def plan_concurrency(config: ExperimentConfig, nodes: list[dict], addable: list[dict] = ()) -> int:
-    """Concurrent trials: the file's ``max_concurrent``, lowered to what the cluster holds,
+def plan_concurrency(config: ExperimentConfig, nodes: list[dict], addable: list[dict] = (),
+                     place: str = "the cluster") -> int:
+    """Concurrent trials: the file's ``max_concurrent``, lowered to what ``place`` holds,
     at full scale when it autoscales (``addable``: the worker nodes its autoscaler may add,
     see ``autoscaling``; trials wait for them, which is what makes it add them).
 
@@ -434,7 +435,7 @@ def plan_concurrency(config: ExperimentConfig, nodes: list[dict], addable: list[
         warn_user(f"the cluster holds {counted(now, 'trial')} of this size now and {at_full_scale} once its "
                   f"autoscaler has added nodes; trials wait for them")
     if capacity < config.search.max_concurrent:
-        warn_user(f"search.max_concurrent={config.search.max_concurrent} but the cluster holds "
+        warn_user(f"search.max_concurrent={config.search.max_concurrent} but {place} holds "
                   f"{counted(capacity, 'trial')} of this size at once; running {capacity} at a time")
     return min(capacity, config.search.max_concurrent)
 

@@ -41,6 +41,10 @@ def test_a_trial_larger_than_any_node_is_refused_with_the_numbers(example_config
 def test_a_gpu_trial_on_a_cpu_only_cluster_is_refused(example_config):
     with pytest.raises(ResourceError, match=r"1 GPU\(s\) on one node, but the largest node has 2 CPUs and 0 GPUs"):
         concurrent_trials_capacity(resources(example_config, gpus_per_trial=1), TWO_CPUS)
+    # one of each, said so (audit 34: "the largest node has 1 CPUs")
+    with pytest.raises(ResourceError, match=r"the largest node has 1 CPU and 1 GPU \(1 node\(s\)\)"):
+        concurrent_trials_capacity(resources(example_config, cpus_per_trial=2),
+                                   [{"Resources": {"CPU": 1.0, "GPU": 1.0}, "Alive": True}])
 
 
 def test_more_workers_than_the_cluster_holds_is_refused(example_config):
@@ -248,6 +252,20 @@ def test_the_nodes_an_autoscaler_may_add_are_read_from_the_launchers_config(tmp_
     # A node type the launcher could not size is left out; no launcher config, no nodes.
     assert addable_nodes(launcher_config(tmp_path, {})) == []
     assert addable_nodes(tmp_path / "absent.yaml") == []
+
+
+def test_max_concurrent_lowered_names_where_the_trials_run(example_config):
+    """A search's own Ray on this machine was called "the cluster" (audit 34)."""
+    from hpsearch.search.tuner import plan_concurrency
+
+    example_config["search"]["max_concurrent"] = 4
+    config = load_config(example_config)
+    for place in ("this machine", "the cluster"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert plan_concurrency(config, TWO_CPUS, place=place) == 2
+        assert [str(w.message) for w in caught] == [
+            f"search.max_concurrent=4 but {place} holds 2 trials of this size at once; running 2 at a time"]
 
 
 def test_a_search_on_cluster_yamls_head_is_sized_for_the_gpu_nodes_its_autoscaler_adds(tmp_path, example_config):
