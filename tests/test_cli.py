@@ -812,7 +812,8 @@ def test_a_search_goes_on_when_its_console_reader_leaves(tmp_path):
     assert json.loads((tmp_path / "runs" / "piped" / "sessions.json").read_text())[-1]["outcome"] == "complete"
 
 
-def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
+def _status_text(tmp_path, trials_csv: str, width: int) -> str:
+    """``status`` of a study whose trials.csv is ``trials_csv``, on a console ``width`` wide."""
     from rich.console import Console
 
     from hpsearch.search.experiment import ExperimentDir, write_config
@@ -820,14 +821,17 @@ def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
 
     exp = ExperimentDir.make(tmp_path / "study")
     write_config(exp, shrunk_example(tmp_path))
-    traceback = exp.root / "trials" / "trial_0001" / "error.txt"
-    (exp.root / "trials.csv").write_text(
-        "trial,state,reason,best,epochs\n"
-        f"1,FAILED,TypeError: unsupported operand (at /home/me/project/model.py:55 in training_step); "
-        f"not retried (traceback: {traceback}),,1\n")
-    console = Console(width=110, record=True)
+    (exp.root / "trials.csv").write_text(trials_csv)
+    console = Console(width=width, record=True)
     print_status(exp, console)
-    text = console.export_text()
+    return console.export_text()
+
+
+def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
+    traceback = tmp_path / "study" / "trials" / "trial_0001" / "error.txt"
+    text = _status_text(tmp_path, "trial,state,reason,best,epochs\n"
+                        f"1,FAILED,TypeError: unsupported operand (at /home/me/project/model.py:55 in training_step); "
+                        f"not retried (traceback: {traceback}),,1\n", width=110)
     shown = "".join(text.split())  # the table's cells, without its wrapping
     assert "".join(f"(traceback:{traceback})".split()) in shown.replace("│", ""), text
     assert "— 1 trial, val_acc (max; best of each trial)" in text, text  # not "1 trials"
@@ -836,18 +840,9 @@ def test_status_shows_a_failed_trials_traceback_path_whole(tmp_path):
 def test_status_shows_the_error_of_a_trial_waiting_for_its_next_try_as_it_is(tmp_path):
     """A trial with no reason yet (waiting for its next try, or left so by a session whose
     cluster went away) showed its error after an empty reason: ": The actor died ..." (audit 21)."""
-    from rich.console import Console
-
-    from hpsearch.search.experiment import ExperimentDir, write_config
-    from hpsearch.search.status_view import print_status
-
-    exp = ExperimentDir.make(tmp_path / "study")
-    write_config(exp, shrunk_example(tmp_path))
-    (exp.root / "trials.csv").write_text("trial,state,reason,best,epochs,error\n"
-                                         "0,PENDING,,,0,The actor died unexpectedly\n")
-    console = Console(width=110, record=True)
-    print_status(exp, console)
-    row = next(line for line in console.export_text().splitlines() if "PENDING" in line)
+    text = _status_text(tmp_path, "trial,state,reason,best,epochs,error\n0,PENDING,,,0,The actor died unexpectedly\n",
+                        width=110)
+    row = next(line for line in text.splitlines() if "PENDING" in line)
     assert "The actor died" in row and ": The" not in row, row
 
 
@@ -893,40 +888,22 @@ def test_status_of_a_large_study_shows_its_latest_running_and_best_trials_and_su
 
 def test_status_shows_the_metric_with_the_digits_that_tell_trials_apart(tmp_path):
     """At four significant digits 1.005995 and 1.006423 both read 1.006 (audit 33)."""
-    from rich.console import Console
-
-    from hpsearch.search.experiment import ExperimentDir, write_config
-    from hpsearch.search.status_view import print_status
-
-    exp = ExperimentDir.make(tmp_path / "study")
-    write_config(exp, shrunk_example(tmp_path))
-    (exp.root / "trials.csv").write_text("trial,state,reason,best,epochs\n0,COMPLETE,max_epochs,1.005995,3\n"
-                                         "1,COMPLETE,max_epochs,1.006423,3\n2,PRUNED,asha,0.25,1\n")
-    console = Console(width=200, record=True)
-    print_status(exp, console)
-    cells = [line.split() for line in console.export_text().splitlines()]
+    text = _status_text(tmp_path, "trial,state,reason,best,epochs\n0,COMPLETE,max_epochs,1.005995,3\n"
+                        "1,COMPLETE,max_epochs,1.006423,3\n2,PRUNED,asha,0.25,1\n", width=200)
+    cells = [line.split() for line in text.splitlines()]
     assert [cell[5] for cell in cells if cell and cell[0] in "012"] == ["1.006", "1.0064", "0.25"], cells
 
 
 def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_path):
-    from rich.console import Console
-
-    from hpsearch.search.experiment import ExperimentDir, write_config
-    from hpsearch.search.status_view import print_status
-
-    exp = ExperimentDir.make(tmp_path / "study")
-    write_config(exp, shrunk_example(tmp_path))
-    (exp.root / "trials.csv").write_text(
-        "trial,state,reason,best,epochs,data_starved,data_wait_s,train_s,error\n"
-        "0,COMPLETE,max_epochs,0.5,2,True,0.787,0.213,\n"
-        "1,FAILED,RuntimeError: [rank1] [bold]lost,,1,False,0.01,0.5,\n")
-    console = Console(width=200, record=True)
-    print_status(exp, console)
-    shown = console.export_text()
+    shown = _status_text(tmp_path, "trial,state,reason,best,epochs,data_starved,data_wait_s,train_s,error\n"
+                         "0,COMPLETE,max_epochs,0.5,2,True,0.787,0.213,\n"
+                         "1,FAILED,RuntimeError: [rank1] [bold]lost,,1,False,0.01,0.5,\n", width=200)
     # the share the flag is for (audit 31: the seconds alone told little)
     assert "max_epochs [data-starved: 79% of its training time waiting on data, 0.787s in its last epoch]" \
         in shown, shown
     assert "RuntimeError: [rank1] [bold]lost" in shown, shown
+    from rich.console import Console
+
     from hpsearch.search.status_view import print_best
 
     console = Console(width=200, record=True)
