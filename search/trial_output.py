@@ -183,9 +183,11 @@ def _copied(copier: subprocess.Popen, answer_read: int) -> None:
     import select
 
     try:
-        if select.select([answer_read], [], [], _COPIER_WAITED_S)[0]:
+        answer = select.poll()  # not select(): a descriptor may be numbered past 1024
+        answer.register(answer_read, select.POLLIN)
+        if answer.poll(_COPIER_WAITED_S * 1000):
             os.read(answer_read, 1)
-    except (OSError, ValueError):  # ValueError: a descriptor past select's 1024 (no wait then)
+    except OSError:
         pass
     finally:
         os.close(answer_read)

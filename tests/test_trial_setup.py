@@ -1501,6 +1501,17 @@ for number in range(3, 43):
     with output_kept(trial_dir / f"trial_{number:04d}"):
         os.write(1, f"trial {number}\\n".encode())
 busy = False
+# a worker's descriptors numbered past select()'s 1024 (audit 33's review)
+import resource
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if soft < 1200:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+many = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+(trial_dir / "trial_0043").mkdir()
+with output_kept(trial_dir / "trial_0043"):
+    print("past 1024", flush=True)
+for descriptor in many:
+    os.close(descriptor)
 with output_kept(trial_dir / "trial_0002"):
     print("then killed", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -1526,11 +1537,12 @@ def test_a_trials_output_is_copied_at_its_descriptors_and_survives_a_kill(tmp_pa
     # pipe, and not into the trial's file; that process gone, no copier is left.
     assert ran.stdout.splitlines() == kept + ["after the trial", "from a process that outlived the trial",
                                               "children left: 0"] + [f"trial {n}" for n in range(3, 43)] + \
-        ["then killed"], ran.stdout
+        ["past 1024", "then killed"], ran.stdout
     assert ran.stderr == ""
     assert not (tmp_path / "trial_0001" / "output.log").exists()  # a trial that prints nothing leaves no file
     assert [(tmp_path / f"trial_{n:04d}" / "output.log").read_text() for n in range(3, 43)] == \
         [f"trial {n}\n" for n in range(3, 43)]
+    assert (tmp_path / "trial_0043" / "output.log").read_text() == "past 1024\n"
     assert (tmp_path / "trial_0002" / "output.log").read_text() == "then killed\n"
 
 
