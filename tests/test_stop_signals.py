@@ -115,7 +115,7 @@ def test_the_resume_command_of_a_cluster_search_names_its_cluster(example_config
         return SESSION_INTERRUPTED
 
     monkeypatch.setattr(api, "prepare", lambda config, preflight=None: None)
-    monkeypatch.setattr(api, "_plan", lambda config: 1)
+    monkeypatch.setattr(api, "_plan", lambda config, local: 1)
     monkeypatch.setattr(tuner, "ray_for_search",
                         lambda config, address, verbose: nullcontext(tuner.SearchRay(False)))
     monkeypatch.setattr(tuner, "run_session", stopped_session)
