@@ -61,7 +61,12 @@ class BatchFetchTimer(Profiler):
     def __init__(self) -> None:
         super().__init__()
         self.seconds = 0.0
+        self.first_of_epoch_s = 0.0  # the epoch's first fetch: it holds the loader workers' start
         self._fetch_started: float | None = None
+        self._first = False
+
+    def epoch_started(self) -> None:
+        self._first, self.first_of_epoch_s = True, 0.0
 
     def start(self, action_name: str) -> None:
         if action_name.endswith(self.FETCH):
@@ -69,7 +74,10 @@ class BatchFetchTimer(Profiler):
 
     def stop(self, action_name: str) -> None:
         if self._fetch_started is not None and action_name.endswith(self.FETCH):
-            self.seconds += time.perf_counter() - self._fetch_started
+            waited = time.perf_counter() - self._fetch_started
+            self.seconds += waited
+            if self._first:
+                self.first_of_epoch_s, self._first = waited, False
             self._fetch_started = None
 
     def summary(self) -> str:
@@ -230,6 +238,7 @@ class TuneReporter(pl.Callback):
         self._deliver_pending(trainer)
         self._epoch_started, self._cpu_at_epoch_start = time.perf_counter(), time.process_time()
         self._fetched_before_epoch = self.fetch_timer.seconds
+        self.fetch_timer.epoch_started()
         self._train_samples, self._train_seconds = 0, 0.0
         self._val_seconds = self._checkpoint_started = self._epoch_cpu_s = 0.0
         self._validated = False
@@ -438,6 +447,10 @@ class TuneReporter(pl.Callback):
         """The epoch's time, where it went, and how fast it trained, measured now."""
         data_wait = self.fetch_timer.seconds - self._fetched_before_epoch
         busy = self._train_seconds + data_wait
+        # Starved or not, by the batches after the epoch's first, whose wait holds the
+        # loader workers' start: that alone flagged a one-epoch trial of instant data (audit 35).
+        steady_wait = data_wait - self.fetch_timer.first_of_epoch_s
+        steady = busy - self.fetch_timer.first_of_epoch_s
         return {
             "hps_epoch_time_s": epoch_seconds,
             "hps_train_time_s": self._train_seconds,
@@ -450,7 +463,7 @@ class TuneReporter(pl.Callback):
             "hps_checkpoint_s": time.perf_counter() - self._checkpoint_started if self._checkpoint_started else 0.0,
             "hps_report_s": self._report_s,  # the previous report's cost
             "hps_startup_s": self._startup_s or 0.0,
-            "hps_data_starved": data_wait >= STARVED_MIN_WAIT_S and data_wait / busy > STARVED_SHARE,
+            "hps_data_starved": steady_wait >= STARVED_MIN_WAIT_S and steady_wait / steady > STARVED_SHARE,
             # over the training's time, waiting for data included: what the trial trained at
             "hps_samples_per_s": self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
         }

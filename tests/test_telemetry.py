@@ -222,6 +222,33 @@ def test_a_tiny_epochs_short_wait_on_data_is_not_flagged(tmp_path):
         assert report["hps_data_wait_s"] < 0.1 and report["hps_data_starved"] is False, report
 
 
+class StartsSlowly(SlowLoadingData):
+    """Instant batches from a loader that takes 0.3 s to start each epoch's iteration, as
+    starting loader workers does."""
+
+    def train_dataloader(self):
+        loader = super().train_dataloader()
+
+        class Starting:
+            def __len__(self):
+                return len(loader)
+
+            def __iter__(self):
+                time.sleep(0.3)
+                yield from loader
+
+        return Starting()
+
+
+def test_a_loaders_start_alone_is_waiting_on_data_but_not_starving(tmp_path):
+    """The first batch of a trial's first epoch holds the start of its loader workers: 0.2 s
+    of it flagged a one-epoch trial of instant data as data-starved (audit 35)."""
+    data = StartsSlowly(item_seconds=0.0)
+    for report in reports_of(tmp_path, mlp_for(data), data):
+        assert report["hps_data_wait_s"] >= 0.3, report  # it was waited for, and is said so
+        assert report["hps_data_starved"] is False, report
+
+
 class TwoTrainingLoaders(SlowLoadingData):
     def train_dataloader(self):
         return {"a": super().train_dataloader(), "b": super().train_dataloader()}
