@@ -218,7 +218,17 @@ def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: li
 
 
 def _shared_values(row: dict[str, Any], params: list[str]) -> str:
-    return " ".join(f"{name}={_fmt(row.get(param))}" for name, param in zip(_short_names(params), params))
+    return " ".join(f"{name}={_sampled(row, param)}" for name, param in zip(_short_names(params), params))
+
+
+def _sampled(row: dict[str, Any], param: str) -> str:
+    """A sampled value as shown; a searched precision that this trial's device lacks, with
+    the one it ran (16-mixed on CPU runs as bf16-mixed: the column said 16-mixed; audit 35)."""
+    value = _fmt(row.get(param))
+    ran = row.get("precision")
+    if param == "trainer.precision" and ran not in (None, "") and str(ran) != value and value != "-":
+        return f"{value} (ran {ran})"
+    return value
 
 
 def _cluster_gone(address: str | None) -> str:
@@ -296,7 +306,7 @@ def _row_cells(row: dict[str, Any], params: list[str], params_width: int | None,
         reason = f"{reason} ({row['notes']})"
     if row.get("retry_of") not in (None, ""):
         reason = f"{reason} (trial {row['retry_of']}'s configuration again)".strip()
-    values = [_fmt(row.get(p)) for p in params] if params_width is None else \
+    values = [_sampled(row, p) for p in params] if params_width is None else \
         ["" if measuring else _shared_values(row, params)]
     tries = _fmt(row.get("attempts")) + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")
     return [

@@ -894,6 +894,20 @@ def test_status_shows_the_metric_with_the_digits_that_tell_trials_apart(tmp_path
     assert [cell[5] for cell in cells if cell and cell[0] in "012"] == ["1.006", "1.0064", "0.25"], cells
 
 
+def test_status_shows_a_searched_precision_with_the_one_the_trial_ran(tmp_path, monkeypatch):
+    """A sampled 16-mixed ran as bf16-mixed on CPU; status showed 16-mixed alone (audit 35)."""
+    import hpsearch.search.status_view as status_view
+
+    monkeypatch.setattr(status_view.ExperimentDir, "stored_config", lambda exp: {
+        "name": "p", "metric": "val_acc", "mode": "max",
+        "space": {"trainer.precision": {"type": "categorical", "choices": ["32-true", "16-mixed"]}}})
+    text = _status_text(tmp_path, "trial,state,reason,best,epochs,trainer.precision,precision\n"
+                        "0,COMPLETE,max_epochs,0.5,1,16-mixed,bf16-mixed\n"
+                        "1,COMPLETE,max_epochs,0.6,1,32-true,32-true\n", width=200)
+    rows = {line.split()[0]: line for line in text.splitlines() if "COMPLETE" in line and line.split()[0] in "01"}
+    assert "16-mixed (ran bf16-mixed)" in rows["0"] and "(ran" not in rows["1"], text
+
+
 def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_path):
     shown = _status_text(tmp_path, "trial,state,reason,best,epochs,data_starved,data_wait_s,train_s,error\n"
                          "0,COMPLETE,max_epochs,0.5,2,True,0.787,0.213,\n"
