@@ -470,8 +470,8 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
     check_sampler(config)
     check_steps(config)
     precision_fallback_warning(config.trainer, config.resources, config.space)
-    loader_setting_warnings(config.loader, config.resources, datamodule_worker_counts(config.data.init_args,
-                                                                                      config.space))
+    loader_setting_warnings(config.loader, config.resources,
+                            datamodule_worker_counts(config.data.init_args, config.space), data_class)
     if config.search.preflight if preflight is None else preflight:
         from .preflight import run_preflight
 

@@ -206,7 +206,9 @@ class SchedulerConfig(StrictModel):
 class TrainerConfig(StrictModel):
     """The Lightning ``Trainer`` settings hpsearch exposes; every one may be searched."""
 
-    precision: Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true", "64-true"] = "32-true"
+    precision: Literal["auto", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "64-true"] = Field(
+        "auto", description="'auto': mixed precision on a GPU (bf16-mixed, or 16-mixed where it lacks bf16), "
+                            "32-true on a CPU")
     strategy: Literal["auto", "ddp", "fsdp", "deepspeed"] = Field(
         "auto", description="'auto': one process, or DDP when resources.workers_per_trial > 1")
     deepspeed_stage: Literal[2, 3] = 2

@@ -580,7 +580,10 @@ def planned_columns(config: ExperimentConfig):
 
     def planned(number: int, params: dict) -> dict:
         precision = config.with_trainer_params(params).precision
-        return {**fixed, "precision": precision if on_gpu else resolve_precision(precision, on_gpu=False),
+        # a GPU trial's as asked ('auto' as bf16-mixed), until its reports say what its GPU ran
+        planned_precision = ("bf16-mixed" if precision == "auto" else precision) if on_gpu else \
+            resolve_precision(precision, on_gpu=False)
+        return {**fixed, "precision": planned_precision,
                 # at its first start: a resumed trial goes on with its checkpoint's random state
                 "seed": training_seed(config.search.seed, number)}
 

@@ -204,7 +204,7 @@ def test_a_refused_value_is_said_with_it_and_a_union_gives_one_problem_saying_wh
     assert all(p.line for p in caught.value.problems)
     config = example_dict()
     config["trainer"] = {"precision": "fp16"}  # any value refused says what it got
-    with pytest.raises(ConfigError, match=r"trainer.precision .*Input should be '32-true', .* \(got 'fp16'\)"):
+    with pytest.raises(ConfigError, match=r"trainer.precision .*Input should be 'auto', '32-true', .* \(got 'fp16'\)"):
         load_config(write_yaml(tmp_path / "x.yaml", config))
 
 

@@ -174,6 +174,16 @@ def test_loader_settings_that_cannot_act_are_warned_of(example_config, monkeypat
     half = load_config(example_config, ["loader.num_workers=1", "resources.cpus_per_trial=0.5"])
     with pytest.warns(UserWarning, match=r"1 loader processes share the 0\.5 CPU\(s\)"):  # said "the 0 CPU(s)"
         loader_setting_warnings(half.loader, half.resources)
+    # The built-in in-memory data runs no loader workers: said so, not that they share the CPUs (audit 35)
+    from hpsearch.models.digits import DigitsDataModule
+
+    with pytest.warns(UserWarning) as caught:
+        loader_setting_warnings(config.loader, config.resources, {"data.init_args.num_workers": 1}, DigitsDataModule)
+    said = [str(w.message) for w in caught]
+    assert "loader.num_workers: 8 loader processes are asked for, but DigitsDataModule loads its in-memory data " \
+           "in the trial's own process: none run" in said, said
+    assert any(m.startswith("data.init_args.num_workers: 1 loader processes are asked for") for m in said), said
+    assert not any("share the" in m for m in said), said
     # The built-in digits takes the loader options; a DataModule without them does not.
     monkeypatch.syspath_prepend(str(FIXTURES))
     example_config["data"] = {"class_path": "userpkg.regression:NoisyLinearData"}
@@ -198,6 +208,27 @@ def test_fp16_on_cpu_falls_back_to_bf16_silently_in_the_trial():
     assert caught == []
     assert resolve_precision("bf16-mixed", on_gpu=False) == "bf16-mixed"
     assert resolve_precision("32-true", on_gpu=False) == "32-true"
+
+
+def test_the_default_precision_is_mixed_on_a_gpu_and_full_on_a_cpu(example_config, monkeypatch):
+    """Mixed precision is on by default where it is the proven gain, a GPU (audit 35: the
+    default was 32-true everywhere, though the technique is one of the six)."""
+    import torch
+
+    from hpsearch.search.devices import trial_device
+    from hpsearch.search.tuner import planned_columns
+
+    example_config.pop("trainer", None)
+    config = load_config(example_config)
+    assert config.trainer.precision == "auto"
+    assert resolve_precision("auto", on_gpu=False) == "32-true"
+    assert trial_device(config.trainer, config.loader, config.resources).precision == "32-true"
+    assert planned_columns(config)(0, {})["precision"] == "32-true"
+    for bf16, expected in ((True, "bf16-mixed"), (False, "16-mixed")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, bf16=bf16, **kwargs: bf16)
+        assert resolve_precision("auto", on_gpu=True) == expected
+    gpu = load_config(example_config, ["resources.gpus_per_trial=1"])
+    assert planned_columns(gpu)(0, {})["precision"] == "bf16-mixed"  # until its reports say what ran
 
 
 def test_bf16_mixed_trains_on_cpu(tmp_path, example_config):
