@@ -513,7 +513,7 @@ def test_resume_says_which_settings_it_changes(example_config, tmp_path):
     messages = [str(w.message) for w in caught]
     # a paused trial trains on with a changed trainer setting, but keeps its sampled values (audit 24)
     assert messages == [
-        "resume changes trainer.precision ('32-true' -> 'bf16-mixed'): trials from now on use it, paused trials "
+        "resume changes trainer.precision ('auto' -> 'bf16-mixed'): trials from now on use it, paused trials "
         "included",
         "resume changes search.sampler ('tpe' -> 'random'): the trials sampled from now on are sampled so "
         "(paused trials keep their values)",
