@@ -34,12 +34,18 @@ def resolve_precision(requested: str, on_gpu: bool) -> str:
     project's machine, slower on many laptops). float16 autocast is for GPUs, so a CPU trial
     runs '16-mixed' as 'bf16-mixed'; a GPU without bf16 runs 'bf16-*' as '16-mixed'. The
     trial records what it used; the driver warns once (``precision_fallback_warning``)."""
-    if requested == "auto":
-        requested = "bf16-mixed" if on_gpu else "32-true"
+    requested = without_auto(requested, on_gpu)
     if not on_gpu and requested == "16-mixed":
         return "bf16-mixed"
     if on_gpu and requested.startswith("bf16") and not torch.cuda.is_bf16_supported():
         return "16-mixed"
+    return requested
+
+
+def without_auto(requested: str, on_gpu: bool) -> str:
+    """'auto' as the precision it stands for, before any device's own limits apply."""
+    if requested == "auto":
+        return "bf16-mixed" if on_gpu else "32-true"
     return requested
 
 

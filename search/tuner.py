@@ -570,7 +570,7 @@ def planned_columns(config: ExperimentConfig):
     """A trial's trials.csv columns known from its params before it reports: the device,
     precision (a CPU trial's as it will run it; a GPU without bf16 may change a GPU
     trial's, which its reports then say), strategy and world size."""
-    from .devices import resolve_precision
+    from .devices import resolve_precision, without_auto
     from .distributed import strategy_name
     from .seeding import training_seed
 
@@ -580,9 +580,8 @@ def planned_columns(config: ExperimentConfig):
 
     def planned(number: int, params: dict) -> dict:
         precision = config.with_trainer_params(params).precision
-        # a GPU trial's as asked ('auto' as bf16-mixed), until its reports say what its GPU ran
-        planned_precision = ("bf16-mixed" if precision == "auto" else precision) if on_gpu else \
-            resolve_precision(precision, on_gpu=False)
+        # a GPU trial's as asked, until its reports say what its GPU ran (one without bf16)
+        planned_precision = without_auto(precision, on_gpu=True) if on_gpu else resolve_precision(precision, False)
         return {**fixed, "precision": planned_precision,
                 # at its first start: a resumed trial goes on with its checkpoint's random state
                 "seed": training_seed(config.search.seed, number)}
