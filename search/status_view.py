@@ -168,8 +168,9 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
                       markup=False)
     asked = ((best.get("config") or {}).get("trainer") or {}).get("precision")
     if best.get("precision") and asked and best["precision"] != asked:  # audit 33: best.json said only the one asked
+        why = "auto: its choice there" if asked == "auto" else f"{asked} is not available there"
         console.print(f"  ran with precision {best['precision']} on {best.get('device') or 'its device'} "
-                      f"(trainer.precision {asked} is not available there)", markup=False)
+                      f"(trainer.precision {why})", markup=False)
     for key, value in (best.get("test_metrics") or {}).items():
         console.print(f"  test: {key} = {_fmt(value)}", markup=False)
     if best.get("test_error"):

@@ -460,6 +460,9 @@ def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp
                 "config": {"trainer": {"precision": "16-mixed"}}, "device": "cpu", "precision": "bf16-mixed"})
     assert "ran with precision bf16-mixed on cpu (trainer.precision 16-mixed is not available there)" \
         in capsys.readouterr().out
+    print_best({"trial": 0, "metric": "val_acc", "value": 0.5, "state": "COMPLETE", "epochs": 1, "params": {},
+                "config": {"trainer": {"precision": "auto"}}, "device": "cpu", "precision": "32-true"})
+    assert "ran with precision 32-true on cpu (trainer.precision auto: its choice there)" in capsys.readouterr().out
     # a pruned trial that scored better is named, with why it is not the best (audit 33)
     print_best({"trial": 7, "metric": "score", "value": 10.03, "state": "COMPLETE", "epochs": 5, "params": {},
                 "pruned_ahead": {"trial": 2, "value": 10.71, "epochs": 1}})
