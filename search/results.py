@@ -20,7 +20,8 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     """Evaluate the best trial's best checkpoint and write ``best.json``; None if no trial scored.
     With URI storage the checkpoint is fetched first (another node may have written it)."""
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
-    row, pruned_ahead = table.best_row(), table.pruned_ahead()
+    row = table.best_row()
+    pruned_ahead = table.pruned_ahead(row)
     if row is None:
         return None
     number = int(row["trial"])

@@ -115,8 +115,8 @@ def _best_row(rows: list[dict[str, Any]], metric: str, mode: str, params: list[s
     return _table_of(rows, metric, mode, params).best_row()
 
 
-def _pruned_ahead(rows: list[dict[str, Any]], metric: str, mode: str) -> dict[str, Any] | None:
-    return _table_of(rows, metric, mode, []).pruned_ahead()
+def _pruned_ahead(rows: list[dict[str, Any]], best: dict[str, Any], metric: str, mode: str) -> dict[str, Any] | None:
+    return _table_of(rows, metric, mode, []).pruned_ahead(best)
 
 
 def _table_of(rows: list[dict[str, Any]], metric: str, mode: str, params: list[str]) -> TrialsTable:
@@ -142,7 +142,7 @@ def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metri
     line = f"{counted(len(rows), 'trial')}: " + ", ".join(f"{states[state]} {state.lower()}" for state in order)
     if best is not None:
         line += f"; best {metric} = {_fmt(best.get('best'))} (trial {best['trial']})"
-        ahead = _pruned_ahead(rows, metric, mode)
+        ahead = _pruned_ahead(rows, best, metric, mode)
         if ahead is not None:
             line += (f"; pruned trial {ahead['trial']} scored better, {metric} = {_fmt(ahead['best'])}, but "
                      f"{PRUNED_NOT_CANDIDATES}")

@@ -133,11 +133,11 @@ class TrialsTable:
                 return best_of(candidates, self.mode, key=lambda row: _as_float(row["best"]))
         return None
 
-    def pruned_ahead(self) -> dict[str, Any] | None:
-        """The best pruned trial when it scored better than ``best_row``, a complete trial:
-        where the best is named, this is said beside it (audit 33: the result named trial 7
-        at 10.03, the table above it listed a pruned trial at 10.71, and nothing said why)."""
-        best = self.best_row()
+    def pruned_ahead(self, best: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The best pruned trial when it scored better than ``best``, ``best_row()``'s complete
+        trial, which callers have already found: where the best is named, this is said beside
+        it (audit 33: the result named trial 7 at 10.03, the table above it listed a pruned
+        trial at 10.71, and nothing said why)."""
         if best is None or best.get("state") != "COMPLETE":
             return None
         pruned = sorted((r for r in self.rows.values() if r.get("state") == "PRUNED" and has_value(r)),

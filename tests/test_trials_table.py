@@ -54,15 +54,18 @@ def test_of_tied_trials_the_lowest_numbered_is_best_in_whatever_order_they_start
 def test_a_pruned_trial_that_scored_better_than_the_best_is_named_beside_it():
     """The result named trial 7 at 10.03 while status listed a pruned trial at 10.71,
     and nothing said why that one was not the best (audit 33)."""
-    assert table().pruned_ahead()["trial"] == 1  # 0.95, pruned, against the best complete trial's 0.9
-    assert table("min").pruned_ahead() is None  # the best, 0.8, is ahead of it
+    def ahead(t: TrialsTable):
+        return t.pruned_ahead(t.best_row())
+
+    assert ahead(table())["trial"] == 1  # 0.95, pruned, against the best complete trial's 0.9
+    assert ahead(table("min")) is None  # the best, 0.8, is ahead of it
     tied = table()
     tied.rows[1]["best"] = 0.9
-    assert tied.pruned_ahead() is None
+    assert ahead(tied) is None
     none_completed = table()
     for number in (0, 2):
         none_completed.rows[number]["state"] = "FAILED"
-    assert none_completed.pruned_ahead() is None  # the pruned trial is the best itself
+    assert ahead(none_completed) is None  # the pruned trial is the best itself
 
 
 def test_pruned_trials_count_when_none_completed():
