@@ -310,6 +310,13 @@ class MetricsPerRank(pl.Callback):
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         (self.folder / f"rank-{trainer.global_rank}.json").write_text(json.dumps(metrics))
 
+    def teardown(self, trainer, pl_module, stage):
+        # Both ranks leave the gloo group together: left to Lightning's exit handler, one rank
+        # once aborted at exit ("terminate called without an active exception", SIGABRT) while
+        # the other had already closed its side (CI of 2026-12-06, at 8a7cb01).
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
 
 def test_ddp_ranks_agree_on_the_epoch_means(tmp_path):
     """Each rank logs its own shard's epoch means once; sync_dist must make them one figure
