@@ -7,20 +7,24 @@ in the Optuna study, trials.csv and TensorBoard.
 from __future__ import annotations
 
 import importlib.util
+import math
 import warnings
-from typing import Any
-
-import numpy as np
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from typing import TYPE_CHECKING, Any
 
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .errors import ConfigError, warn_user
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
 
 
 def to_distribution(param: FloatParam | IntParam | CategoricalParam) -> BaseDistribution:
     """Optuna's distribution for one parameter. A stepped range that stops short of its
     ``high`` is said so once, by ``check_steps`` in hpsearch's words: Optuna's own warning
-    for it, which followed, is left out."""
+    for it, which followed, is left out. (Optuna is imported here, not with the module: a
+    config check that fails must not wait for it.)"""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"The distribution is specified by .* not divisible by `step`")
         if isinstance(param, FloatParam):
@@ -40,15 +44,11 @@ def grid_values(param: FloatParam | IntParam | CategoricalParam) -> list[Any]:
         return list(param.choices)
     if isinstance(param, IntParam):
         return list(range(param.low, param.high + 1, param.step))
-    count = int(np.floor((param.high - param.low) / param.step + 1e-9)) + 1
-    return [float(round(param.low + i * param.step, 12)) for i in range(count)]
+    return [float(round(param.low + i * param.step, 12)) for i in range(param.grid_points())]
 
 
 def grid_size(config: ExperimentConfig) -> int:
-    size = 1
-    for param in config.space.values():
-        size *= len(grid_values(param))
-    return size
+    return math.prod(param.grid_points() for param in config.space.values())
 
 
 def trial_limit(config: ExperimentConfig) -> int:

@@ -31,13 +31,20 @@ def test_a_command_is_required(capsys):
     assert caught.value.code == 2
 
 
-def test_help_and_status_do_not_import_the_heavy_stack(tmp_path):
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_status_and_a_failed_check_do_not_import_the_heavy_stack(tmp_path, command):
+    """A schema error came after 0.4-1 s: the check imported Optuna (and numpy) for the
+    search space's distributions before validating (audit 36)."""
+    bad = shrunk_example(tmp_path / "runs")
+    bad["space"]["model.lr"]["low"] = 1.0  # low > high
+    target = tmp_path if command == "status" else write_yaml(tmp_path / "bad.yaml", bad)
     code = ("import sys; from hpsearch.search.cli import main\n"
-            "try:\n    main(['status', sys.argv[1]])\nexcept SystemExit: pass\n"
-            "heavy = [m for m in ('torch', 'ray', 'optuna', 'pytorch_lightning') if m in sys.modules]\n"
+            "try:\n    main([sys.argv[1], sys.argv[2]])\nexcept SystemExit: pass\n"
+            "heavy = [m for m in ('torch', 'ray', 'optuna', 'pytorch_lightning', 'numpy') if m in sys.modules]\n"
             "print('HEAVY=' + ','.join(heavy))")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code, command, str(target)], capture_output=True, text=True)
     assert "HEAVY=\n" in out.stdout or out.stdout.strip().endswith("HEAVY="), out.stdout + out.stderr
+    assert command == "status" or "space.model.lr" in out.stderr
 
 
 def test_bad_config_exits_2_names_the_field_and_creates_nothing(tmp_path):
