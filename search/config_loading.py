@@ -65,9 +65,21 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], LineMap]:
     """The file's mapping and the line of every key in it."""
     if path.is_dir():
         raise ConfigError.single("", f"{str(path)!r} is a directory; give the experiment's YAML file")
-    if not path.is_file():
+    if not path.exists():  # a pipe (``<(...)``) is not a file, but can be read (audit 36)
         raise ConfigError.single("", f"experiment file {str(path)!r} does not exist")
-    text = path.read_text()
+    try:
+        content = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError.single("", f"experiment file {str(path)!r} cannot be read: {exc.strerror}") from None
+    try:
+        text = content.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        # A Latin-1 comment, or the UTF-16 that Windows PowerShell's ``>`` writes (audit 36).
+        line = content[:exc.start].count(b"\n") + 1
+        what = ("it is UTF-16 (as Windows PowerShell's '>' writes)" if content[:2] in (b"\xff\xfe", b"\xfe\xff")
+                else f"byte {content[exc.start]:#04x} at offset {exc.start}")
+        raise ConfigError.single("", f"the file is not UTF-8 text ({what}); save it as UTF-8", line,
+                                 str(path)) from None
     try:
         node = yaml.compose(text, Loader=ExperimentLoader)
         data = yaml.load(text, Loader=ExperimentLoader)
@@ -76,6 +88,8 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], LineMap]:
         line = mark.line + 1 if mark else None
         reason = getattr(exc, "problem", None) or str(exc)
         raise ConfigError.single("", f"malformed YAML: {reason}", line, str(path)) from None
+    except RecursionError:
+        raise ConfigError.single("", "the YAML nests too deeply to be read", None, str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError.single("", "the file must be a YAML mapping of settings", 1, str(path))
     lines: LineMap = {}

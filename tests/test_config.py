@@ -320,6 +320,31 @@ def test_malformed_yaml_names_the_line(tmp_path):
     assert "malformed YAML" in str(caught.value) and caught.value.problems[0].line is not None
 
 
+def test_files_that_are_not_utf8_or_nest_too_deeply_or_come_from_a_pipe_are_read_or_refused_cleanly(tmp_path):
+    """Each gave a traceback and exit 1, or called the pipe missing (audit 36)."""
+    source = open(__import__("conftest").EXAMPLE).read()
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(source.encode() + "# mod\u00e8le\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 0xe8 at offset \d+\); save it as UTF-8") as caught:
+        load_config(latin)
+    assert caught.value.problems[0].line == source.count("\n") + 1
+    utf16 = tmp_path / "utf16.yaml"
+    utf16.write_text(source, encoding="utf-16")
+    with pytest.raises(ConfigError, match=r"it is UTF-16 \(as Windows PowerShell's '>' writes\)"):
+        load_config(utf16)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 10000 + "]" * 10000 + "\n")
+    with pytest.raises(ConfigError, match="nests too deeply"):
+        load_config(deep)
+    read, write = os.pipe()
+    os.write(write, source.encode())
+    os.close(write)
+    try:
+        assert load_config(f"/dev/fd/{read}").name == "digits-cnn"  # bash's <(cat exp.yaml)
+    finally:
+        os.close(read)
+
+
 def test_a_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
