@@ -63,6 +63,22 @@ class ComponentConfig(StrictModel):
     class_path: str = Field(min_length=1, description="built-in name or 'package.module:ClassName'")
     init_args: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _init_args_are_plain_values(self):
+        """experiment.yaml keeps them, and resume reads them back: a lambda, a tensor or an
+        object passed the check and broke the run after Ray had started, leaving a folder
+        that was not a study (audit 36)."""
+        for key, value in self.init_args.items():
+            odd = _first_unwritable(value)
+            if odd is not None:
+                kind = type(odd).__qualname__ if type(odd).__module__ == "builtins" else \
+                    f"{type(odd).__module__}.{type(odd).__qualname__}"
+                raise FieldValueError(f"init_args.{key}", f"a {kind} cannot "
+                                      "be kept in experiment.yaml, which resume reads back: give plain values "
+                                      "(null, true/false, numbers, strings, lists and mappings of them) and "
+                                      "build objects in the class's constructor")
+        return self
+
     @field_validator("class_path")
     @classmethod
     def _looks_like_a_path(cls, value: str) -> str:
@@ -72,6 +88,21 @@ class ComponentConfig(StrictModel):
                     or not re.fullmatch(r"[A-Za-z_][\w.]*", attr):
                 raise ValueError(f"{value!r} is not of the form 'package.module:ClassName'")
         return value
+
+
+def _first_unwritable(value: Any) -> Any:
+    """The first value in ``value`` that YAML cannot write back as it is, or None."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    if isinstance(value, (list, tuple)):
+        return next((odd for odd in map(_first_unwritable, value) if odd is not None), None)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            odd = _first_unwritable(key) if not isinstance(key, str) else _first_unwritable(item)
+            if odd is not None:
+                return odd
+        return None
+    return value
 
 
 class FloatParam(StrictModel):

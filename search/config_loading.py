@@ -8,6 +8,7 @@ YAML line; nothing here touches the filesystem beyond reading the file.
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -56,7 +57,7 @@ def load_config(
         for path in apply_override(raw, key, value):
             lines[path] = overrides_label
     for key, value in (options or {}).items():
-        raw[key] = value
+        raw[key] = os.fspath(value) if isinstance(value, os.PathLike) else value  # storage=Path(...) (audit 36)
         lines[(key,)] = f"--{key}"
     return validate(raw, lines, origin)
 
@@ -186,12 +187,26 @@ def _leaf_paths(value: Any, path: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 def validate(raw: dict[str, Any], lines: LineMap, origin: str) -> ExperimentConfig:
     try:
-        config = ExperimentConfig.model_validate(raw)
+        config = ExperimentConfig.model_validate(_as_yaml_reads_it(raw))
     except ValidationError as exc:
         raise ConfigError(_union_members_merged([_to_problem(error, lines, origin) for error in exc.errors()],
                                                 exc.errors())) from None
     config._lines, config._origin = dict(lines), origin
     return config
+
+
+def _as_yaml_reads_it(value: Any) -> Any:
+    """Values given through the Python API as experiment.yaml gives them back on resume: a
+    tuple as a list, and a numpy number (``np.int64(8)``, what an array's element is) as the
+    Python number it holds; it was refused as "not a valid integer", or broke writing
+    experiment.yaml after Ray had started (audit 36). Told by its module: numpy is not imported."""
+    if isinstance(value, dict):
+        return {key: _as_yaml_reads_it(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_yaml_reads_it(item) for item in value]
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return value
 
 
 # How pydantic names the member of a union (``'auto' | int``) a value failed, in the

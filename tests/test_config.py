@@ -345,6 +345,23 @@ def test_files_that_are_not_utf8_or_nest_too_deeply_or_come_from_a_pipe_are_read
         os.close(read)
 
 
+def test_python_values_are_taken_as_experiment_yaml_gives_them_back_or_refused_naming_the_argument(tmp_path):
+    """numpy numbers were refused as "not a valid integer" or, in init_args, broke writing
+    experiment.yaml after Ray had started; a lambda did the same (audit 36)."""
+    np = pytest.importorskip("numpy")
+    config = load_config(example_dict(), {"model.init_args.channels": np.int64(8), "search.num_trials": np.int64(2),
+                                          "model.init_args.sizes": (np.float32(0.5), 2)},
+                         options={"storage": tmp_path / "runs"})
+    assert config.model.init_args == {"channels": 8, "sizes": [0.5, 2]} and config.search.num_trials == 2
+    assert type(config.model.init_args["channels"]) is int and config.storage == str(tmp_path / "runs")
+    with pytest.raises(ConfigError) as caught:
+        load_config(example_dict(), {"data.init_args.transform": {"resize": lambda image: image}})
+    assert [(p.field, p.message) for p in caught.value.problems] == [(
+        "data.init_args.transform", "a function cannot be kept in experiment.yaml, which resume reads back: give "
+        "plain values (null, true/false, numbers, strings, lists and mappings of them) and build objects in the "
+        "class's constructor")]
+
+
 def test_a_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
