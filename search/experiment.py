@@ -68,7 +68,12 @@ class ExperimentDir:
     def stored_config(self) -> dict[str, Any]:
         """experiment.yaml as written by run/resume; an ``ExperimentError`` naming the file
         when it was emptied or edited into something else (the readers crashed on it)."""
-        return _readable(self.config_file, load_yaml, "YAML mapping")
+        config = _readable(self.config_file, load_yaml, "YAML mapping")
+        missing = [key for key in ("name", "metric", "mode", "space") if key not in config]
+        if missing:  # another tool's experiment.yaml: status crashed on KeyError 'metric' (audit 36)
+            raise ExperimentError(f"{self.config_file} is not an hpsearch study's (it has no {', '.join(missing)}); "
+                                  "hpsearch writes every one of them")
+        return config
 
     def stored_best(self) -> dict[str, Any] | None:
         """best.json, or None before a search has written it (same errors as ``stored_config``).

@@ -23,6 +23,8 @@ from .study_lock import dead_holder
 from .trials_table import TrialsTable, has_value, read_rows
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .study_summary import StudySummary
 
 REASON_WIDTH = 20  # the least width of status's "why it stopped" column
@@ -67,9 +69,10 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
         console.print(_summary_line(rows, best, metric, config["mode"]), markup=False, soft_wrap=True)
     else:
         journal = exp.root / STUDY_FILE
-        if journal.is_file() and journal.stat().st_size > 0:
+        if _journal_has_trials(journal):
             # trials.csv deleted or lost: the study still has its trials (audit 27)
-            console.print(f"{exp.root}: trials.csv is missing, but the study's journal ({STUDY_FILE}) holds its "
+            state = "has no trial rows" if exp.trials_csv.is_file() else "is missing"
+            console.print(f"{exp.root}: trials.csv {state}, but the study's journal ({STUDY_FILE}) holds its "
                           f"trials; `{resume_command(exp.root)}` writes trials.csv again from it", markup=False,
                           soft_wrap=True)
         else:
@@ -109,6 +112,22 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
     if test_error:
         console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "
                       f"`{resume_command(exp.root)}` evaluates it again.", markup=False, soft_wrap=True)
+
+
+def _journal_has_trials(journal: Path) -> bool:
+    """Whether Optuna's journal records a trial (its CREATE_TRIAL operation, op_code 4): a
+    session that crashed before its first trial leaves one that holds the study alone, and
+    status said its trials were there (audit 36)."""
+    if not journal.is_file():
+        return False
+    with journal.open() as lines:
+        for line in lines:
+            try:
+                if json.loads(line).get("op_code") == 4:
+                    return True
+            except (ValueError, AttributeError):
+                continue  # a line cut short by a kill
+    return False
 
 
 def _best_row(rows: list[dict[str, Any]], metric: str, mode: str, params: list[str]) -> dict[str, Any] | None:

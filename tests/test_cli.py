@@ -1020,11 +1020,24 @@ def test_status_says_a_killed_driver_is_gone_even_before_any_trial_had_a_row(tmp
     assert "no trial has started yet" in said and f"`hpsearch resume {exp.root}` continues the study" in said, said
     record_session(exp, 100.0, 200.0, "complete")  # a driver that ended its session is not news
     assert "No search is running" not in status()
-    # a study whose trials.csv is gone has trials all the same: its journal holds them (audit 27)
+    # a session that crashed before its first trial leaves a journal of the study alone, which
+    # status called the study's trials (audit 36)
     (exp.root / "optuna.journal").write_text('{"op_code": 0}\n')
+    assert "no trial has started yet" in status()
+    # a study whose trials.csv is gone has trials all the same: its journal holds them (audit 27)
+    (exp.root / "optuna.journal").write_text('{"op_code": 0}\n{"op_code": 4, "study_id": 0}\n{"op_code"')
     said = " ".join(status().split())
     assert "trials.csv is missing, but the study's journal (optuna.journal) holds its trials" in said, said
     assert "no trial has started yet" not in said, said
+    exp.trials_csv.write_text("garbage\n")
+    assert "trials.csv has no trial rows, but the study's journal" in " ".join(status().split())
+
+
+def test_status_of_another_tools_experiment_yaml_is_a_clean_error(tmp_path):
+    (tmp_path / "experiment.yaml").write_text("x: 1\n")  # many tools write a file of that name
+    result = run_cli("status", str(tmp_path), cwd=tmp_path, timeout=60)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "is not an hpsearch study's (it has no name, metric, mode, space)" in result.stderr, result.stderr
 
 
 def test_the_resume_command_pastes_into_a_shell_whatever_the_studys_path(monkeypatch):
