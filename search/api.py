@@ -149,7 +149,8 @@ def starts_a_local_ray(address: str | None) -> bool:
     ``address``, no ``RAY_ADDRESS``, and no Ray this process already runs (the user's own
     ``ray.init``, which may declare other resources)."""
     ray = sys.modules.get("ray")
-    return address is None and not os.environ.get("RAY_ADDRESS") and not (ray is not None and ray.is_initialized())
+    # not address: an empty one (``--address "$UNSET"``) is no address, as an empty RAY_ADDRESS is (audit 36)
+    return not address and not os.environ.get("RAY_ADDRESS") and not (ray is not None and ray.is_initialized())
 
 
 def room_on_this_machine(config: ExperimentConfig) -> tuple[int, dict[str, float]]:

@@ -74,6 +74,11 @@ def ensure_cluster_answers(address: str) -> None:
     """Raise ``ClusterError`` unless something accepts a connection at a ``host:port``
     address, or at the one ``auto`` stands for (``started_by_ray_start``). ``ray://``
     addresses are left to Ray, which answers them at once."""
+    if not _is_ray_address(address):
+        # passed the check, then failed the run with a traceback after the preflight (audit 36)
+        raise ClusterError(f"{address!r} (--address, or RAY_ADDRESS) is not a Ray address: give the head's "
+                           f"host:port (its port is 6379 by default), ray://host:10001 for Ray Client, or auto "
+                           f"(the Ray that `ray start` runs on this machine)")
     if address == "auto":
         address = started_by_ray_start()
     host, separator, port = address.rpartition(":")
@@ -88,6 +93,14 @@ def ensure_cluster_answers(address: str) -> None:
             f"no Ray cluster answers at {address} ({reason}): is the cluster up, and is this its head's "
             f"address? (the head's IP and the --port its `ray start --head` was given, 6379 by default; "
             f"on the head itself, --address auto finds it)") from None
+
+
+def _is_ray_address(address: str) -> bool:
+    """The forms ``ray.init`` takes: auto, local, ray://..., host:port."""
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return True
+    host, separator, port = address.rpartition(":")
+    return bool(separator and host and port.isdigit())
 
 
 def join_error(address: str, error: BaseException) -> ClusterError:

@@ -128,7 +128,7 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
     os.environ.update(settings)
     if ray.is_initialized():
         _quiet_tune_logs(verbose)
-        if address is not None:
+        if address:
             warn_user(f"address={address!r} is ignored: this process already runs Ray (ray.init was called); "
                       "the search uses that one")
         return SearchRay(started=False, environment_before=environment_before)

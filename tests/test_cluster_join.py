@@ -30,6 +30,27 @@ def test_ray_address_from_the_environment_is_checked_too(monkeypatch):
         ensure_joined_cluster_answers(None)
 
 
+def test_what_is_not_a_ray_address_is_refused_and_an_empty_one_is_none(tmp_path, monkeypatch):
+    """``--address nonsense`` passed the check and failed the run with a traceback after the
+    preflight; ``--address ""`` (an unset variable) skipped the check's fit test, and the run
+    then started a local Ray anyway and failed without naming the field (audit 36)."""
+    from hpsearch.search import api
+    from hpsearch.search.errors import ConfigError
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for address in ("nonsense", "10.0.0.5", "10.0.0.5:port"):
+        with pytest.raises(ClusterError, match=f"'{address}' \\(--address, or RAY_ADDRESS\\) is not a Ray address"):
+            ensure_joined_cluster_answers(address)
+    monkeypatch.setenv("RAY_ADDRESS", "nonsense")
+    with pytest.raises(ClusterError, match="is not a Ray address"):
+        ensure_joined_cluster_answers(None)
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert api.starts_a_local_ray("") and not api.starts_a_local_ray("10.0.0.5:6379")
+    config = shrunk_example(tmp_path / "runs", **{"resources/cpus_per_trial": 64, "search/preflight": False})
+    with pytest.raises(ConfigError, match="resources.cpus_per_trial"):
+        api.check(write_yaml(tmp_path / "exp.yaml", config), address="")
+
+
 def test_auto_joins_only_the_ray_that_ray_start_began(tmp_path, monkeypatch):
     """Finding no address file of ``ray start``, Ray's "auto" joined any Ray running on the
     machine: another search's private Ray, whose end took the joined trials with it (audit 21)."""
