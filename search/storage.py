@@ -86,6 +86,19 @@ def study_root(location: str) -> Path:
     return working_copy(location) if is_uri(location) else local_path(location)
 
 
+# How long Google Cloud Storage's client retries: its default has no limit, and `check` of
+# a gs:// storage on a machine without the network hung silently (audit 36: killed at 540 s).
+GCS_RETRY_LIMIT_S = 60
+
+
+def _with_retry_limit(uri: str) -> str:
+    """``uri`` with ``GCS_RETRY_LIMIT_S`` for a gs:// one that sets no limit of its own
+    (pyarrow reads ``retry_limit_seconds`` from the URI's query)."""
+    if uri.split("://", 1)[0] not in ("gs", "gcs") or "retry_limit_seconds=" in uri:
+        return uri
+    return f"{uri}{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_LIMIT_S}"
+
+
 @dataclass
 class Mirror:
     """A remote directory and its local working copy, synced file by file.
@@ -107,7 +120,7 @@ class Mirror:
         import pyarrow.fs as pafs
 
         try:
-            filesystem, base = pafs.FileSystem.from_uri(self.uri)
+            filesystem, base = pafs.FileSystem.from_uri(_with_retry_limit(self.uri))
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad URI
             raise StorageError(f"cannot open storage {self.uri!r}: {exc}") from None
         return filesystem, base.rstrip("/")

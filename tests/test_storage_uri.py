@@ -135,6 +135,25 @@ def test_a_working_copy_given_by_its_path_stands_for_its_study_in_storage(s3_ser
     assert [item["Key"] for item in listed.get("Contents", [])] == [], listed
 
 
+def test_a_gcs_storage_that_cannot_be_reached_is_an_error_not_a_hang(tmp_path):
+    """Without the network, `check` of a gs:// storage hung silently in GCS's retries, which
+    have no limit of their own (audit 36: killed at 540 s). With the limit at 2 s the probe
+    ends: an error naming the storage (or, where GCS answers, an answer)."""
+    from hpsearch.search.storage import _with_retry_limit
+
+    assert _with_retry_limit("gs://b/x") == "gs://b/x?retry_limit_seconds=60"
+    assert _with_retry_limit("gs://b/x?endpoint_override=h") == "gs://b/x?endpoint_override=h&retry_limit_seconds=60"
+    assert _with_retry_limit("gs://b/x?retry_limit_seconds=5") == "gs://b/x?retry_limit_seconds=5"
+    assert _with_retry_limit("s3://b/x") == "s3://b/x"
+    code = ("from hpsearch.search import storage\n"
+            "storage.GCS_RETRY_LIMIT_S = 2\n"
+            "try:\n    print('exists', storage.Mirror('gs://hpsearch-no-such-bucket/x', storage.Path('.')).exists())\n"
+            "except storage.StorageError as exc:\n    print('error', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.stdout.startswith(("error cannot read storage 'gs://hpsearch-no-such-bucket/x'", "exists")), \
+        done.stdout + done.stderr
+
+
 def test_a_bad_storage_uri_is_refused_before_ray_starts(s3_server, tmp_path, example_config):
     config = {**example_config, "storage": f"s3://no-such-bucket-{os.getpid()}/exps"}
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(config))
