@@ -176,6 +176,11 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
         phase, logged, in_training = "the set-up before the first batch", [], []
         before_validation: dict = {}
 
+        batches: dict = {}  # the trials' loaders' lengths, by the limit setting that cuts them
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.batches["limit_train_batches"] = _length(trainer.train_dataloader)
+
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.phase = f"training batch {batch_idx + 1}"
 
@@ -185,6 +190,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
 
         def on_validation_start(self, trainer, pl_module) -> None:
             self.phase = "one validation batch"
+            self.batches["limit_val_batches"] = _length(trainer.val_dataloaders)
             self.before_validation = dict(trainer.callback_metrics)
 
         def on_validation_end(self, trainer, pl_module) -> None:
@@ -217,10 +223,40 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
                         trainer.test(model, datamodule=datamodule, verbose=False)
         except Exception as exc:
             in_precision = f" (in {precision} precision, the trials')" if precision != "32-true" else ""
-            raise ConfigError([config.problem(blame or _field_at_fault(config, exc, params, model_class, data_class),
-                                              f"{watch.phase} failed{in_precision}: {type(exc).__name__}: {exc}"
-                                              f"{_relative_path_note(exc)}{_at(exc)}")]) from None
+            field = blame or _field_at_fault(config, exc, params, model_class, data_class)
+            # The values it trained with, as a constructor's error shows them: a class at fault
+            # may have been given a bad value of the space (channels 0, audit 36).
+            searched = "" if field.startswith("space.") else _searched_all(config, params)
+            raise ConfigError([config.problem(field, f"{watch.phase} failed{in_precision}: {type(exc).__name__}: "
+                                                     f"{exc}{_relative_path_note(exc)}{_at(exc)}"
+                                                     f"{'; it ran' + searched if searched else ''}")]) from None
+    _limits_leave_batches(config, settings, params, watch.batches)
     return watch.logged, watch.in_training
+
+
+def _length(loaders: Any) -> int | None:
+    """How many batches a loader (or Lightning's list of them: the first) gives, if it says."""
+    loader = loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, Any],
+                          batches: dict[str, int | None]) -> None:
+    """A fraction of the batches that leaves none (0.01 of 17): Lightning refuses it in every
+    trial, and the preflight, which runs two batches of its own, had not tried it (audit 36)."""
+    for name, length in batches.items():
+        limit = getattr(settings, name)
+        if not length or not isinstance(limit, float) or limit >= 1.0 or int(length * limit) > 0:
+            continue
+        field = f"space.trainer.{name}" if f"trainer.{name}" in config.space else f"trainer.{name}"
+        which = "training" if name == "limit_train_batches" else "validation"
+        raise ConfigError([config.problem(field, f"{limit:g} of the {length} {which} batches"
+                                                 f"{_searched_all(config, params)} is none, which Lightning refuses "
+                                                 f"in every trial: give at least {1 / length:.3g}, or a whole number "
+                                                 f"of batches (an int)")])
 
 
 # Trainer settings Lightning refuses for a model that optimizes manually, and their "off" values.
@@ -323,6 +359,12 @@ def _searched(config: ExperimentConfig, params: dict[str, Any], section: str) ->
     lie in the space (a range's low end) rather than in init_args."""
     given = [f"{name}={_shown(value)}" for name, value in config.params_for(section, params).items()]
     return f", searched: {', '.join(given)}" if given else ""
+
+
+def _searched_all(config: ExperimentConfig, params: dict[str, Any]) -> str:
+    """`` with the searched values model.channels=0, data.batch_size=32``: those it ran with."""
+    given = [f"{key}={_shown(value)}" for key, value in params.items() if key in config.space]
+    return f" with the searched values {', '.join(given)}" if given else ""
 
 
 def _shown(value: Any) -> str:

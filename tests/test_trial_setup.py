@@ -464,6 +464,37 @@ def test_preflight_names_the_class_whose_method_failed(example_config):
             assert re.search(rf"\(at {re.escape(__file__)}:\d+ in (validation_step|setup)\)", problem.message), problem
 
 
+def test_preflight_says_the_searched_values_a_failed_batch_ran_with(example_config):
+    """A choice of channels 0 failed the first training batch, blamed on the model with no
+    word of the value it was given (audit 36)."""
+    example_config["space"]["model.channels"] = {"type": "categorical", "choices": [0, 16]}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "model.class_path" and "training batch 1 failed: RuntimeError" in problem.message
+    assert problem.message.endswith("; it ran with the searched values model.lr=0.00316228, model.channels=0, "
+                                    "data.batch_size=32"), problem.message
+
+
+@pytest.mark.parametrize("name, which", [("limit_train_batches", "training"), ("limit_val_batches", "validation")])
+def test_preflight_refuses_a_fraction_of_the_batches_that_leaves_none(example_config, name, which):
+    """0.01 of 17 batches passed the check (its own batches are two and one), and Lightning
+    refused it in every trial (audit 36)."""
+    example_config["trainer"] = {name: 0.01}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == f"trainer.{name}", problem
+    assert re.fullmatch(rf"0\.01 of the (\d+) {which} batches with the searched values .* is none, which Lightning "
+                        rf"refuses in every trial: give at least [\d.]+, or a whole number of batches \(an int\)",
+                        problem.message), problem.message
+    example_config["trainer"] = {name: 0.5}
+    config = load_config(example_config)
+    assert config.metric in run_preflight(config, *check_components(config))
+
+
 def test_preflight_names_the_trainer_setting_a_manually_optimized_model_cannot_use(example_config, tmp_path):
     from conftest import manually_optimized, write_yaml
 
