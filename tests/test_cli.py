@@ -31,20 +31,27 @@ def test_a_command_is_required(capsys):
     assert caught.value.code == 2
 
 
-@pytest.mark.parametrize("command", ["status", "check"])
-def test_status_and_a_failed_check_do_not_import_the_heavy_stack(tmp_path, command):
+@pytest.mark.parametrize("mistake", ["none, status", "the space", "the storage"])
+def test_status_and_a_failed_check_do_not_import_the_heavy_stack(tmp_path, mistake):
     """A schema error came after 0.4-1 s: the check imported Optuna (and numpy) for the
-    search space's distributions before validating (audit 36)."""
+    search space's distributions before validating; a storage that is a file was said
+    after 6.5 s of the preflight's imports (audit 36)."""
     bad = shrunk_example(tmp_path / "runs")
-    bad["space"]["model.lr"]["low"] = 1.0  # low > high
-    target = tmp_path if command == "status" else write_yaml(tmp_path / "bad.yaml", bad)
+    if mistake == "the space":
+        bad["space"]["model.lr"]["low"] = 1.0  # low > high
+    else:
+        bad["storage"] = str(tmp_path / "a-file")
+        (tmp_path / "a-file").write_text("")
+    command, target = ("status", tmp_path) if mistake == "none, status" else (
+        "check", write_yaml(tmp_path / "bad.yaml", bad))
     code = ("import sys; from hpsearch.search.cli import main\n"
             "try:\n    main([sys.argv[1], sys.argv[2]])\nexcept SystemExit: pass\n"
             "heavy = [m for m in ('torch', 'ray', 'optuna', 'pytorch_lightning', 'numpy') if m in sys.modules]\n"
             "print('HEAVY=' + ','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code, command, str(target)], capture_output=True, text=True)
     assert "HEAVY=\n" in out.stdout or out.stdout.strip().endswith("HEAVY="), out.stdout + out.stderr
-    assert command == "status" or "space.model.lr" in out.stderr
+    said = {"the space": "space.model.lr", "the storage": "- storage (", "none, status": ""}[mistake]
+    assert said in out.stderr, out.stderr
 
 
 def test_bad_config_exits_2_names_the_field_and_creates_nothing(tmp_path):
