@@ -8,8 +8,10 @@ need the user's classes (constructor arguments, import paths) live in
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, Strict, ValidationError,
                       field_validator, model_validator)
@@ -406,6 +408,18 @@ class ExperimentConfig(StrictModel):
             if scheme not in STORAGE_SCHEMES:
                 raise ValueError(f"unsupported storage scheme {scheme!r}; use a path or one of "
                                  f"{', '.join(s + '://' for s in STORAGE_SCHEMES)}")
+        # Each of these went somewhere other than meant, with no word (audit 36).
+        scheme, colon, rest = value.partition(":")
+        if colon and scheme.lower() in STORAGE_SCHEMES and not rest.startswith("//"):
+            raise ValueError(f"{value!r} looks like a {scheme}:// URI with a slash missing; as it is, it is a "
+                             f"local folder named {scheme + ':'!r}")
+        if value.startswith("file://") and urlsplit(value).netloc not in ("", "localhost"):
+            raise ValueError(f"{value!r} names the host {urlsplit(value).netloc!r}: a file URI's path follows three "
+                             f"slashes (file:///home/me/runs); or give the path itself (./runs)")
+        unset = None if "://" in value and not value.startswith("file://") else \
+            re.search(r"\$\{?([A-Za-z_]\w*)", os.path.expandvars(value))
+        if unset:  # the set ones are expanded, as ~ is (storage.local_path)
+            raise ValueError(f"{value!r} holds ${unset.group(1)}, which is not set in this environment")
         return value
 
     # Where each key came from (YAML line, or the command-line option that set it), so

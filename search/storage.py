@@ -48,9 +48,11 @@ def is_uri(location: str | os.PathLike) -> bool:
 
 
 def local_path(location: str) -> Path:
-    """A local or shared directory, from a path or a ``file://`` URI."""
-    text = str(location)
+    """A local or shared directory, from a path or a ``file://`` URI; ``~`` and environment
+    variables (``$HOME/runs``, as a file may say) are expanded."""
+    text = os.path.expandvars(str(location))
     return Path(urlsplit(text).path if text.startswith("file://") else text).expanduser().resolve()
+
 
 
 def join_uri(base: str, name: str) -> str:

@@ -8,6 +8,7 @@ import os
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,12 @@ BAD_SCHEMA = [
      "space.model.lr", "(1,000,000,000 values of this parameter)"),
     ("a log-scale grid float", _set("search/sampler", "grid"), "space.model.lr",
      "a grid has no log scale: list the values as a categorical parameter"),
+    ("a URI with a slash missing", _set("storage", "s3:/bucket/runs"), "storage",
+     "'s3:/bucket/runs' looks like a s3:// URI with a slash missing; as it is, it is a local folder named 's3:'"),
+    ("a file URI naming a host", _set("storage", "file://runs"), "storage",
+     "'file://runs' names the host 'runs': a file URI's path follows three slashes"),
+    ("an unset variable in the storage", _set("storage", "$HPSEARCH_UNSET_VARIABLE/runs"), "storage",
+     "holds $HPSEARCH_UNSET_VARIABLE, which is not set in this environment"),
     ("bad precision", _set("trainer/precision", "fp8"), "trainer.precision", "'32-true'"),
     ("negative cpus", _set("resources/cpus_per_trial", -1), "resources.cpus_per_trial", "greater than 0"),
     ("empty space", _set("space", {}), "space", "space is empty"),
@@ -360,6 +367,16 @@ def test_python_values_are_taken_as_experiment_yaml_gives_them_back_or_refused_n
         "data.init_args.transform", "a function cannot be kept in experiment.yaml, which resume reads back: give "
         "plain values (null, true/false, numbers, strings, lists and mappings of them) and build objects in the "
         "class's constructor")]
+
+
+def test_a_storage_path_expands_environment_variables_as_it_does_home(monkeypatch, tmp_path):
+    """``storage: $HOME/runs`` made a folder named '$HOME' in the current directory (audit 36)."""
+    from hpsearch.search.storage import local_path
+
+    monkeypatch.setenv("HPSEARCH_TEST_BASE", str(tmp_path))
+    config = load_config(mutated(_set("storage", "$HPSEARCH_TEST_BASE/runs")))
+    assert local_path(config.storage) == tmp_path.resolve() / "runs"
+    assert local_path("file:///srv/runs") == Path("/srv/runs").resolve()
 
 
 def test_a_missing_file_is_a_config_error(tmp_path):
