@@ -56,6 +56,9 @@ def resolve_class(section: str, class_path: str) -> type:
         known = ", ".join(sorted(builtin_paths(section)))
         module, dot, name = path.rpartition(".")
         hint = f"; did you mean '{module}:{name}'?" if dot and module and name else ""
+        other = "data" if section == "model" else "model"
+        if class_path in builtin_paths(other):  # model: {class_path: digits} (audit 36)
+            hint = f"; {class_path!r} is a built-in {other} class: it goes under {other}.class_path"
         raise ConfigError.single(field, f"{class_path!r} is neither a built-in ({known}) nor 'package.module:Class'"
                                         f"{hint}")
     module_name, _, attr = path.partition(":")

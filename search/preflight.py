@@ -75,7 +75,8 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
         if config.metric not in logged:
             raise ConfigError([config.problem(
                 "metric",
-                f"{config.metric!r} is never logged at validation; {model_class.__name__} logs there: "
+                f"{config.metric!r} is not logged at the first validation (every trial reports it at each one); "
+                f"{model_class.__name__} logs there: "
                 f"{', '.join(logged) or 'nothing'}"
                 + (f" ({config.metric!r} only in training, whose value validation would not change)"
                    if config.metric in in_training else ""),

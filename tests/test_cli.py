@@ -72,7 +72,7 @@ def test_metric_never_logged_exits_2_before_ray_starts(tmp_path):
     path = write_yaml(tmp_path / "bad.yaml", shrunk_example(storage, metric="val_auc"))
     result = run_cli("run", str(path), cwd=tmp_path, timeout=180)
     assert result.returncode == EXIT_CONFIG_ERROR, result.stderr
-    assert "'val_auc' is never logged" in result.stderr and not storage.exists()
+    assert "'val_auc' is not logged at the first validation" in result.stderr and not storage.exists()
     assert "ray" not in result.stderr.lower().replace("array", "")
 
 
@@ -127,7 +127,7 @@ def test_check_reports_what_run_would_refuse(tmp_path, capsys):
     storage = tmp_path / "runs"
     bad = write_yaml(tmp_path / "bad.yaml", shrunk_example(storage, metric="val_auc"))
     assert main(["check", str(bad)]) == EXIT_CONFIG_ERROR
-    assert "'val_auc' is never logged" in capsys.readouterr().err and not storage.exists()
+    assert "'val_auc' is not logged at the first validation" in capsys.readouterr().err and not storage.exists()
 
 
 def test_bad_set_override_is_reported_as_coming_from_set(tmp_path, capsys):

@@ -145,6 +145,8 @@ BAD_COMPONENTS = [
     ("init_args key not a constructor argument", _set("data/init_args", {"batch_size": 64, "shuffle_buffer": 3}),
      "data.init_args.shuffle_buffer", "takes no argument 'shuffle_buffer'"),
     ("unknown built-in", _set("model/class_path", "resnet"), "model.class_path", "neither a built-in"),
+    ("the other section's built-in", _set("model/class_path", "digits"), "model.class_path",
+     "'digits' is a built-in data class: it goes under data.class_path"),
     ("a dot for the colon", _set("model/class_path", "mypkg.models.Base"), "model.class_path",
      "did you mean 'mypkg.models:Base'?"),
     ("module that does not import", _set("data/class_path", "no_such_pkg.data:Loader"), "data.class_path", "cannot import module 'no_such_pkg.data'"),
