@@ -7,6 +7,7 @@ need the user's classes (constructor arguments, import paths) live in
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import re
@@ -94,7 +95,7 @@ class ComponentConfig(StrictModel):
 
 def _first_unwritable(value: Any) -> Any:
     """The first value in ``value`` that YAML cannot write back as it is, or None."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if value is None or isinstance(value, (bool, int, float, str, datetime.date)):  # YAML reads 2026-12-06 so
         return None
     if isinstance(value, (list, tuple)):
         return next((odd for odd in map(_first_unwritable, value) if odd is not None), None)

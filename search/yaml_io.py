@@ -26,12 +26,28 @@ class ExperimentDumper(yaml.SafeDumper):
     study's resume refused as if experiment.yaml had been edited."""
 
 
+INT, FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+# YAML 1.2's core schema. YAML 1.1's, PyYAML's, also read 0755 as octal 493, 1:30 as 90
+# (base 60), 1_0 as 10 and 0b11 as 3, without a word (audit 36).
+YAML12_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+YAML12_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                          r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
+def _yaml12_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node)
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text)  # decimal, leading zeros and all: 010 is 10
+
+
 for _yaml_class in (ExperimentLoader, ExperimentDumper):
-    _yaml_class.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-        list("-+0123456789"),
-    )
+    _yaml_class.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT, FLOAT)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    _yaml_class.add_implicit_resolver(INT, YAML12_INT, list("-+0123456789"))
+    _yaml_class.add_implicit_resolver(FLOAT, YAML12_FLOAT, list("-+0123456789."))
+ExperimentLoader.add_constructor(INT, _yaml12_int)
 
 
 def dump_yaml(data: Mapping[str, Any]) -> str:

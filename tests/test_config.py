@@ -312,6 +312,23 @@ def test_exponent_notation_is_a_number_in_the_file_and_in_set(tmp_path):
     assert config.model.init_args["note"] == "1e-4x"  # not a number: stays a string
 
 
+def test_numbers_are_read_as_yaml_12_reads_them_and_written_to_read_back_the_same():
+    """PyYAML (YAML 1.1) read 0755 as octal 493, 1:30 as 90 (base 60), 1_0 as 10 and 0b11 as
+    3 without a word (audit 36)."""
+    from hpsearch.search.yaml_io import dump_yaml, load_yaml
+
+    read = {text: load_yaml(f"a: {text}")["a"] for text in (
+        "0755", "010", "0o17", "0x1F", "1:30", "1_0", "0b11", "-3", ".5", "5.", "1E5", "-.inf", "2026-12-06")}
+    assert read == {"0755": 755, "010": 10, "0o17": 15, "0x1F": 31, "1:30": "1:30", "1_0": "1_0", "0b11": "0b11",
+                    "-3": -3, ".5": 0.5, "5.": 5.0, "1E5": 1e5, "-.inf": float("-inf"),
+                    "2026-12-06": __import__("datetime").date(2026, 12, 6)}
+    for value in [*read.values(), "010", "0x1F", "1e3", "0o7", "5.", "3e41508", 1e-5, float("nan")]:
+        back = load_yaml(dump_yaml({"a": value}))["a"]
+        assert back == value or (value != value and back != back), (value, back)
+    with pytest.raises(ConfigError, match=r"search.time_budget_s.*a number is needed \(got '1:30'\)"):
+        load_config(example_dict(), ["search.time_budget_s=1:30"])
+
+
 def test_constructor_errors_from_a_file_carry_the_line(tmp_path):
     data = mutated(_set("space/model.momentum", {"type": "float", "low": 0.1, "high": 0.9}))
     path = write_yaml(tmp_path / "x.yaml", data)
