@@ -172,11 +172,13 @@ def evaluate_on_cluster(config: ExperimentConfig, params: dict[str, Any], checkp
     (which fetches the checkpoint from URI storage if its node lacks it)."""
     from .evaluation import evaluate_checkpoint
 
-    if config.resources.gpus_per_trial == 0:
+    # One rank's resources: a distributed trial's GPUs may be given per worker alone, and its
+    # evaluation then ran on the driver's CPU.
+    if config.resources.worker_gpus == 0:
         return evaluate_checkpoint(config.model_dump(mode="json"), params, checkpoint)
     import ray
 
-    task = ray.remote(num_cpus=config.resources.cpus_per_trial, num_gpus=config.resources.gpus_per_trial)(
+    task = ray.remote(num_cpus=config.resources.worker_cpus, num_gpus=config.resources.worker_gpus)(
         evaluate_checkpoint
     )
     return ray.get(task.remote(config.model_dump(mode="json"), params, checkpoint,

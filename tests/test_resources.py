@@ -298,3 +298,26 @@ def test_on_an_autoscaling_cluster_distributed_trials_wait_longer_for_their_node
     assert "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S" not in ray_settings()
     monkeypatch.setattr(autoscaling, "BOOTSTRAP_CONFIG", launcher_config(tmp_path, {"CPU": 48, "GPU": 4}))
     assert ray_settings()["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "900"
+
+
+def test_a_distributed_gpu_trials_evaluation_runs_on_one_ranks_gpu(example_config, monkeypatch):
+    """With the GPUs given per worker alone (``gpus_per_trial`` 0, as the example file has
+    it), the best trial's test evaluation ran in the driver, on its CPU."""
+    import ray
+
+    from hpsearch.search import results
+
+    example_config["resources"].update(workers_per_trial=2, gpus_per_worker=1, cpus_per_worker=3)
+    config = load_config(example_config)
+    asked = {}
+
+    def remote(**resources):
+        asked.update(resources)
+        return lambda function: type("Task", (), {"remote": staticmethod(lambda *args: "done")})
+
+    monkeypatch.setattr(ray, "remote", remote)
+    monkeypatch.setattr(ray, "get", lambda ref: {"test_acc": 1.0} if ref == "done" else None)
+    monkeypatch.setattr("hpsearch.search.evaluation.evaluate_checkpoint",
+                        lambda *args: pytest.fail("evaluated in the driver"))
+    assert results.evaluate_on_cluster(config, {}, "best.ckpt") == {"test_acc": 1.0}
+    assert asked == {"num_cpus": 3, "num_gpus": 1}
