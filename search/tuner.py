@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from .cluster_join import cluster_address, ensure_cluster_answers, join_error
 from .components import DRIVER_HOST_ENV, user_code_roots
@@ -142,8 +142,7 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
     with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose), \
             _message_dropped(RAY_NO_SIGTERM_HANDLER_NOTICE, quiet=not verbose), \
             _inherited_by_local_ray(inherited), local_ray_without_idle_services(target == "local", verbose), \
-            _local_ray_in_its_own_session(target == "local"), _ctrl_c_held_until_ray_started(), \
-            _sigterm_handler_kept():
+            _local_ray_in_its_own_session(target == "local"), _stop_signals_held_until_ray_started():
         if target == "local":
             local_environment = dict(os.environ)
         try:
@@ -200,44 +199,52 @@ def trial_actors_inherit_tune_env(local_environment: Mapping[str, str] | None) -
 
 
 @contextmanager
-def _sigterm_handler_kept() -> Iterator[None]:
-    """``ray.init`` sets a SIGTERM handler that exits the process with status 15: a handler
-    the process had set (the command line's, which takes SIGTERM as a Ctrl+C; a user's
-    own) is put back once Ray has started. A SIGTERM after the search, as the command
-    printed its result, ended it with 15 rather than as a Ctrl+C would (audit 30)."""
+def _stop_signals_held_until_ray_started() -> Iterator[None]:
+    """A Ctrl+C or SIGTERM while ``ray.init`` starts Ray is acted on once it has: landing
+    inside it, a Ctrl+C left the half-started Ray's GCS, autoscaler monitor and dashboard
+    running (about 250 MB), which ``ray.shutdown()`` did not stop, and a Python session
+    kept them until it ended (its next search started a second Ray beside them). The Ray
+    just started is shut down, then the signal acted on: ``KeyboardInterrupt`` for a
+    Ctrl+C, and a SIGTERM sent again to the handler the process has from then on.
+
+    That handler: ``ray.init`` sets its own at its start, which exits with status 15. It
+    ended a command given SIGTERM during Ray's start with 15, silently, and left Ray's
+    agents running (audit 37), and replaced a handler the process had set for good (the
+    command line's, which takes SIGTERM as a Ctrl+C; a user's own: audit 30). So Ray's is
+    kept from it while Ray starts, and set after only where the process had none."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        if callable(before):  # not Python's default action, which Ray's exit is gentler than
-            signal.signal(signal.SIGTERM, before)
+    import ray._private.utils as ray_utils
 
-
-@contextmanager
-def _ctrl_c_held_until_ray_started() -> Iterator[None]:
-    """A Ctrl+C while ``ray.init`` starts Ray is acted on once it has: landing inside it, it
-    left the half-started Ray's GCS, autoscaler monitor and dashboard running (about
-    250 MB), which ``ray.shutdown()`` did not stop, and a Python session kept them until
-    it ended (its next search started a second Ray beside them). The Ray just started is
-    shut down, then ``KeyboardInterrupt`` raised: at most the start's few seconds later."""
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     heard: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
+    rays_handler: list[Any] = []
+
+    def hold(signum, frame) -> None:
+        heard.append(signum)
+
+    previous_int, previous_term = signal.signal(signal.SIGINT, hold), signal.signal(signal.SIGTERM, hold)
+    setter = getattr(ray_utils, "set_sigterm_handler", None)
+    if setter is not None:
+        ray_utils.set_sigterm_handler = rays_handler.append
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        if setter is not None:
+            ray_utils.set_sigterm_handler = setter
+        signal.signal(signal.SIGINT, previous_int if previous_int is not None else signal.default_int_handler)
+        signal.signal(signal.SIGTERM, previous_term if callable(previous_term) or not rays_handler
+                      else rays_handler[-1])
     if heard:
         import ray
 
         ray.shutdown()
-        raise KeyboardInterrupt
+        if heard[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        # Sent again, to the handler Python has: Ray's shutdown leaves its own failure
+        # handler in place below Python's (the process died by SIGTERM, Python's unseen).
+        signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
+        signal.raise_signal(signal.SIGTERM)
 
 
 @contextmanager

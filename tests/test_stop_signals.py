@@ -134,3 +134,67 @@ def test_the_resume_command_of_a_cluster_search_names_its_cluster(example_config
     # No Ray was started: the search's watch of its Ray (ray_watch.py) asked this one for
     # its GCS, and Ray's auto-init started one for it, which later tests of the process met.
     assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("stop_signal", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_during_rays_start_stops_the_command_as_ctrl_c_and_leaves_no_ray_process(tmp_path, stop_signal):
+    """A SIGTERM inside ``ray.init`` met Ray's own handler, set at its start: the command
+    exited with 15, printing nothing, and Ray's agents outlived it (audit 37, 11 of 11 tries
+    in that second). The signal is sent where the GCS already runs, as the raylet starts."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import textwrap
+    from pathlib import Path
+
+    from conftest import shrunk_example, write_yaml
+
+    path = write_yaml(tmp_path / "exp.yaml", shrunk_example(tmp_path / "runs", **{"search/preflight": False}))
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        from pathlib import Path
+        import ray._private.services as services
+        from hpsearch.search.cli import main
+
+        real_start_raylet = services.start_raylet
+
+        def start_raylet(*args, **kwargs):
+            os.kill(os.getpid(), signal.{stop_signal})
+            time.sleep(0.2)
+            return real_start_raylet(*args, **kwargs)
+
+        services.start_raylet = start_raylet
+        code = main(["run", {str(path)!r}])
+        time.sleep(3)
+
+        def children():
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                try:
+                    if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                        yield (stat.parent / "cmdline").read_bytes().split(b"\\0")[0].decode()
+                except (OSError, ValueError):
+                    pass
+
+        print("EXIT", code, "LEFT", sorted(Path(c).name for c in children()), flush=True)
+    """)
+    ray_dir = tempfile.mkdtemp(prefix="hps-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                             cwd=tmp_path, env={**os.environ, "RAY_TMPDIR": ray_dir})
+        # Ray's agents are the raylet's children, in a session of their own: found by their temporary directory
+        outliving = [cmdline for cmdline in map(_read_or_empty, Path("/proc").glob("[0-9]*/cmdline"))
+                     if ray_dir.encode() in cmdline]
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    assert outliving == [], outliving
+    assert "EXIT 130 LEFT []" in out.stdout, (out.returncode, out.stdout, out.stderr[-3000:])
+    assert "interrupted" in out.stderr, out.stderr[-3000:]
+    assert not (tmp_path / "runs").exists()  # stopped before the study was made
+
+
+def _read_or_empty(path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b""
