@@ -144,8 +144,10 @@ def _disconnect_ray() -> None:
     traceback, or with status 1 and its last lines of output lost."""
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
+        from .tuner import shutdown_ray
+
         with _ctrl_c_ignored():
-            ray.shutdown()
+            shutdown_ray()
 
 
 @contextmanager

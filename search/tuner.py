@@ -110,9 +110,7 @@ def ray_for_search(config: ExperimentConfig, address: str | None, verbose: bool)
         # ``hpsearch.run`` wrote none of its result files (audit 22).
         _restore_environment(search_ray.environment_before)
         if search_ray.started and threading.current_thread() is not threading.main_thread():
-            import ray
-
-            ray.shutdown()
+            shutdown_ray()
 
 
 def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> SearchRay:
@@ -236,15 +234,21 @@ def _stop_signals_held_until_ray_started() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous_term if callable(previous_term) or not rays_handler
                       else rays_handler[-1])
     if heard:
-        import ray
-
-        ray.shutdown()
+        shutdown_ray()
         if heard[0] == signal.SIGINT:
             raise KeyboardInterrupt
-        # Sent again, to the handler Python has: Ray's shutdown leaves its own failure
-        # handler in place below Python's (the process died by SIGTERM, Python's unseen).
+        signal.raise_signal(signal.SIGTERM)  # to the handler Python has now
+
+
+def shutdown_ray() -> None:
+    """``ray.shutdown()``, and the process's SIGTERM handler set again: Ray's shutdown leaves
+    its own failure handler in place below Python's, so a SIGTERM then killed the process
+    with a stack dump and Python's handler (the command line's, a user's) never ran."""
+    import ray
+
+    ray.shutdown()
+    if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
-        signal.raise_signal(signal.SIGTERM)
 
 
 @contextmanager

@@ -198,3 +198,25 @@ def _read_or_empty(path) -> bytes:
         return path.read_bytes()
     except OSError:  # the process ended meanwhile
         return b""
+
+
+def test_a_sigterm_handler_still_runs_after_hpsearch_shuts_ray_down(tmp_path):
+    """Ray's shutdown leaves its own failure handler below Python's: a SIGTERM then ended
+    the process with a stack dump, and the handler Python reported (the command line's, a
+    user's) never ran."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import signal, ray
+        from hpsearch.search.tuner import shutdown_ray
+        got = []
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+        shutdown_ray()
+        signal.raise_signal(signal.SIGTERM)
+        print("HANDLED", got, flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert "HANDLED [15]" in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])
