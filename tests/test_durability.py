@@ -94,6 +94,22 @@ def test_a_torn_journal_record_is_cut_and_the_study_still_opens(tmp_path):
     assert [t.value for t in open_study(tmp_path, "s", "max").trials] == [1.0, 2.0]
 
 
+def test_a_journal_lock_left_by_a_killed_driver_does_not_hold_up_the_next_one(tmp_path):
+    """A driver killed while it appended leaves Optuna's lock file (a symlink to the
+    journal): the next session waited 30 s for it, with four warnings (audit 37). The
+    study's holder opens the study without it."""
+    from hpsearch.search.searcher import STUDY_FILE, open_study
+
+    open_study(tmp_path, "s", "max")
+    journal = tmp_path / STUDY_FILE
+    (tmp_path / f"{STUDY_FILE}.lock").symlink_to(journal)  # as JournalFileSymlinkLock leaves it
+    (tmp_path / f"{STUDY_FILE}.lock1234.rename").symlink_to(journal)  # a release cut short
+    study = open_study(tmp_path, "s", "max")
+    assert sorted(path.name for path in tmp_path.iterdir()) == [STUDY_FILE]
+    study.add_trial(__import__("optuna").trial.create_trial(value=1.0, params={}, distributions={}))
+    assert [t.value for t in open_study(tmp_path, "s", "max").trials] == [1.0]
+
+
 def test_resume_takes_the_newest_readable_checkpoint(tmp_path):
     import torch
 
