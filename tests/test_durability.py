@@ -6,8 +6,10 @@ import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,33 @@ def test_a_lock_left_by_a_killed_process_is_reclaimed(tmp_path):
     holder.wait(timeout=30)
     with study_lock(exp):
         assert json.loads((exp.root / "driver.json").read_text())["pid"] == os.getpid()
+
+
+def test_a_refusal_names_the_new_holder_not_the_ended_driver_before_it(tmp_path):
+    """Resumes started together: the winner takes the lock, then writes driver.json; a
+    loser that read the file between named the ended driver before it (audit 37)."""
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (exp.root / "driver.json").write_text(json.dumps({"pid": int(ended.stdout), "host": socket.gethostname(),
+                                                      "since": "then", "command": "hpsearch run old"}))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import json, os, socket, sys, time; from filelock import FileLock\n"
+        f"lock = FileLock({str(exp.root / '.driver.lock')!r}, timeout=0); lock.acquire()\n"
+        "print('locked', flush=True); sys.stdin.readline()\n"  # driver.json not written yet
+        f"open({str(exp.root / 'driver.json')!r}, 'w').write(json.dumps({{'pid': os.getpid(), "
+        "'host': socket.gethostname(), 'since': 'now', 'command': 'hpsearch resume new'}))\n"
+        "print('written', flush=True); time.sleep(60)\n")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        threading.Timer(0.3, lambda: (holder.stdin.write("go\n"), holder.stdin.flush())).start()
+        with pytest.raises(ExperimentError, match=rf"already being searched by pid {holder.pid} on .*hpsearch "
+                                                  rf"resume new"):
+            with study_lock(exp):
+                pass
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
 
 
 def test_a_torn_journal_record_is_cut_and_the_study_still_opens(tmp_path):
