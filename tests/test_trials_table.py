@@ -142,8 +142,14 @@ def test_a_resumed_trials_checkpointed_epoch_counts_its_compute_once(tmp_path):
     epoch = {"val_acc": 0.5, "hps_epoch_time_s": 2.0, "hps_world_size": 2}
     recorder.on_trial_result(0, [], trial, {**epoch, "epoch": 1})
     # resumed from epoch 1's checkpoint: the study had it
-    recorder.on_trial_result(0, [], trial, {**epoch, "epoch": 1, "hps_restored": True})
+    recorder.on_trial_result(0, [], trial, {**epoch, "epoch": 1, "hps_restored": True, "hps_epoch_time_s": 1.5,
+                                            "hps_checkpoint_s": 0.0001, "hps_startup_s": 3.0})
     assert recorder.table.row(0)["compute_s"] == 4.0
+    # ...and its figures as measured then, with the checkpoint's write, as TensorBoard has
+    # them; the checkpoint's copy was measured before its write (audit 39). The new
+    # attempt's own start-up is new.
+    row = recorder.table.row(0)
+    assert (row["epoch_time_s"], row.get("checkpoint_s"), row["startup_s"]) == (2.0, None, 3.0), row
     # resumed from epoch 2's checkpoint, whose report the interruption lost
     recorder.on_trial_result(0, [], trial, {**epoch, "epoch": 2, "hps_restored": True})
     assert recorder.table.row(0)["compute_s"] == 8.0 and recorder.table.row(0)["epochs"] == 2
