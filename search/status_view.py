@@ -367,7 +367,7 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 
 COMPARE_COLUMNS = ("experiment", "metric", "best", "best trial", "test metrics", "trials", "complete", "pruned",
-                   "failed", "wall s", "compute s", "saved s", "differs in")
+                   "failed", "unfinished", "wall s", "compute s", "saved s", "differs in")
 COMPARE_TEXT = ("experiment", "metric", "test metrics", "differs in")  # the columns that fold
 COMPARE_TEXT_ROOM = 40  # what compare's four text columns need at least, beside the figures
 
@@ -398,9 +398,9 @@ def print_comparison(summaries: list[StudySummary], console: Console | None = No
         block.add_row("  metric", study["metric"])
         block.add_row("  best", f"{study['best']} (trial {study['best trial']})")
         block.add_row("  test metrics", study["test metrics"])
-        unfinished = s.trials - sum(s.counts[state] for state in ("COMPLETE", "PRUNED", "FAILED"))
         block.add_row("  trials", f"{study['trials']}: {study['complete']} complete, {study['pruned']} pruned, "
-                                  f"{study['failed']} failed" + (f", {unfinished} not finished" if unfinished else ""))
+                                  f"{study['failed']} failed" + (f", {study['unfinished']} not finished"
+                                                                 if study["unfinished"] != "0" else ""))
         block.add_row("  time", f"{study['wall s']} s wall, {study['compute s']} s compute, {study['saved s']} s "
                                 f"saved by pruning and early stopping")
         block.add_row("  differs in", study["differs in"])
@@ -418,6 +418,8 @@ def _compared(s: StudySummary, label: str, differs: dict[str, Any]) -> dict[str,
         "best": f"{best['value']:.4g}" if best.get("value") is not None else "-",
         "best trial": str(best.get("trial", "-")), "test metrics": tests or "-", "trials": str(s.trials),
         "complete": str(s.counts["COMPLETE"]), "pruned": str(s.counts["PRUNED"]), "failed": str(s.counts["FAILED"]),
+        # paused or running: the table left them out, and a study stopped half-way read as done (audit 39)
+        "unfinished": str(s.trials - sum(s.counts[state] for state in ("COMPLETE", "PRUNED", "FAILED"))),
         "wall s": f"{s.wall_s:.1f}", "compute s": f"{s.compute_s:.1f}",
         "saved s": f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
         "differs in": ", ".join(f"{key}={_setting(value)}" for key, value in differs.items()) or "-",

@@ -193,10 +193,16 @@ def test_compare_at_80_columns_shows_a_block_per_study_with_every_figure_whole()
     assert text.count("5: 3 complete, 1 pruned, 0 failed, 1 not finished") == 2, text
     assert text.count("123.4 s wall, 56.7 s compute") == 2 and "test_acc=0.9815" in text, text
 
-    console = Console(width=200, record=True)  # room for a row each
+    console = Console(width=220, record=True)  # room for a row each
     print_comparison(studies, console)
-    header = next(line for line in console.export_text().splitlines() if "best trial" in line)
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if "best trial" in line)
     assert header.split()[:3] == ["experiment", "metric", "best"], header
+    # the trial paused or running in each, which the table left out: a study stopped half-way read as done (audit 39)
+    columns = header.split()
+    assert "unfinished" in columns, header
+    row = next(line for line in lines if line.startswith("digits-cnn ")).split()
+    assert row[row.index("5") + 1:row.index("5") + 5] == ["3", "1", "0", "1"], (header, row)
 
 
 def summary_of(rows: list[dict]) -> StudySummary:
