@@ -68,6 +68,12 @@ def write_report(exp: ExperimentDir, out_dir: Path | None = None) -> Path:
     return page
 
 
+def _shown_name(summary: StudySummary) -> str:
+    """The study's directory's name: a study run again from the same file gets a dated
+    one, and two mailed reports of the two had the same title (audit 39)."""
+    return Path(summary.experiment_dir).name or summary.name
+
+
 def _open_study(exp: ExperimentDir, summary: StudySummary):
     """The study, read as it is: a report may run beside the search that writes it."""
     from .searcher import STUDY_FILE, existing_study
@@ -267,7 +273,7 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
                ["study wall time", round(summary.wall_s, 3)]]
     speed = [[row.get(key) for key, _ in SPEED_COLUMNS] for row in summary.rows]
     sections = [
-        f"<h1>hpsearch report: {html.escape(summary.name)}</h1>",
+        f"<h1>hpsearch report: {html.escape(_shown_name(summary))}</h1>",
         f'<p>{html.escape(summary.experiment_dir)} · {counted(summary.trials, "trial")} · metric '
         f'<b>{html.escape(summary.metric)}</b> ({summary.mode}) · written {time.strftime("%Y-%m-%d %H:%M:%S")}</p>',
         "<h2>Best configuration</h2>",
@@ -298,5 +304,5 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
              "text-align:right}th{background:#f3f3f3}img{max-width:100%}figcaption{font-size:90%;color:#555}"
              "#failed td:last-child{text-align:left}")
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>hpsearch report: {html.escape(summary.name)}</title><style>{style}</style></head><body>"
+            f"<title>hpsearch report: {html.escape(_shown_name(summary))}</title><style>{style}</style></head><body>"
             + "\n".join(sections) + "</body></html>\n")

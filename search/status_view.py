@@ -59,7 +59,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
     best = _best_row(rows, metric, config["mode"], params)
     if rows:
         # the metric's column holds each trial's best epoch's value, not its last (audit 28)
-        title = f"{config['name']} — {counted(len(rows), 'trial')}, {metric} ({config['mode']}; best of each trial)"
+        # the directory's name: a study run again from the same file is the file's name and a date (audit 39)
+        title = f"{exp.root.name} — {counted(len(rows), 'trial')}, {metric} ({config['mode']}; best of each trial)"
         shown = rows if every_trial else _worth_showing(rows, best)
         console.print(_trials_table(title, shown, params, metric, *_layout(console, title, shown, params, metric)))
         if len(shown) < len(rows):

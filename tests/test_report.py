@@ -283,3 +283,24 @@ def test_learning_curves_of_a_large_study_name_its_best_trials_and_keep_their_si
     figure.savefig(tmp_path / "curves.png", dpi=110, bbox_inches="tight")
     width, height = Image.open(tmp_path / "curves.png").size
     assert width < 1200 and height < 700, (width, height)
+
+
+def test_a_study_run_again_from_the_same_file_is_titled_by_its_dated_directory(tmp_path):
+    """Its directory is the file's name and a date; status and the report's title said the
+    file's name alone, so two mailed reports of the two runs had one title (audit 39)."""
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import print_status
+
+    summary = summary_of([{"trial": "0", "state": "COMPLETE", "epochs": "4", "reason": "max_epochs"}])
+    summary.name, summary.experiment_dir = "digits-cnn", "/runs/digits-cnn-20261206-222615"
+    page = _html(summary, {})
+    assert "<title>hpsearch report: digits-cnn-20261206-222615</title>" in page
+    assert "<h1>hpsearch report: digits-cnn-20261206-222615</h1>" in page
+    exp = ExperimentDir.make(tmp_path / "digits-cnn-20261206-222615")
+    write_config(exp, shrunk_example(tmp_path))
+    (exp.root / "trials.csv").write_text("trial,state,reason,best,last,epochs\n0,COMPLETE,max_epochs,0.9,0.9,3\n")
+    console = Console(width=200, record=True)
+    print_status(exp, console)
+    assert "digits-cnn-20261206-222615 — 1 trial, val_acc" in console.export_text()
