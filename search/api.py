@@ -250,8 +250,8 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
                    mirror: Mirror | None, interrupted: _HeardInterrupt, retry_failed: bool = False) -> SearchResult:
     from .searcher import SETTINGS, existing_study, runs_again
 
-    stored = load_config(exp.config_file)
-    config = load_config(exp.config_file, overrides)
+    stored = load_config(exp.config_file, stored=True)
+    config = load_config(exp.config_file, overrides, stored=True)
     changed = [k for k in FROZEN_ON_RESUME if getattr(stored, k) != getattr(config, k)]
     if changed:
         raise ConfigError([config.problem(config.overridden_under(k) or k,

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from .config import ExperimentConfig, FieldValueError, split_field
 from .errors import ConfigError, Problem
-from .yaml_io import ExperimentLoader, load_yaml
+from .yaml_io import ExperimentLoader, StoredLoader, load_yaml
 
 # Where each key came from: its line in the file, or the command-line option that set it
 # ("--set", "--name", "--storage"), so that an error blames what the user typed.
@@ -32,11 +32,13 @@ def load_config(
     source: str | Path | Mapping[str, Any],
     overrides: Iterable[str] | Mapping[str, Any] = (),
     options: Mapping[str, Any] | None = None,
+    stored: bool = False,
 ) -> ExperimentConfig:
     """Parse, override and validate an experiment from a YAML path or a plain dict.
 
     ``options`` are top-level fields given by command-line options of the same name
     (``{"name": ...}`` for ``--name``); they apply last and errors blame the option.
+    ``stored``: the path is a study's own experiment.yaml (see ``yaml_io``).
     """
     if isinstance(overrides, str):
         overrides = [overrides]  # one key=value, not a sequence of its characters
@@ -49,7 +51,7 @@ def load_config(
         raw, lines, origin = copy.deepcopy(dict(source)), {}, "<dict>"
     else:
         origin = str(source)
-        raw, lines = read_yaml(Path(source))
+        raw, lines = read_yaml(Path(source), StoredLoader if stored else ExperimentLoader)
     # A mapping comes from the Python API (run/check/resume's ``overrides``), key=value
     # strings from the command line's --set (or the same syntax given to the API).
     overrides_label = "overrides" if isinstance(overrides, Mapping) else SET
@@ -62,7 +64,7 @@ def load_config(
     return validate(raw, lines, origin)
 
 
-def read_yaml(path: Path) -> tuple[dict[str, Any], LineMap]:
+def read_yaml(path: Path, loader: type = ExperimentLoader) -> tuple[dict[str, Any], LineMap]:
     """The file's mapping and the line of every key in it."""
     if path.is_dir():
         raise ConfigError.single("", f"{str(path)!r} is a directory; give the experiment's YAML file")
@@ -82,8 +84,8 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], LineMap]:
         raise ConfigError.single("", f"the file is not UTF-8 text ({what}); save it as UTF-8", line,
                                  str(path)) from None
     try:
-        node = yaml.compose(text, Loader=ExperimentLoader)
-        data = yaml.load(text, Loader=ExperimentLoader)
+        node = yaml.compose(text, Loader=loader)
+        data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else None

@@ -68,7 +68,7 @@ class ExperimentDir:
     def stored_config(self) -> dict[str, Any]:
         """experiment.yaml as written by run/resume; an ``ExperimentError`` naming the file
         when it was emptied or edited into something else (the readers crashed on it)."""
-        config = _readable(self.config_file, load_yaml, "YAML mapping")
+        config = _readable(self.config_file, lambda text: load_yaml(text, stored=True), "YAML mapping")
         missing = [key for key in ("name", "metric", "mode", "space") if key not in config]
         if missing:  # another tool's experiment.yaml: status crashed on KeyError 'metric' (audit 36)
             raise ExperimentError(f"{self.config_file} is not an hpsearch study's (it has no {', '.join(missing)}); "

@@ -221,7 +221,7 @@ def test_the_saved_experiment_reads_back_as_the_study_was_searched_with(tmp_path
     config = load_config(raw)
     exp = ExperimentDir.create(str(tmp_path), "study")
     write_config(exp, config.model_dump(mode="json"))
-    searched, saved = config.model_dump(mode="json"), load_config(exp.config_file).model_dump(mode="json")
+    searched, saved = config.model_dump(mode="json"), load_config(exp.config_file, stored=True).model_dump(mode="json")
     assert saved == searched
     assert not any(_differs(searched[key], saved[key], key == "space") for key in ("model", "space"))
     assert exp.stored_config()["model"]["init_args"]["revision"] == "3e41508"  # status and compare read it so

@@ -322,11 +322,26 @@ def test_numbers_are_read_as_yaml_12_reads_them_and_written_to_read_back_the_sam
     assert read == {"0755": 755, "010": 10, "0o17": 15, "0x1F": 31, "1:30": "1:30", "1_0": "1_0", "0b11": "0b11",
                     "-3": -3, ".5": 0.5, "5.": 5.0, "1E5": 1e5, "-.inf": float("-inf"),
                     "2026-12-06": __import__("datetime").date(2026, 12, 6)}
-    for value in [*read.values(), "010", "0x1F", "1e3", "0o7", "5.", "3e41508", 1e-5, float("nan")]:
-        back = load_yaml(dump_yaml({"a": value}))["a"]
+    # a study's own experiment.yaml reads back what hpsearch wrote into it
+    for value in [*read.values(), "010", "0x1F", "1e3", "0o7", "5.", "3e41508", "08", "+.5", 1e-5, float("nan")]:
+        back = load_yaml(dump_yaml({"a": value}), stored=True)["a"]
         assert back == value or (value != value and back != back), (value, back)
     with pytest.raises(ConfigError, match=r"search.time_budget_s.*a number is needed \(got '1:30'\)"):
         load_config(example_dict(), ["search.time_budget_s=1:30"])
+
+
+def test_a_studys_experiment_yaml_written_before_yaml_12_numbers_reads_back_as_written(tmp_path):
+    """The writer left strings bare that YAML 1.1 reads as strings and 1.2 as numbers
+    (``08``, ``0o17``, ``+.5``): read with 1.2's rules, a study of choices ["08", "09"] was
+    refused on resume as if experiment.yaml had been edited (audit 38)."""
+    source = open(__import__("conftest").EXAMPLE).read().replace(
+        "model.channels: {type: categorical, choices: [8, 16, 32]}",
+        "model.channels: {type: categorical, choices: [08, 0o17, +.5]}")
+    assert "[08, 0o17, +.5]" in source
+    path = tmp_path / "experiment.yaml"
+    path.write_text(source)
+    assert load_config(path, stored=True).space["model.channels"].choices == ["08", "0o17", "+.5"]
+    assert load_config(path).space["model.channels"].choices == [8, 15, 0.5]  # a person's file: YAML 1.2
 
 
 def test_constructor_errors_from_a_file_carry_the_line(tmp_path):
