@@ -201,9 +201,11 @@ def _stop_signals_held_until_ray_started() -> Iterator[None]:
     """A Ctrl+C or SIGTERM while ``ray.init`` starts Ray is acted on once it has: landing
     inside it, a Ctrl+C left the half-started Ray's GCS, autoscaler monitor and dashboard
     running (about 250 MB), which ``ray.shutdown()`` did not stop, and a Python session
-    kept them until it ended (its next search started a second Ray beside them). The Ray
-    just started is shut down, then the signal acted on: ``KeyboardInterrupt`` for a
-    Ctrl+C, and a SIGTERM sent again to the handler the process has from then on.
+    kept them until it ended (its next search started a second Ray beside them). So the
+    signal is acted on once Ray has started: a Ctrl+C shuts the new Ray down and raises
+    ``KeyboardInterrupt``; a SIGTERM goes to the handler the process has from then on, and
+    Ray is shut down if that ends the process or raises (a handler that only returns, a
+    user's that logs it, leaves the search going).
 
     That handler: ``ray.init`` sets its own at its start, which exits with status 15. It
     ended a command given SIGTERM during Ray's start with 15, silently, and left Ray's
@@ -233,11 +235,25 @@ def _stop_signals_held_until_ray_started() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous_int if previous_int is not None else signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous_term if callable(previous_term) or not rays_handler
                       else rays_handler[-1])
-    if heard:
+    if not heard:
+        return
+    if heard[0] == signal.SIGINT:
         shutdown_ray()
-        if heard[0] == signal.SIGINT:
-            raise KeyboardInterrupt
-        signal.raise_signal(signal.SIGTERM)  # to the handler Python has now
+        raise KeyboardInterrupt
+    handler = signal.getsignal(signal.SIGTERM)  # the process's, or Ray's where it had none
+    if handler == signal.SIG_IGN:
+        return
+    if not callable(handler):  # the default action, which ends the process: Ray first
+        shutdown_ray()
+        signal.raise_signal(signal.SIGTERM)
+        return
+    try:
+        handler(signal.SIGTERM, None)
+    except BaseException:  # it stops the search (a Ctrl+C, Ray's exit): Ray stops first
+        shutdown_ray()
+        raise
+    # A handler that returned (a user's that logs it) keeps the search going, with its Ray:
+    # Ray had been shut down, and the search went on without one (audit 38).
 
 
 def shutdown_ray() -> None:

@@ -214,3 +214,36 @@ def test_a_sigterm_handler_still_runs_after_hpsearch_shuts_ray_down(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert "HANDLED [15]" in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])
+
+
+def test_a_sigterm_during_rays_start_that_a_users_handler_only_notes_leaves_the_search_going(tmp_path):
+    """The handler ran once Ray had started, but Ray had been shut down first, and the
+    search went on without it: RaySystemError "Ray has not been started yet" (audit 38)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import shrunk_example
+
+    config = shrunk_example(tmp_path / "runs", **{"search/preflight": False, "search/num_trials": 1,
+                                                  "scheduler/max_epochs": 1})
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        import ray._private.services as services
+        import hpsearch
+
+        noted = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: noted.append(signum))
+        real_start_raylet = services.start_raylet
+
+        def start_raylet(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            return real_start_raylet(*args, **kwargs)
+
+        services.start_raylet = start_raylet
+        result = hpsearch.run({config!r})
+        print("OUTCOME", result.outcome, [int(signum) for signum in noted], flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "OUTCOME complete [15]" in out.stdout, (out.returncode, out.stdout, out.stderr[-3000:])
