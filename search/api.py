@@ -151,8 +151,10 @@ def starts_a_local_ray(address: str | None) -> bool:
     ``address``, no ``RAY_ADDRESS``, and no Ray this process already runs (the user's own
     ``ray.init``, which may declare other resources)."""
     ray = sys.modules.get("ray")
-    # not address: an empty one (``--address "$UNSET"``) is no address, as an empty RAY_ADDRESS is (audit 36)
-    return not address and not os.environ.get("RAY_ADDRESS") and not (ray is not None and ray.is_initialized())
+    # not address: an empty one (``--address "$UNSET"``) is no address, as an empty RAY_ADDRESS is (audit 36);
+    # "local" is Ray's own word for a new Ray here, which the search then starts (audit 38)
+    own = address == "local" or not (address or os.environ.get("RAY_ADDRESS"))
+    return own and not (ray is not None and ray.is_initialized())
 
 
 def room_on_this_machine(config: ExperimentConfig) -> tuple[int, dict[str, float]]:

@@ -77,8 +77,9 @@ def ensure_cluster_answers(address: str) -> None:
     if not _is_ray_address(address):
         # passed the check, then failed the run with a traceback after the preflight (audit 36)
         raise ClusterError(f"{address!r} (--address, or RAY_ADDRESS) is not a Ray address: give the head's "
-                           f"host:port (its port is 6379 by default), ray://host:10001 for Ray Client, or auto "
-                           f"(the Ray that `ray start` runs on this machine)")
+                           f"host:port (its port is 6379 by default), ray://host:10001 for Ray Client, auto "
+                           f"(the Ray that `ray start` runs on this machine), or local (a new Ray here, as with no "
+                           f"address)")
     if address == "auto":
         address = started_by_ray_start()
     host, separator, port = address.rpartition(":")

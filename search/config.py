@@ -7,7 +7,6 @@ need the user's classes (constructor arguments, import paths) live in
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import re
@@ -30,7 +29,7 @@ Seed = Annotated[int, Strict(), Field(ge=0, le=2**32 - 1)]
 # Optuna's grid sampler lists every point of the grid up front (itertools.product).
 GRID_POINTS_LIMIT = 100_000
 # Ray's ASHA builds one rung per power of the reduction factor up to max_epochs / grace_period.
-ASHA_RUNGS_LIMIT = 1000
+ASHA_RUNGS_LIMIT = 10_000
 
 SEARCHABLE_SECTIONS = ("model", "data", "trainer")
 # Trainer settings that change how fast a trial runs, not what it learns: searching
@@ -95,16 +94,12 @@ class ComponentConfig(StrictModel):
 
 def _first_unwritable(value: Any) -> Any:
     """The first value in ``value`` that YAML cannot write back as it is, or None."""
-    if value is None or isinstance(value, (bool, int, float, str, datetime.date)):  # YAML reads 2026-12-06 so
+    if value is None or isinstance(value, (bool, int, float, str)):
         return None
     if isinstance(value, (list, tuple)):
         return next((odd for odd in map(_first_unwritable, value) if odd is not None), None)
     if isinstance(value, dict):
-        for key, item in value.items():
-            odd = _first_unwritable(key) if not isinstance(key, str) else _first_unwritable(item)
-            if odd is not None:
-                return odd
-        return None
+        return next((odd for odd in map(_first_unwritable, [*value, *value.values()]) if odd is not None), None)
     return value
 
 

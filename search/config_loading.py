@@ -206,6 +206,8 @@ def _as_yaml_reads_it(value: Any) -> Any:
         return {key: _as_yaml_reads_it(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_as_yaml_reads_it(item) for item in value]
+    if isinstance(value, os.PathLike):  # storage: Path(...) in a dict or the overrides
+        return os.fspath(value)
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         return value.item()
     return value
@@ -301,6 +303,8 @@ def _not_a_number(given: str | bool) -> str:
         float(given)
     except ValueError:
         return "a number is needed"
+    if "_" in given:  # Python reads 1_000 as a number; YAML 1.2 does not (audit 38)
+        return f"a number is needed; YAML reads {given} as text: write it without the underscores"
     return "a number is needed; remove the quotes"
 
 

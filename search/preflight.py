@@ -256,8 +256,9 @@ def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, 
         which = "training" if name == "limit_train_batches" else "validation"
         raise ConfigError([config.problem(field, f"{limit:g} of the {length} {which} batches"
                                                  f"{_searched_all(config, params)} is none, which Lightning refuses "
-                                                 f"in every trial: give at least {1 / length:.3g}, or a whole number "
-                                                 f"of batches (an int)")])
+                                                 f"in a trial: give at least {1 / length:.3g} (more where a larger "
+                                                 f"batch size gives fewer batches), or a whole number of batches "
+                                                 f"(an int)")])
 
 
 # Trainer settings Lightning refuses for a model that optimizes manually, and their "off" values.

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-INT, FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+INT, FLOAT, TIMESTAMP = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp"
 
 
 class StoredLoader(yaml.SafeLoader):
@@ -61,8 +61,10 @@ def _yaml12_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     return int(text)  # decimal, leading zeros and all: 010 is 10
 
 
+# YAML 1.2's core schema has no timestamps either: 2026-12-06 is text, as the trials get it
+# (they get the experiment as JSON); the preflight got a date (audit 38).
 ExperimentLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT, FLOAT)]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT, FLOAT, TIMESTAMP)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 ExperimentLoader.add_implicit_resolver(INT, YAML12_INT, list("-+0123456789"))
 ExperimentLoader.add_implicit_resolver(FLOAT, YAML12_FLOAT, list("-+0123456789."))

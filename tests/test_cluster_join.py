@@ -46,6 +46,9 @@ def test_what_is_not_a_ray_address_is_refused_and_an_empty_one_is_none(tmp_path,
         ensure_joined_cluster_answers(None)
     monkeypatch.delenv("RAY_ADDRESS")
     assert api.starts_a_local_ray("") and not api.starts_a_local_ray("10.0.0.5:6379")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert api.starts_a_local_ray("local")  # Ray's word for a new Ray here: the fit check runs (audit 38)
+    monkeypatch.delenv("RAY_ADDRESS")
     config = shrunk_example(tmp_path / "runs", **{"resources/cpus_per_trial": 64, "search/preflight": False})
     with pytest.raises(ConfigError, match="resources.cpus_per_trial"):
         api.check(write_yaml(tmp_path / "exp.yaml", config), address="")

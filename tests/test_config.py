@@ -97,6 +97,8 @@ BAD_SCHEMA = [
     ("nan budget", _set("search/time_budget_s", float("nan")), "search.time_budget_s", "finite number"),
     ("reduction factor just above 1", _set("scheduler/reduction_factor", 1.000001), "scheduler.reduction_factor",
      "1.000001 makes Ray's ASHA build 2,995,733 rungs"),
+    ("reduction factor of a million rungs", lambda c: c["scheduler"].update(reduction_factor=1.00001, max_epochs=200),
+     "scheduler.reduction_factor", "makes Ray's ASHA build 529,834 rungs"),
     ("a grid of a billion points",
      lambda c: (c["search"].update(sampler="grid"),
                 c["space"].update({"model.lr": {"type": "float", "low": 0.0, "high": 1.0, "step": 1e-9}})),
@@ -321,13 +323,17 @@ def test_numbers_are_read_as_yaml_12_reads_them_and_written_to_read_back_the_sam
         "0755", "010", "0o17", "0x1F", "1:30", "1_0", "0b11", "-3", ".5", "5.", "1E5", "-.inf", "2026-12-06")}
     assert read == {"0755": 755, "010": 10, "0o17": 15, "0x1F": 31, "1:30": "1:30", "1_0": "1_0", "0b11": "0b11",
                     "-3": -3, ".5": 0.5, "5.": 5.0, "1E5": 1e5, "-.inf": float("-inf"),
-                    "2026-12-06": __import__("datetime").date(2026, 12, 6)}
+                    "2026-12-06": "2026-12-06"}  # YAML 1.2 has no timestamps: text, as the trials get it
     # a study's own experiment.yaml reads back what hpsearch wrote into it
     for value in [*read.values(), "010", "0x1F", "1e3", "0o7", "5.", "3e41508", "08", "+.5", 1e-5, float("nan")]:
         back = load_yaml(dump_yaml({"a": value}), stored=True)["a"]
         assert back == value or (value != value and back != back), (value, back)
     with pytest.raises(ConfigError, match=r"search.time_budget_s.*a number is needed \(got '1:30'\)"):
         load_config(example_dict(), ["search.time_budget_s=1:30"])
+    # it said "remove the quotes" of a number that had none (audit 38)
+    with pytest.raises(ConfigError, match=r"scheduler.max_epochs.*YAML reads 1_0 as text: write it without the "
+                                          r"underscores \(got '1_0'\)"):
+        load_config(example_dict(), ["scheduler.max_epochs=1_0"])
 
 
 def test_a_studys_experiment_yaml_written_before_yaml_12_numbers_reads_back_as_written(tmp_path):
@@ -395,12 +401,23 @@ def test_python_values_are_taken_as_experiment_yaml_gives_them_back_or_refused_n
                          options={"storage": tmp_path / "runs"})
     assert config.model.init_args == {"channels": 8, "sizes": [0.5, 2]} and config.search.num_trials == 2
     assert type(config.model.init_args["channels"]) is int and config.storage == str(tmp_path / "runs")
+    assert load_config({**example_dict(), "storage": tmp_path}).storage == str(tmp_path)  # a Path in the dict too
+    # a value under a key that is not a string was not looked at (audit 38)
+    with pytest.raises(ConfigError, match=r"model.init_args.extra.*a object cannot be kept"):
+        load_config(example_dict(), {"model.init_args.extra": {1: object()}})
     with pytest.raises(ConfigError) as caught:
         load_config(example_dict(), {"data.init_args.transform": {"resize": lambda image: image}})
     assert [(p.field, p.message) for p in caught.value.problems] == [(
         "data.init_args.transform", "a function cannot be kept in experiment.yaml, which resume reads back: give "
         "plain values (null, true/false, numbers, strings, lists and mappings of them) and build objects in the "
         "class's constructor")]
+
+
+def test_a_reduction_factor_near_1_that_ray_builds_at_once_is_taken():
+    """1.005 with 200 epochs builds 1,062 rungs in a millisecond; a limit of 1,000 refused it,
+    and with it an older study's resume (audit 38)."""
+    config = load_config(mutated(lambda c: c["scheduler"].update(reduction_factor=1.005, max_epochs=200)))
+    assert config.scheduler.reduction_factor == 1.005
 
 
 def test_a_storage_path_expands_environment_variables_as_it_does_home(monkeypatch, tmp_path):

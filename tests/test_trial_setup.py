@@ -488,7 +488,8 @@ def test_preflight_refuses_a_fraction_of_the_batches_that_leaves_none(example_co
     [problem] = caught.value.problems
     assert problem.field == f"trainer.{name}", problem
     assert re.fullmatch(rf"0\.01 of the (\d+) {which} batches with the searched values .* is none, which Lightning "
-                        rf"refuses in every trial: give at least [\d.]+, or a whole number of batches \(an int\)",
+                        rf"refuses in a trial: give at least [\d.]+ \(more where a larger batch size gives fewer "
+                        rf"batches\), or a whole number of batches \(an int\)",
                         problem.message), problem.message
     example_config["trainer"] = {name: 0.5}
     config = load_config(example_config)
