@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     board = commands.add_parser("tensorboard", help="start TensorBoard on one or more experiments")
     board.add_argument("experiment_dirs", nargs="+", metavar="EXP_DIR")
-    board.add_argument("--port", type=int, default=6006)
+    board.add_argument("--port", type=_port, default=6006, help="port to serve on, 1-65535 (default: 6006)")
     board.add_argument("--host", default="127.0.0.1", help="interface to bind (default: localhost only)")
 
     report = commands.add_parser("report", help="write a self-contained HTML report (and PNGs) of a study")
@@ -87,6 +87,18 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
     _add_override_option(parser)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show what the trials print (your code's output too), with Ray's and Lightning's")
+
+
+def _port(text: str) -> int:
+    """A port TensorBoard can be reached at: 99999 raised a traceback, and 0 (a free port of
+    the system's choice) printed http://127.0.0.1:0/ (audit 39)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
+    return port
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,6 +136,9 @@ def _check_port_free(host: str, port: int) -> None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TensorBoard's server binds
         try:
             probe.bind((host, port))
+        except socket.gaierror as exc:  # a name that does not resolve has nothing to do with the port (audit 39)
+            raise HpsearchError(f"cannot serve TensorBoard on {host}:{port}: --host {host!r} is no address of "
+                                f"this machine ({exc.strerror})") from None
         except OSError as exc:
             raise HpsearchError(f"cannot serve TensorBoard on {host}:{port} ({exc.strerror}); "
                                 f"another TensorBoard may be running there: pass --port N") from None

@@ -645,6 +645,23 @@ def test_tensorboard_never_outlives_the_command_even_when_linking_new_runs_fails
     assert process.poll() is not None
 
 
+def test_tensorboard_refuses_a_port_out_of_range_and_a_host_that_does_not_resolve(tmp_path, capsys):
+    """--port 99999 raised a traceback; --port 0 printed http://127.0.0.1:0/; a host that
+    does not resolve was said to be a port in use (audit 39)."""
+    from hpsearch.search.experiment import ExperimentDir, write_config
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    write_config(exp, shrunk_example(tmp_path))
+    for port in ("99999", "0"):
+        with pytest.raises(SystemExit) as caught:
+            main(["tensorboard", str(exp.root), "--port", port])
+        assert caught.value.code == 2
+        assert f"argument --port: {port} is not a port number (1-65535)" in capsys.readouterr().err
+    assert main(["tensorboard", str(exp.root), "--host", "no.such.host.invalid", "--port", "6140"]) == 1
+    err = capsys.readouterr().err
+    assert "--host 'no.such.host.invalid' is no address of this machine" in err and "--port N" not in err, err
+
+
 def test_tensorboard_on_a_port_in_use_says_so_and_starts_nothing(tmp_path, capsys):
     import socket
 
