@@ -122,6 +122,8 @@ def _learning_curves(study, summary: StudySummary):
     for (epoch, value), numbers, color in _end_labels(ends, closer_than=LABEL_HEIGHT * (high - low)):
         axes.annotate(numbers, (epoch, value), xytext=(3, 2), textcoords="offset points", fontsize=7, color=color)
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole
+    if curves and {epoch for _, curve in curves for epoch, _ in curve} == {1}:
+        axes.set_xticks([1])  # one epoch only: it was ticked 0.95..1.05, which the locator keeps (audit 39)
     for rung in summary.rungs:
         axes.axvline(rung.epoch, color="tab:orange", linestyle=":", linewidth=1)
     handles = [plt.Line2D([], [], color=c, linestyle=s, label=state) for state, (c, s) in STATE_STYLE.items()
@@ -134,6 +136,16 @@ def _learning_curves(study, summary: StudySummary):
     axes.set_title(f"{summary.metric} per epoch, every trial"
                    + (f" (the {len(named)} best named)" if len(named) < len(curves) else ""))
     return figure
+
+
+def _learning_curves_caption(summary: StudySummary) -> str:
+    """What the curves' ends mean, for the states the study has: a caption of pruned
+    trials' rungs under a study of failed trials and no ASHA misled (audit 39)."""
+    states = {row.get("state") for row in summary.rows}
+    marks = [text for state, text in (("PRUNED", "pruned trials (dashed) end in x at the rung where ASHA cut them"),
+                                      ("FAILED", "failed trials (dotted) end in x at their last reported epoch"))
+             if state in states]
+    return f"{summary.metric} per epoch" + (f"; {'; '.join(marks)}" if marks else "")
 
 
 def _end_labels(ends: list[tuple[int, float, int, str]], closer_than: float):
@@ -286,7 +298,7 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
         "<h2>Trials</h2>", _table("counts", ["state", "trials"], counts),
         *(["<h3>Failed trials</h3>", _table("failed", ["trial", "epochs", "reason"], failed)] if failed else []),
         "<h2>Learning curves</h2>",
-        _image(images, "learning_curves", f"{summary.metric} per epoch; pruned trials (dashed) end in x at their rung"),
+        _image(images, "learning_curves", _learning_curves_caption(summary)),
         "<h2>Parameters vs metric</h2>",
         _image(images, "parallel_coordinates", "parallel coordinates; pruned trials count with the best value "
                                                "they reached before ASHA stopped them"),

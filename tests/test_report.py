@@ -304,3 +304,23 @@ def test_a_study_run_again_from_the_same_file_is_titled_by_its_dated_directory(t
     console = Console(width=200, record=True)
     print_status(exp, console)
     assert "digits-cnn-20261206-222615 — 1 trial, val_acc" in console.export_text()
+
+
+def test_the_learning_curves_say_what_their_ends_mean_for_the_states_the_study_has():
+    """A study of failed trials without ASHA was told "pruned trials (dashed) end in x at
+    their rung", and its one epoch was ticked 0.95..1.05 (audit 39)."""
+    import optuna
+
+    from hpsearch.search.report import _learning_curves, _learning_curves_caption
+
+    failed = summary_of([{"trial": "0", "state": "FAILED", "epochs": "1"}])
+    assert _learning_curves_caption(failed) == "val_acc per epoch; failed trials (dotted) end in x at their last " \
+                                               "reported epoch"
+    pruned = summary_of([{"trial": "0", "state": "PRUNED"}, {"trial": "1", "state": "COMPLETE"}])
+    assert _learning_curves_caption(pruned) == "val_acc per epoch; pruned trials (dashed) end in x at the rung " \
+                                               "where ASHA cut them"
+    study = optuna.create_study()
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, intermediate_values={1: 0.5}))
+    figure = _learning_curves(study, failed)
+    ticks = [tick for tick in figure.axes[0].get_xticks() if 0.5 <= tick <= 1.5]
+    assert ticks == [1.0], figure.axes[0].get_xticks()
