@@ -409,8 +409,9 @@ class ExperimentConfig(StrictModel):
         if colon and scheme.lower() in STORAGE_SCHEMES and not rest.startswith("//"):
             raise ValueError(f"{value!r} looks like a {scheme}:// URI with a slash missing; as it is, it is a "
                              f"local folder named {scheme + ':'!r}")
-        if value.startswith("file://") and urlsplit(value).netloc not in ("", "localhost"):
-            raise ValueError(f"{value!r} names the host {urlsplit(value).netloc!r}: a file URI's path follows three "
+        host = urlsplit(os.path.expandvars(value)).netloc  # as storage.local_path reads it: file://$HOME/runs
+        if value.startswith("file://") and host not in ("", "localhost"):
+            raise ValueError(f"{value!r} names the host {host!r}: a file URI's path follows three "
                              f"slashes (file:///home/me/runs); or give the path itself (./runs)")
         unset = None if "://" in value and not value.startswith("file://") else \
             re.search(r"\$\{?([A-Za-z_]\w*)", os.path.expandvars(value))

@@ -227,7 +227,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             field = blame or _field_at_fault(config, exc, params, model_class, data_class)
             # The values it trained with, as a constructor's error shows them: a class at fault
             # may have been given a bad value of the space (channels 0, audit 36).
-            searched = "" if field.startswith("space.") else _searched_all(config, params)
+            searched = "" if field.startswith("space.") else _searched(config, params)
             raise ConfigError([config.problem(field, f"{watch.phase} failed{in_precision}: {type(exc).__name__}: "
                                                      f"{exc}{_relative_path_note(exc)}{_at(exc)}"
                                                      f"{'; it ran' + searched if searched else ''}")]) from None
@@ -255,7 +255,7 @@ def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, 
         field = f"space.trainer.{name}" if f"trainer.{name}" in config.space else f"trainer.{name}"
         which = "training" if name == "limit_train_batches" else "validation"
         raise ConfigError([config.problem(field, f"{limit:g} of the {length} {which} batches"
-                                                 f"{_searched_all(config, params)} is none, which Lightning refuses "
+                                                 f"{_searched(config, params)} is none, which Lightning refuses "
                                                  f"in a trial: give at least {1 / length:.3g} (more where a larger "
                                                  f"batch size gives fewer batches), or a whole number of batches "
                                                  f"(an int)")])
@@ -356,17 +356,14 @@ def _relative_path_note(exc: Exception) -> str:
     return ""
 
 
-def _searched(config: ExperimentConfig, params: dict[str, Any], section: str) -> str:
-    """The searched values a constructor was given, to show beside its error: the fault may
-    lie in the space (a range's low end) rather than in init_args."""
-    given = [f"{name}={_shown(value)}" for name, value in config.params_for(section, params).items()]
-    return f", searched: {', '.join(given)}" if given else ""
-
-
-def _searched_all(config: ExperimentConfig, params: dict[str, Any]) -> str:
-    """`` with the searched values model.channels=0, data.batch_size=32``: those it ran with."""
-    given = [f"{key}={_shown(value)}" for key, value in params.items() if key in config.space]
-    return f" with the searched values {', '.join(given)}" if given else ""
+def _searched(config: ExperimentConfig, params: dict[str, Any], section: str | None = None) -> str:
+    """The searched values to show beside an error: the fault may lie in the space (a
+    range's low end) rather than in init_args. A ``section``'s, by argument name, as its
+    constructor got them (``, searched: lr=0.001, channels=0``); else all those a step ran
+    with, by dotted key (`` with the searched values model.channels=0, data.batch_size=32``)."""
+    given = config.params_for(section, params) if section else {k: v for k, v in params.items() if k in config.space}
+    shown = ", ".join(f"{name}={_shown(value)}" for name, value in given.items())
+    return "" if not shown else f", searched: {shown}" if section else f" with the searched values {shown}"
 
 
 def _shown(value: Any) -> str:

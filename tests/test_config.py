@@ -428,6 +428,9 @@ def test_a_storage_path_expands_environment_variables_as_it_does_home(monkeypatc
     config = load_config(mutated(_set("storage", "$HPSEARCH_TEST_BASE/runs")))
     assert local_path(config.storage) == tmp_path.resolve() / "runs"
     assert local_path("file:///srv/runs") == Path("/srv/runs").resolve()
+    # file://$VAR/runs: the variable's path follows the slashes once expanded (audit 38)
+    config = load_config(mutated(_set("storage", "file://$HPSEARCH_TEST_BASE/runs")))
+    assert local_path(config.storage) == tmp_path.resolve() / "runs"
 
 
 def test_a_missing_file_is_a_config_error(tmp_path):
