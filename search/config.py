@@ -512,9 +512,9 @@ class ExperimentConfig(StrictModel):
         if size > GRID_POINTS_LIMIT:
             largest = max(self.space, key=lambda key: self.space[key].grid_points())
             raise FieldValueError(f"space.{largest}", f"the grid has {size:,} points "
-                                  f"({self.space[largest].grid_points():,} values of this parameter), and Optuna's grid "
-                                  f"sampler lists every point before the first trial: at most {GRID_POINTS_LIMIT:,}; "
-                                  f"give larger steps or fewer choices, or use another sampler")
+                                  f"({self.space[largest].grid_points():,} values of this parameter), and Optuna's "
+                                  f"grid sampler lists every point before the first trial: at most "
+                                  f"{GRID_POINTS_LIMIT:,}; give larger steps or fewer choices, or use another sampler")
         return self
 
     def params_for(self, section: str, params: dict[str, Any]) -> dict[str, Any]:
