@@ -133,6 +133,24 @@ def _readable(path: Path, parse, kind: str) -> dict[str, Any]:
     return data
 
 
+def distinct_labels(roots: list[Path]) -> list[str]:
+    """Names for studies shown together (``compare``'s rows, TensorBoard's groups): each
+    directory's name; where two share one (the same file run into two storages), with the
+    folder above it; and a label still taken, numbered. TensorBoard numbered every repeat
+    NAME-2, beside a study really named NAME-2, which became NAME-2-2 (audit 39)."""
+    names = [root.name for root in roots]
+    labels, taken = [], set()
+    for name, root in zip(names, roots):
+        label = candidate = name if names.count(name) == 1 else f"{root.parent.name}/{name}"
+        copy = 1
+        while candidate in taken:
+            copy += 1
+            candidate = f"{label}-{copy}"
+        taken.add(candidate)
+        labels.append(candidate)
+    return labels
+
+
 def free_name(name: str, taken) -> str:
     """``name``, or ``name-<date>-<time>[-N]`` if ``taken(name)``: a second run of the same
     file never mixes with, or overwrites, the first."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from .config import SchedulerConfig
 from .config_loading import flat_settings
-from .experiment import ExperimentDir, read_sessions
+from .experiment import ExperimentDir, distinct_labels, read_sessions
 from .outcome import FINISHED_STATES, PAUSED, RUNNING
 from .study_lock import dead_holder
 from .trials_table import TrialsTable, read_rows
@@ -133,13 +133,10 @@ def settings_that_differ(summaries: list[StudySummary]) -> list[dict[str, Any]]:
 
 
 def study_labels(summaries: list[StudySummary]) -> list[str]:
-    """Each study's name in the table: its directory's, with the folder above it where
-    two studies' directories have one name (the same file run into two storages)."""
+    """Each study's name in the table (``experiment.distinct_labels``)."""
     from pathlib import Path
 
-    names = [Path(s.experiment_dir).name for s in summaries]
-    return [name if names.count(name) == 1 else f"{Path(s.experiment_dir).parent.name}/{name}"
-            for name, s in zip(names, summaries)]
+    return distinct_labels([Path(s.experiment_dir) for s in summaries])
 
 
 def comparison_records(summaries: list[StudySummary]) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .experiment import ExperimentDir
+from .experiment import ExperimentDir, distinct_labels
 
 RELOAD_S = 5  # how often TensorBoard reads new events (and new trials' runs are linked)
 
@@ -21,13 +21,9 @@ class StudiesSideBySide:
     appear later are added by ``link_new_runs``."""
 
     def __init__(self, directory: Path, experiments: list[ExperimentDir]) -> None:
-        self.directory, self.studies = directory, {}
-        for exp in experiments:
-            label, copy = exp.root.name, 1
-            while label in self.studies:
-                copy += 1
-                label = f"{exp.root.name}-{copy}"
-            self.studies[label] = exp.tensorboard_dir
+        self.directory = directory
+        self.studies = dict(zip(distinct_labels([exp.root for exp in experiments]),
+                                (exp.tensorboard_dir for exp in experiments)))
         self._merged_from: tuple | None = None  # the studies' column files the merged set was made of
         self.link_new_runs()
 
@@ -81,7 +77,7 @@ def serve(experiments: list[ExperimentDir], host: str = "127.0.0.1", port: int =
         return _tensorboard(experiments[0].tensorboard_dir, host, port, every_reload=lambda: None)
     with tempfile.TemporaryDirectory(prefix="hpsearch-tensorboard-") as combined:
         studies = StudiesSideBySide(Path(combined), experiments)
-        # Which group is which study: two studies of one name are NAME and NAME-2 there.
+        # Which group is which study: two of one name are named with the folders above them.
         legend = "".join(f"  {label}: {tensorboard_dir.parent}\n" for label, tensorboard_dir in studies.studies.items())
         return _tensorboard(Path(combined), host, port, every_reload=studies.link_new_runs, legend=legend)
 

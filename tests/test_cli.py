@@ -577,9 +577,9 @@ def test_tensorboard_started_as_a_background_job_stops_at_ctrl_c_and_leaves_no_d
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         assert process.stdout.readline().startswith("TensorBoard at")
-        # which group is which study: both are named "study"
+        # which group is which study: both are named "study", and told apart by the folders above them
         legend = [process.stdout.readline() for _ in studies]
-        assert legend == [f"  study: {studies[0].root}\n", f"  study-2: {studies[1].root}\n"], legend
+        assert legend == [f"  a/study: {studies[0].root}\n", f"  b/study: {studies[1].root}\n"], legend
         assert len(list(scratch.glob("hpsearch-tensorboard-*"))) == 1
         time.sleep(1)
         process.send_signal(signal.SIGINT)
@@ -734,9 +734,10 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     assert {"hp/val_acc", "hp/val_loss", "train_acc"} <= set(tags) and len(tags) == len(set(tags))
     # Logged on_step and on_epoch, train/loss is a TensorBoard series only as _step and _epoch.
     assert {"train/loss_step", "train/loss_epoch"} <= set(tags) and "train/loss" not in tags
-    shown = {str(path.relative_to(combined)) for path in combined.glob("*/*")}
-    assert shown == {f"{label}/{runs[0].name}" for label in ("study", "study-2", "study-3")}
-    folder = combined / "study-2" / runs[1].name
+    # two studies named "study", told apart by the folders above them, and the first given twice
+    shown = {str(path.relative_to(combined)) for path in combined.glob("*/*/*")}
+    assert shown == {f"{label}/{runs[0].name}" for label in ("one/study", "a,b/study", "one/study-2")}
+    folder = combined / "a,b" / "study" / runs[1].name
     assert (folder / "events.out.tfevents.1.host").resolve() == runs[1] / "events.out.tfevents.1.host"
     # Each trial's record is its own row: TensorBoard groups rows by this name, and the
     # two studies' records both named trial_0000-..., so they became one row.
@@ -744,7 +745,7 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     assert _session_group(original) == runs[1].name and _session_group(folder / original.name) == ""
     later = write_trial_session(second.tensorboard_dir, load_config(config), 1, {"model.lr": 0.02}, "PRUNED", 1)
     studies.link_new_runs()  # a trial that ended since
-    assert _session_group(next((combined / "study-2" / later.name).glob("*.hparams"))) == ""
+    assert _session_group(next((combined / "a,b" / "study" / later.name).glob("*.hparams"))) == ""
     # A file the study removed since (an earlier evaluation's test metrics) is not shown
     # as a link to nothing.
     removed = runs[1] / "events.out.tfevents.2.host.test"

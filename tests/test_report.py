@@ -324,3 +324,16 @@ def test_the_learning_curves_say_what_their_ends_mean_for_the_states_the_study_h
     figure = _learning_curves(study, failed)
     ticks = [tick for tick in figure.axes[0].get_xticks() if 0.5 <= tick <= 1.5]
     assert ticks == [1.0], figure.axes[0].get_xticks()
+
+
+def test_studies_shown_together_are_named_alike_in_compare_and_tensorboard():
+    """TensorBoard named a second study called digits-cnn "digits-cnn-2", beside a study
+    really named digits-cnn-2, which became "digits-cnn-2-2"; compare named them by the
+    folders above them (audit 39). One rule for both now."""
+    from pathlib import Path
+
+    from hpsearch.search.experiment import distinct_labels
+
+    roots = [Path("/a/digits-cnn"), Path("/b/digits-cnn"), Path("/c/digits-cnn-2")]
+    assert distinct_labels(roots) == ["a/digits-cnn", "b/digits-cnn", "digits-cnn-2"]
+    assert distinct_labels([Path("/x/runs/s"), Path("/y/runs/s"), Path("/z/s")]) == ["runs/s", "runs/s-2", "z/s"]
