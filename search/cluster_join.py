@@ -50,9 +50,10 @@ def ensure_token_accepted(address: str) -> None:
     to ``ray.init``, the refusal came after the preflight and 20 s of Ray's retries, with
     20 lines of its log, and ``check --address`` passed (audit 24). Any other answer is
     left to Ray, and so is ``auto``, for which Ray turns token mode on by itself."""
-    host, separator, port = address.rpartition(":")
-    if address == "auto" or not separator or "://" in address or not port.isdigit():
+    split = _host_and_port(address)
+    if address == "auto" or split is None:
         return
+    host, port = split
     try:
         import grpc
         from ray._raylet import AuthenticationTokenLoader
@@ -61,7 +62,7 @@ def ensure_token_accepted(address: str) -> None:
         return
     loader = AuthenticationTokenLoader.instance()
     token = tuple(loader.get_token_for_http_header().items()) if loader.has_token() else ()
-    with grpc.insecure_channel(f"{host.strip('[]')}:{port}") as channel:
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
         try:
             gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
                 gcs_service_pb2.GetClusterIdRequest(), timeout=ANSWER_TIMEOUT_S, metadata=token)
@@ -82,11 +83,12 @@ def ensure_cluster_answers(address: str) -> None:
                            f"address)")
     if address == "auto":
         address = started_by_ray_start()
-    host, separator, port = address.rpartition(":")
-    if not separator or "://" in address or not port.isdigit():
+    split = _host_and_port(address)
+    if split is None:
         return
+    host, port = split
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=ANSWER_TIMEOUT_S):
+        with socket.create_connection((host, port), timeout=ANSWER_TIMEOUT_S):
             return
     except OSError as exc:
         reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
@@ -98,10 +100,15 @@ def ensure_cluster_answers(address: str) -> None:
 
 def _is_ray_address(address: str) -> bool:
     """The forms ``ray.init`` takes: auto, local, ray://..., host:port."""
-    if address in ("auto", "local") or address.startswith("ray://"):
-        return True
+    return address in ("auto", "local") or address.startswith("ray://") or _host_and_port(address) is not None
+
+
+def _host_and_port(address: str) -> tuple[str, int] | None:
+    """``host:port`` split (an IPv6 host without its brackets), or None for another form."""
     host, separator, port = address.rpartition(":")
-    return bool(separator and host and port.isdigit())
+    if not (separator and host and port.isdigit()) or "://" in address:
+        return None
+    return host.strip("[]"), int(port)
 
 
 def join_error(address: str, error: BaseException) -> ClusterError:

@@ -124,8 +124,7 @@ class FloatParam(StrictModel):
 
     def edge_values(self) -> list[float]:
         """The lowest and highest values a sampler can give (on a grid, its last point)."""
-        top = self.high if self.step is None else round(
-            self.low + math.floor((self.high - self.low) / self.step + 1e-9) * self.step, 12)
+        top = self.high if self.step is None else round(self.low + (self.grid_points() - 1) * self.step, 12)
         return [self.low] if top == self.low else [self.low, top]
 
 
@@ -149,7 +148,7 @@ class IntParam(StrictModel):
 
     def edge_values(self) -> list[int]:
         """The lowest and highest values a sampler can give."""
-        top = self.low + (self.high - self.low) // self.step * self.step
+        top = self.low + (self.grid_points() - 1) * self.step
         return [self.low] if top == self.low else [self.low, top]
 
 
@@ -409,12 +408,13 @@ class ExperimentConfig(StrictModel):
         if colon and scheme.lower() in STORAGE_SCHEMES and not rest.startswith("//"):
             raise ValueError(f"{value!r} looks like a {scheme}:// URI with a slash missing; as it is, it is a "
                              f"local folder named {scheme + ':'!r}")
-        host = urlsplit(os.path.expandvars(value)).netloc  # as storage.local_path reads it: file://$HOME/runs
+        expanded = os.path.expandvars(value)  # as storage.local_path reads it: file://$HOME/runs
+        host = urlsplit(expanded).netloc
         if value.startswith("file://") and host not in ("", "localhost"):
             raise ValueError(f"{value!r} names the host {host!r}: a file URI's path follows three "
                              f"slashes (file:///home/me/runs); or give the path itself (./runs)")
         unset = None if "://" in value and not value.startswith("file://") else \
-            re.search(r"\$\{?([A-Za-z_]\w*)", os.path.expandvars(value))
+            re.search(r"\$\{?([A-Za-z_]\w*)", expanded)
         if unset:  # the set ones are expanded, as ~ is (storage.local_path)
             raise ValueError(f"{value!r} holds ${unset.group(1)}, which is not set in this environment")
         return value

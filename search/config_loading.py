@@ -59,7 +59,7 @@ def load_config(
         for path in apply_override(raw, key, value):
             lines[path] = overrides_label
     for key, value in (options or {}).items():
-        raw[key] = os.fspath(value) if isinstance(value, os.PathLike) else value  # storage=Path(...) (audit 36)
+        raw[key] = value  # storage=Path(...) is a path: _as_yaml_reads_it
         lines[(key,)] = f"--{key}"
     return validate(raw, lines, origin)
 

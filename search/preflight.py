@@ -246,8 +246,9 @@ def _length(loaders: Any) -> int | None:
 
 def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, Any],
                           batches: dict[str, int | None]) -> None:
-    """A fraction of the batches that leaves none (0.01 of 17): Lightning refuses it in every
-    trial, and the preflight, which runs two batches of its own, had not tried it (audit 36)."""
+    """A fraction of the batches that leaves none (0.01 of 17) at the preflight's values:
+    Lightning refuses it in a trial, and the preflight, which runs two batches of its own,
+    had not tried it (audit 36)."""
     for name, length in batches.items():
         limit = getattr(settings, name)
         if not length or not isinstance(limit, float) or limit >= 1.0 or int(length * limit) > 0:

@@ -56,7 +56,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
     config = exp.stored_config()
     metric, params = config["metric"], list(config["space"])
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
-    best = _best_row(rows, metric, config["mode"], params)
+    table = _table_of(rows, metric, config["mode"], params)
+    best = table.best_row()
     if rows:
         # the metric's column holds each trial's best epoch's value, not its last (audit 28)
         # the directory's name: a study run again from the same file is the file's name and a date (audit 39)
@@ -67,7 +68,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
             console.print(f"{len(rows) - len(shown)} more trials not shown (the latest {SHOWN_TRIALS} are, and "
                           f"those running or paused, and the best); `hpsearch status {study_address(exp.root)} --all` "
                           f"shows every one, and trials.csv has them.", markup=False, soft_wrap=True)
-        console.print(_summary_line(rows, best, metric, config["mode"]), markup=False, soft_wrap=True)
+        console.print(_summary_line(rows, best, table.pruned_ahead(best), metric, config["mode"]), markup=False,
+                      soft_wrap=True)
     else:
         journal = exp.root / STUDY_FILE
         if _journal_has_trials(journal):
@@ -131,14 +133,6 @@ def _journal_has_trials(journal: Path) -> bool:
     return False
 
 
-def _best_row(rows: list[dict[str, Any]], metric: str, mode: str, params: list[str]) -> dict[str, Any] | None:
-    return _table_of(rows, metric, mode, params).best_row()
-
-
-def _pruned_ahead(rows: list[dict[str, Any]], best: dict[str, Any], metric: str, mode: str) -> dict[str, Any] | None:
-    return _table_of(rows, metric, mode, []).pruned_ahead(best)
-
-
 def _table_of(rows: list[dict[str, Any]], metric: str, mode: str, params: list[str]) -> TrialsTable:
     table = TrialsTable(metric, mode, params)
     table.rows.update((int(row["trial"]), row) for row in rows)
@@ -153,8 +147,10 @@ def _worth_showing(rows: list[dict[str, Any]], best: dict[str, Any] | None) -> l
     return [row for row in rows if row["trial"] in latest or row is best or row.get("state") in ("RUNNING", "PAUSED")]
 
 
-def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metric: str, mode: str) -> str:
-    """``3300 trials: 1276 complete, 1921 pruned, 103 failed; best val_loss = 0.1667 (trial 3257)``"""
+def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, ahead: dict[str, Any] | None,
+                  metric: str, mode: str) -> str:
+    """``3300 trials: 1276 complete, 1921 pruned, 103 failed; best val_loss = 0.1667 (trial 3257)``;
+    ``ahead``: a pruned trial that scored better (``TrialsTable.pruned_ahead``)."""
     states: dict[str, int] = {}
     for row in rows:
         states[str(row.get("state", ""))] = states.get(str(row.get("state", "")), 0) + 1
@@ -162,7 +158,6 @@ def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metri
     line = f"{counted(len(rows), 'trial')}: " + ", ".join(f"{states[state]} {state.lower()}" for state in order)
     if best is not None:
         line += f"; best {metric} = {_fmt(best.get('best'))} (trial {best['trial']})"
-        ahead = _pruned_ahead(rows, best, metric, mode)
         if ahead is not None:
             line += (f"; pruned trial {ahead['trial']} scored better, {metric} = {_fmt(ahead['best'])}, but "
                      f"{PRUNED_NOT_CANDIDATES}")
@@ -170,10 +165,10 @@ def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, metri
     # but its better value so far is worth a word: the line seemed to skip it (audit 21, D4).
     going = [row for row in rows if row.get("state") in ("RUNNING", "PAUSED") and has_value(row)]
     if going:
-        ahead = best_of(going, mode, key=lambda row: float(row["best"]))
-        if best is None or best_of([float(ahead["best"]), float(best["best"])], mode) != float(best["best"]):
-            line += (f"; {'none ended yet, but ' if best is None else ''}{ahead['state'].lower()} trial "
-                     f"{ahead['trial']} has {metric} = {_fmt(ahead['best'])} so far")
+        leading = best_of(going, mode, key=lambda row: float(row["best"]))
+        if best is None or best_of([float(leading["best"]), float(best["best"])], mode) != float(best["best"]):
+            line += (f"; {'none ended yet, but ' if best is None else ''}{leading['state'].lower()} trial "
+                     f"{leading['trial']} has {metric} = {_fmt(leading['best'])} so far")
     return line
 
 
