@@ -33,10 +33,13 @@ class ImageClassifier(pl.LightningModule):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         optimizer: str = "adamw",
+        momentum: float = 0.9,
     ) -> None:
         super().__init__()
         if optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum (SGD's; AdamW has none) must be in [0, 1), got {momentum!r}")
         self.save_hyperparameters()
         self.network = self.build_network(tuple(input_shape), int(num_classes))
         # stage -> (sum of per-sample losses, correct predictions, samples) of this epoch so far
@@ -100,6 +103,6 @@ class ImageClassifier(pl.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         if hp.optimizer == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=0.9,
+            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum,
                                    weight_decay=hp.weight_decay)
         return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)

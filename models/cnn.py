@@ -19,9 +19,10 @@ class CNNClassifier(ImageClassifier):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         optimizer: str = "adamw",
+        momentum: float = 0.9,
     ) -> None:
         self._channels, self._dropout = int(channels), float(dropout)
-        super().__init__(input_shape, num_classes, lr, weight_decay, optimizer)
+        super().__init__(input_shape, num_classes, lr, weight_decay, optimizer, momentum)
 
     def build_network(self, input_shape, num_classes):
         in_channels, c = int(input_shape[0]), self._channels

@@ -20,9 +20,10 @@ class MLPClassifier(ImageClassifier):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         optimizer: str = "adamw",
+        momentum: float = 0.9,
     ) -> None:
         self._hidden_units, self._depth, self._dropout = int(hidden_units), int(depth), float(dropout)
-        super().__init__(input_shape, num_classes, lr, weight_decay, optimizer)
+        super().__init__(input_shape, num_classes, lr, weight_decay, optimizer, momentum)
 
     def build_network(self, input_shape, num_classes):
         features = 1

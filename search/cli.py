@@ -314,6 +314,15 @@ def cmd_run(args) -> int:
         return _report(result)
 
 
+def _said_with_condition(config) -> list[str]:
+    """Each searched parameter, a conditional one with its condition (``model.momentum if
+    model.optimizer=sgd``)."""
+    def condition(when: dict) -> str:
+        return " if " + " and ".join(f"{parent}={'|'.join(map(str, values))}" for parent, values in when.items())
+
+    return [key + (condition(param.when) if param.when else "") for key, param in config.space.items()]
+
+
 def cmd_check(args) -> int:
     from . import api
     from .errors import counted
@@ -331,7 +340,7 @@ def cmd_check(args) -> int:
     else:
         room = "the cluster's room for them is checked when the search starts"
     print(f"ok: {config.name}: {config.model.class_path} on {config.data.class_path}, "
-          f"{len(config.space)} searched parameters ({', '.join(config.space) or 'none'}), "
+          f"{len(config.space)} searched parameters ({', '.join(_said_with_condition(config)) or 'none'}), "
           f"{config.metric} ({config.mode}) logged at validation\n"
           f"  {counted(trial_limit(config), 'trial')}, {config.search.max_concurrent} at a time, "
           f"each {trial}; {room}\n"

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, Strict, ValidationError,
-                      field_validator, model_validator)
+                      field_validator, model_serializer, model_validator)
 
 # A whole number, strictly: pydantic would take ``true`` as 1 and ``3.0`` as 3.
 WholeNumber = Annotated[int, Strict()]
@@ -103,7 +103,52 @@ def _first_unwritable(value: Any) -> Any:
     return value
 
 
-class FloatParam(StrictModel):
+def same_choice(value: Any, choice: Any) -> bool:
+    """Whether ``value`` is ``choice``, as a condition compares a sampled value: equal and of
+    one kind (a number with a number, but ``true`` is not 1, nor ``"1"`` 1)."""
+    numbers = (int, float)
+    if isinstance(value, bool) or isinstance(choice, bool) or not isinstance(value, numbers) \
+            or not isinstance(choice, numbers):
+        return type(value) is type(choice) and value == choice
+    return value == choice
+
+
+class SearchedParam(StrictModel):
+    """What every kind of parameter has: the condition under which it is sampled."""
+
+    when: dict[str, list[Scalar]] | None = Field(
+        None, description="sample this parameter only in trials where each categorical parameter named (listed "
+                          "before it) has one of the values given; in the others its class keeps its own value")
+
+    @field_validator("when", mode="before")
+    @classmethod
+    def _one_value_is_a_list_of_one(cls, when: Any) -> Any:
+        if isinstance(when, dict):
+            return {key: value if isinstance(value, list) else [value] for key, value in when.items()}
+        return when
+
+    @field_validator("when")
+    @classmethod
+    def _names_values(cls, when: dict[str, list[Scalar]] | None) -> dict[str, list[Scalar]] | None:
+        if when is not None and not when:
+            raise ValueError("is empty: name a categorical parameter and its values (when: {model.optimizer: sgd}), "
+                             "or leave 'when' out")
+        for key, values in (when or {}).items():
+            if not values:
+                raise ValueError(f"{key}: no value given; the parameter would never be sampled")
+        return when
+
+    @model_serializer(mode="wrap")
+    def _when_only_if_set(self, handler):
+        """experiment.yaml and a study's recorded settings hold ``when`` only where it is set:
+        studies from before it existed compare equal, and unconditional parameters read as
+        they always have."""
+        dumped = handler(self)
+        when = dumped.pop("when", None)
+        return dumped if self.when is None else {**dumped, "when": when}
+
+
+class FloatParam(SearchedParam):
     type: Literal["float"]
     low: Number
     high: Number
@@ -128,7 +173,7 @@ class FloatParam(StrictModel):
         return [self.low] if top == self.low else [self.low, top]
 
 
-class IntParam(StrictModel):
+class IntParam(SearchedParam):
     type: Literal["int"]
     low: WholeNumber
     high: WholeNumber
@@ -152,7 +197,7 @@ class IntParam(StrictModel):
         return [self.low] if top == self.low else [self.low, top]
 
 
-class CategoricalParam(StrictModel):
+class CategoricalParam(SearchedParam):
     type: Literal["categorical"]
     choices: list[Scalar] = Field(min_length=1)
 
@@ -498,9 +543,43 @@ class ExperimentConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _conditions_name_earlier_choices(self):
+        """A ``when`` names a categorical parameter listed before its own (parameters are
+        sampled in the order listed, so its value is known) and values among its choices:
+        otherwise the parameter would be sampled never, or by a condition that reads wrong."""
+        order = list(self.space)
+        for key, param in self.space.items():
+            for parent, values in (param.when or {}).items():
+                field = f"space.{key}.when"
+                if parent == key:
+                    raise FieldValueError(field, f"names {key} itself: a condition names another parameter")
+                if parent not in self.space:
+                    raise FieldValueError(field, f"names {parent!r}, which is not a searched parameter "
+                                                 f"(searched: {', '.join(order)})")
+                if order.index(parent) > order.index(key):
+                    raise FieldValueError(field, f"names {parent}, which is listed after {key}: parameters are "
+                                                 f"sampled in the order listed, so list {parent} first")
+                choices = getattr(self.space[parent], "choices", None)
+                if choices is None:
+                    raise FieldValueError(field, f"names {parent}, a {self.space[parent].type} range: a condition "
+                                                 "names values of a categorical parameter (make it one: type: "
+                                                 "categorical, choices: [...])")
+                for value in values:
+                    if not any(same_choice(value, choice) for choice in choices):
+                        raise FieldValueError(field, f"{value!r} is not one of {parent}'s choices {choices}: "
+                                                     f"{key} would never be sampled with it")
+        return self
+
+    @model_validator(mode="after")
     def _grid_needs_finite_values(self):
         if self.search.sampler != "grid":
             return self
+        conditional = next((key for key, param in self.space.items() if param.when), None)
+        if conditional:
+            raise FieldValueError(f"space.{conditional}.when", "sampler 'grid' visits every combination of "
+                                  "every parameter's values, and a conditional parameter has no value in some: "
+                                  "use another sampler, or list the combinations as the choices of one "
+                                  "categorical parameter and map each in your class's constructor")
         for key, param in self.space.items():
             if isinstance(param, FloatParam) and param.step is None:
                 fix = ("a grid has no log scale: list the values as a categorical parameter "

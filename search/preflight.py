@@ -27,6 +27,7 @@ from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .devices import loader_options, resolve_precision
 from .errors import ConfigError, warn_user
 from .lightning_trainer import ctrl_c_interrupts, lightning_quieted
+from .space import sampled_only, with_value
 
 
 # The most the preflight spends building classes with the other values of the space.
@@ -34,7 +35,8 @@ OTHER_VALUES_BUDGET_S = 5.0
 
 
 def representative_params(config: ExperimentConfig) -> dict[str, Any]:
-    """A valid value for every searched parameter: the middle of its range, the first choice."""
+    """A valid value for every searched parameter: the middle of its range, the first choice
+    (for the conditional ones too; ``sampled_only`` keeps those a trial would sample)."""
     values: dict[str, Any] = {}
     for key, param in config.space.items():
         if isinstance(param, CategoricalParam):
@@ -49,7 +51,8 @@ def representative_params(config: ExperimentConfig) -> dict[str, Any]:
 def run_preflight(config: ExperimentConfig, model_class: type, data_class: type) -> list[str]:
     """Train one step and validate one batch; return the metrics the model logged at
     validation. Raises ``ConfigError``."""
-    params = representative_params(config)
+    values = representative_params(config)
+    params = sampled_only(config, values)
     # The trials' own options, with no loader processes to start for one batch.
     loader = loader_options(config.loader.model_copy(update={"num_workers": 0, "pin_memory": False}),
                             config.resources, on_gpu=False)
@@ -70,8 +73,8 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     with lightning_quieted():  # the driver may be the user's own Python session
         logged, in_training = _a_few_batches(config, params, model, datamodule, model_class, data_class)
         for precision in _other_searched_precisions(config, params):
-            _a_few_batches(config, {**params, "trainer.precision": precision}, model, datamodule, model_class,
-                           data_class, blame="space.trainer.precision")
+            _a_few_batches(config, with_value(config, values, "trainer.precision", precision), model, datamodule,
+                           model_class, data_class, blame="space.trainer.precision")
         if config.metric not in logged:
             raise ConfigError([config.problem(
                 "metric",
@@ -82,7 +85,7 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
                    if config.metric in in_training else ""),
             )])
         problems = _manual_optimization_problems(config, model_class, model)
-        problems += _values_the_classes_refuse(config, model_class, data_class, params, model, datamodule, loader)
+        problems += _values_the_classes_refuse(config, model_class, data_class, values, model, datamodule, loader)
         if problems and config.resources.worker_gpus > 0 and not _driver_has_gpu():
             # The builds ran here, on a driver without a GPU (a laptop, a CPU head node), for
             # trials that will have one: a value may need the GPU, so this is not proof.
@@ -144,7 +147,7 @@ def _other_searched_precisions(config: ExperimentConfig, params: dict[str, Any])
     param = config.space.get("trainer.precision")
     if not isinstance(param, CategoricalParam):
         return []
-    tried = {preflight_precision(config, str(params["trainer.precision"]))}
+    tried = {preflight_precision(config, str(params.get("trainer.precision", config.trainer.precision)))}
     others = []
     for choice in map(str, param.choices):
         trains_in = preflight_precision(config, choice)
@@ -376,9 +379,10 @@ def _shown(value: Any) -> str:
 
 
 def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data_class: type,
-                               params: dict[str, Any], model, datamodule, loader: dict[str, Any]) -> list:
+                               values: dict[str, Any], model, datamodule, loader: dict[str, Any]) -> list:
     """Each model and data parameter's other choices and range ends, one at a time, given
-    to its class's constructor: a value the constructor refuses, or one that makes the
+    to its class's constructor (a conditional parameter's with the values that make a trial
+    sample it; ``values`` holds one for each parameter): a value the constructor refuses, or one that makes the
     model's and the DataModule's saved hyperparameters disagree (beside the other class
     as built above), would fail every trial that samples it. Models are built on torch's
     meta device, so no weights are allocated (and on the CPU when that fails: some
@@ -388,17 +392,20 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
 
     problems, unchecked = [], []
     deadline = time.perf_counter() + OTHER_VALUES_BUDGET_S
+    params = sampled_only(config, values)
     for key, param in config.space.items():
         section = key.partition(".")[0]
         if section not in ("model", "data"):
             continue
         for value in param.edge_values():
-            if repr(value) == repr(params[key]):
+            if key in params and repr(value) == repr(params[key]):
                 continue  # built and validated above
             if time.perf_counter() > deadline:
                 unchecked.append(f"space.{key}")
                 break
-            variant = {**params, key: value}
+            variant = with_value(config, values, key, value)
+            conditions = ", ".join(f"{parent}={variant[parent]!r}" for parent in param.when or {})
+            value_said = f"{value!r} (with {conditions})" if conditions else repr(value)
             try:
                 with _warnings_naming(f"space.{key} = {value!r} (a value the search can sample)"):
                     pair = _built_with(config, section, variant, model, datamodule, model_class, data_class,
@@ -409,11 +416,11 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
             except Exception as exc:
                 name = (data_class if section == "data" else model_class).__name__
                 problems.append(config.problem(
-                    f"space.{key}", f"{value!r} can be sampled, but {name}(...) raised {type(exc).__name__}: {exc}"))
+                    f"space.{key}", f"{value_said} can be sampled, but {name}(...) raised {type(exc).__name__}: {exc}"))
                 continue
             if clash := _hparams_clash(*pair):
                 problems.append(config.problem(
-                    f"space.{key}", f"{value!r} can be sampled, but then {model_class.__name__} and "
+                    f"space.{key}", f"{value_said} can be sampled, but then {model_class.__name__} and "
                                     f"{data_class.__name__} save different values of {', '.join(clash)} in their "
                                     "hparams, which Lightning refuses as a trial starts (\"Error while merging "
                                     "hparams\")"))

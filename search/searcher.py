@@ -26,7 +26,7 @@ from .experiment import STUDY_FILE
 from .outcome import (COMPLETE, EPOCH, FAILED, KNOWN_EPOCHS, PRUNED, STOP_REASON, TRIAL_NUMBER, PruneLog, best_of,
                       classify)
 from .seeding import resumed_seed
-from .space import grid_values, to_distributions, trial_limit
+from .space import grid_values, is_sampled, to_distributions, trial_limit
 
 RAY_TRIAL_ID = "ray_trial_id"
 SETTINGS = "hps_settings"  # the study's: what it was searched with, that a resume may not change
@@ -114,7 +114,7 @@ def make_sampler(config: ExperimentConfig, seed_offset: int = 0,
     if kind == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     if kind == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)  # check_sampler says it
     if kind == "grid":
         return _Grid({k: grid_values(p) for k, p in config.space.items()}, seed=seed)
     # constant_liar keeps concurrent trials from being sampled at the same point.
@@ -289,7 +289,8 @@ class OptunaSearcher(Searcher):
             handed_out = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
             if len(handed_out) >= self.trial_limit:
                 return Searcher.FINISHED
-            trial = study.ask(fixed_distributions=self.distributions)
+            trial = study.ask()
+            self._sample(trial)
             trial.set_user_attr(RAY_TRIAL_ID, trial_id)
             self._numbers[trial_id] = trial.number
         frozen = study.get_trials(deepcopy=False)[self._numbers[trial_id]]
@@ -312,11 +313,15 @@ class OptunaSearcher(Searcher):
         Each sampled value is its own journal record, so a driver killed while a trial was
         being sampled left it with some of them; it then trained with the model's defaults
         for the rest, values outside the search, and could be reported as the best."""
-        missing = {name: dist for name, dist in self.distributions.items()
-                   if name not in self.study.get_trials(deepcopy=False)[number].params}
-        if missing:
-            trial = optuna.Trial(self.study, self._trial_key(number))
-            for name, distribution in missing.items():
+        params = self.study.get_trials(deepcopy=False)[number].params
+        if any(name not in params and is_sampled(self.config.space[name], params) for name in self.distributions):
+            self._sample(optuna.Trial(self.study, self._trial_key(number)))
+
+    def _sample(self, trial: optuna.Trial) -> None:
+        """Sample the trial's values in the space's order, each parameter whose condition
+        its earlier values meet (one it has already is kept, as Optuna keeps it)."""
+        for name, distribution in self.distributions.items():
+            if is_sampled(self.config.space[name], trial.params):
                 _suggest(trial, name, distribution)
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:

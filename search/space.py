@@ -1,7 +1,8 @@
 """The search space: experiment ``space`` entries as Optuna distributions.
 
 Parameter names keep their dotted form (``model.lr``), which is also how they appear
-in the Optuna study, trials.csv and TensorBoard.
+in the Optuna study, trials.csv and TensorBoard. A parameter with a ``when`` is sampled
+only in the trials whose earlier values meet it (``is_sampled``); the others lack it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
+from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam, same_choice
 from .errors import ConfigError, warn_user
 
 if TYPE_CHECKING:
@@ -36,6 +37,38 @@ def to_distribution(param: FloatParam | IntParam | CategoricalParam) -> BaseDist
 
 def to_distributions(config: ExperimentConfig) -> dict[str, BaseDistribution]:
     return {key: to_distribution(param) for key, param in config.space.items()}
+
+
+def is_sampled(param: FloatParam | IntParam | CategoricalParam, earlier: dict[str, Any]) -> bool:
+    """Whether a trial samples ``param``, given the values it sampled before it: each
+    parameter its ``when`` names has one of the values listed (one not sampled has none)."""
+    return all(parent in earlier and any(same_choice(earlier[parent], value) for value in values)
+               for parent, values in (param.when or {}).items())
+
+
+def sampled_only(config: ExperimentConfig, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` without those that a trial with them would not sample (their parameter's
+    condition fails), in the space's order."""
+    kept: dict[str, Any] = {}
+    for key, param in config.space.items():
+        if key in values and is_sampled(param, kept):
+            kept[key] = values[key]
+    return kept
+
+
+def with_value(config: ExperimentConfig, values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """A trial's values with ``key`` at ``value``: the parameters its condition names are
+    set to a value that meets it (their first allowed), in turn theirs, and what is then no
+    longer sampled is left out. ``values`` holds one for every parameter (sampled or not),
+    so that a parameter a changed condition now samples has one."""
+    changed, pending = {**values, key: value}, [key]
+    while pending:
+        for parent, allowed in (config.space[pending.pop()].when or {}).items():
+            if parent not in changed or not any(same_choice(changed[parent], option) for option in allowed):
+                choices = config.space[parent].choices
+                changed[parent] = next(c for c in choices if any(same_choice(option, c) for option in allowed))
+            pending.append(parent)
+    return sampled_only(config, changed)
 
 
 def grid_values(param: FloatParam | IntParam | CategoricalParam) -> list[Any]:
@@ -71,8 +104,9 @@ def check_steps(config: ExperimentConfig) -> None:
 
 
 def check_sampler(config: ExperimentConfig) -> None:
-    """Before anything starts: the sampler's optional package is installed, and a grid
-    smaller than ``num_trials`` is said to end the search early."""
+    """Before anything starts: the sampler's optional package is installed, a grid
+    smaller than ``num_trials`` is said to end the search early, and a sampler that models
+    only the parameters every trial has is said to sample the conditional ones at random."""
     if config.search.sampler == "gp" and importlib.util.find_spec("scipy") is None:
         # Optuna's GP sampler imports SciPy only once its first 10 random trials are done.
         raise ConfigError([config.problem(
@@ -80,3 +114,8 @@ def check_sampler(config: ExperimentConfig) -> None:
     if config.search.sampler == "grid" and grid_size(config) < config.search.num_trials:
         warn_user(f"search.num_trials is {config.search.num_trials} but the grid has {grid_size(config)} points: "
                   f"the search ends after {grid_size(config)} trials")
+    conditional = [key for key, param in config.space.items() if param.when]
+    if conditional and config.search.sampler in ("cmaes", "gp"):
+        warn_user(f"search.sampler '{config.search.sampler}' models only the parameters every trial samples: "
+                  f"{', '.join(conditional)} (conditional) will be sampled at random; 'tpe' models each "
+                  "parameter over the trials that sample it")

@@ -234,7 +234,10 @@ def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: li
 
 
 def _shared_values(row: dict[str, Any], params: list[str]) -> str:
-    return " ".join(f"{name}={_sampled(row, param)}" for name, param in zip(_short_names(params), params))
+    """The values of the shared column; a conditional parameter the trial did not sample is
+    left out, rather than shown as ``momentum=-`` in most rows."""
+    return " ".join(f"{name}={_sampled(row, param)}" for name, param in zip(_short_names(params), params)
+                    if row.get(param) not in (None, ""))
 
 
 def _sampled(row: dict[str, Any], param: str) -> str:

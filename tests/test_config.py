@@ -142,8 +142,8 @@ def test_bad_schema_is_rejected_naming_the_field(label, change, field, message):
 
 
 BAD_COMPONENTS = [
-    ("space key not a constructor argument", _set("space/model.momentum", {"type": "float", "low": 0.1, "high": 0.9}),
-     "space.model.momentum", "takes no argument 'momentum'"),
+    ("space key not a constructor argument", _set("space/model.nesterov", {"type": "float", "low": 0.1, "high": 0.9}),
+     "space.model.nesterov", "takes no argument 'nesterov'"),
     ("init_args key not a constructor argument", _set("data/init_args", {"batch_size": 64, "shuffle_buffer": 3}),
      "data.init_args.shuffle_buffer", "takes no argument 'shuffle_buffer'"),
     ("unknown built-in", _set("model/class_path", "resnet"), "model.class_path", "neither a built-in"),
@@ -351,9 +351,9 @@ def test_a_studys_experiment_yaml_written_before_yaml_12_numbers_reads_back_as_w
 
 
 def test_constructor_errors_from_a_file_carry_the_line(tmp_path):
-    data = mutated(_set("space/model.momentum", {"type": "float", "low": 0.1, "high": 0.9}))
+    data = mutated(_set("space/model.nesterov", {"type": "float", "low": 0.1, "high": 0.9}))
     path = write_yaml(tmp_path / "x.yaml", data)
-    line = next(i for i, l in enumerate(path.read_text().splitlines(), 1) if "model.momentum" in l)
+    line = next(i for i, l in enumerate(path.read_text().splitlines(), 1) if "model.nesterov" in l)
     with pytest.raises(ConfigError) as caught:
         check_components(load_config(path))
     assert caught.value.problems[0].line == line
