@@ -267,16 +267,15 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
         for name in sorted(missing)
     ]
     hints = _type_hints(klass)
-    problems += [
-        config.problem(f"{section}.init_args.{name}", wrong)
-        for name, value in component.init_args.items()
-        if name in hints and name not in searched and (wrong := _wrong_type(klass, name, hints[name], value))
-    ]
-    problems += [
-        config.problem(f"space.{section}.{name}", wrong)
-        for name, param in sorted(searched_params.items())
-        if name in hints and (wrong := _sampled_wrong_type(klass, name, hints[name], param))
-    ]
+    for name, value in component.init_args.items():
+        field = f"{section}.init_args.{name}"
+        if name in hints and name not in searched and \
+                (wrong := _wrong_type(klass, name, hints[name], value, config.read_as_yaml(field))):
+            problems.append(config.problem(field, wrong))
+    for name, param in sorted(searched_params.items()):
+        field = f"space.{section}.{name}"
+        if name in hints and (wrong := _sampled_wrong_type(klass, name, hints[name], param, config.read_as_yaml(field))):
+            problems.append(config.problem(field, wrong))
     return problems
 
 
@@ -314,7 +313,7 @@ def _annotations(init) -> dict[str, Any]:
     return hints
 
 
-def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | None:
+def _wrong_type(klass: type, name: str, annotation: Any, value: Any, as_yaml: bool = True) -> str | None:
     """Why ``value`` (set in init_args, or one the space can sample) does not suit the
     argument's annotated type, or None. Judged for annotations of plain values only
     (``_plain_annotation``). A value pydantic would convert counts as fitting, except a
@@ -322,7 +321,8 @@ def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | No
     it takes an int (``16.0``): the constructor would get it as it is, and fail later, in
     the preflight, blamed on the class. So is a boolean where it takes none: YAML reads
     ``off``, ``no``, ``on`` and ``yes`` as booleans, and ``augment: off`` for a
-    ``Literal["off", "light"]`` gave the model ``False``."""
+    ``Literal["off", "light"]`` gave the model ``False``. The advice on quotes is for a value
+    written as YAML (``as_yaml``); a Python caller is told the type to pass."""
     from pydantic import TypeAdapter, ValidationError
 
     if not _plain_annotation(annotation):
@@ -331,24 +331,27 @@ def _wrong_type(klass: type, name: str, annotation: Any, value: Any) -> str | No
     if isinstance(value, bool):
         if _fits_as_it_is(annotation, value):
             return None
-        return (f"{value!r} is a boolean, and {klass.__name__}'s {name} takes {expected} (YAML reads true/false, "
-                f"yes/no and on/off as booleans): if you meant the word, put it in quotes")
+        said = f"{value!r} is a boolean, and {klass.__name__}'s {name} takes {expected}"
+        return (f"{said} (YAML reads true/false, yes/no and on/off as booleans): if you meant the word, put it in "
+                f"quotes") if as_yaml else said
     try:
         TypeAdapter(annotation).validate_python(value)
     except ValidationError as exc:
         if isinstance(value, (int, float)) and _fits_as_it_is(annotation, str(value)):
-            return f"{value!r} is a number, and {klass.__name__}'s {name} takes {expected}: put it in quotes ('{value}')"
+            fix = f"put it in quotes ('{value}')" if as_yaml else f"pass the string '{value}'"
+            return f"{value!r} is a number, and {klass.__name__}'s {name} takes {expected}: {fix}"
         return f"{value!r} does not suit {klass.__name__}'s {name}: {expected} ({exc.errors()[0]['msg']})"
     if _fits_as_it_is(annotation, value):
         return None
     if isinstance(value, str):
-        return f"{value!r} is a string, and {klass.__name__}'s {name} takes {expected}: write it without quotes"
+        return f"{value!r} is a string, and {klass.__name__}'s {name} takes {expected}: " + \
+            ("write it without quotes" if as_yaml else "pass a number")
     if isinstance(value, float):
         return f"{value!r} is a float, and {klass.__name__}'s {name} takes {expected}: write {int(value)}"
     return None
 
 
-def _sampled_wrong_type(klass: type, name: str, annotation: Any, param) -> str | None:
+def _sampled_wrong_type(klass: type, name: str, annotation: Any, param, as_yaml: bool = True) -> str | None:
     """Why values a space parameter can sample do not suit the argument's annotated type,
     or None: each choice, or each end of a range, as an ``init_args`` value is judged; a
     float range for an argument that takes ints is said as such (``type: float`` gives
@@ -360,7 +363,7 @@ def _sampled_wrong_type(klass: type, name: str, annotation: Any, param) -> str |
                 and not _fits_as_it_is(annotation, value):
             return (f"type: float samples floats such as {value!r}, and {klass.__name__}'s {name} takes "
                     f"{_type_name(annotation)}: use type: int")
-        if wrong := _wrong_type(klass, name, annotation, value):
+        if wrong := _wrong_type(klass, name, annotation, value, as_yaml):
             return wrong
     return None
 

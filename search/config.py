@@ -477,6 +477,17 @@ class ExperimentConfig(StrictModel):
                            if path[:len(parts)] == parts and isinstance(line, str)]
         return ".".join(min(set_by_override, key=len)) if set_by_override else None
 
+    def read_as_yaml(self, field: str) -> bool:
+        """Whether ``field``'s value was written as YAML (a file's line, ``--set``) rather than
+        given as a Python value (a dict, the API's overrides): advice on quotes and on YAML's
+        booleans is for the first only."""
+        parts = split_field(field)
+        for end in range(len(parts), 0, -1):
+            line = self._lines.get(parts[:end])
+            if line is not None:
+                return isinstance(line, int) or line == "--set"
+        return self._origin != "<dict>"
+
     def problem(self, field: str, message: str):
         """A ``Problem`` for ``field`` (dotted; space keys keep their dots), located in the file."""
         from .errors import Problem

@@ -257,6 +257,9 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
     cause = (error.get("ctx") or {}).get("error")
     if isinstance(cause, FieldValueError):
         loc, message = list(split_field(".".join([*loc, cause.field]))), str(cause)
+    line = _line_of(tuple(loc), lines)
+    # written as YAML (a file, --set), or given as a Python value (a dict, the API's overrides)
+    as_yaml = isinstance(line, int) or line == SET or (line is None and origin != "<dict>")
     if error["type"] == "extra_forbidden":
         message = "unknown key (check the spelling; see the README for the allowed keys)"
     elif error["type"] == "missing":
@@ -274,7 +277,7 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
         else:
             message = (f"an import path is needed, a string such as '{given.__module__}:{given.__qualname__}', "
                        f"not the class {given.__qualname__} itself")
-    elif error["type"] == "string_type" and isinstance(error.get("input"), (int, float, bool)):
+    elif error["type"] == "string_type" and isinstance(error.get("input"), (int, float, bool)) and as_yaml:
         message = f"{message}; YAML read {error['input']!r} as a {type(error['input']).__name__}: put it in quotes"
     elif error["type"] == "model_type":  # pydantic: "a valid dictionary or instance of SearchConfig"
         given = error.get("input")
@@ -284,25 +287,28 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
         elif isinstance(given, list):
             message += ", not a list"  # a plain value is said after, as for every field
     elif error["type"] in ("float_type", "int_type") and isinstance(error.get("input"), (str, bool)):
-        message = _not_a_number(error["input"])
+        message = _not_a_number(error["input"], as_yaml)
     elif not isinstance(cause, FieldValueError) and _is_plain_value(error.get("input")):
         message = f"{message}{_got(error['input'])}"
-    line = _line_of(tuple(loc), lines)
     if isinstance(line, str):
         return Problem(".".join(loc), message, None, line)
     return Problem(".".join(loc), message, line, origin if line else None)
 
 
-def _not_a_number(given: str | bool) -> str:
+def _not_a_number(given: str | bool, as_yaml: bool = True) -> str:
     """A number field given text or a boolean, which pydantic's lax mode took as a number
     in some fields and refused in others ("Input should be a valid number"). What it was
-    given is added after, as for every field."""
+    given is added after, as for every field. Advice on YAML only for what was written as
+    YAML: a Python caller's ``"5"`` has no quotes to remove."""
     if isinstance(given, bool):
-        return "a number is needed; YAML reads yes, no, on and off as true and false"
+        return "a number is needed; YAML reads yes, no, on and off as true and false" if as_yaml else \
+            "a number is needed, not a boolean"
     try:
         float(given)
     except ValueError:
         return "a number is needed"
+    if not as_yaml:
+        return "a number is needed, not a string"
     if "_" in given:  # Python reads 1_000 as a number; YAML 1.2 does not (audit 38)
         return f"a number is needed; YAML reads {given} as text: write it without the underscores"
     return "a number is needed; remove the quotes"

@@ -134,11 +134,29 @@ BAD_SCHEMA = [
 
 
 @pytest.mark.parametrize("label, change, field, message", BAD_SCHEMA, ids=[case[0] for case in BAD_SCHEMA])
-def test_bad_schema_is_rejected_naming_the_field(label, change, field, message):
+def test_bad_schema_is_rejected_naming_the_field(label, change, field, message, tmp_path):
     with pytest.raises(ConfigError) as caught:
-        load_config(mutated(change))
+        load_config(write_yaml(tmp_path / "exp.yaml", mutated(change)))  # as a person writes it
     problems = caught.value.problems
     assert any(p.field == field and message in p.message for p in problems), [str(p) for p in problems]
+    with pytest.raises(ConfigError) as caught:
+        load_config(mutated(change))  # as the Python API gets it
+    assert any(p.field == field for p in caught.value.problems), [str(p) for p in caught.value.problems]
+
+
+@pytest.mark.parametrize("change, field, message", [
+    (_set("search/num_trials", True), "search.num_trials", "a number is needed, not a boolean (got True)"),
+    (_set("resources/cpus_per_trial", "1"), "resources.cpus_per_trial", "a number is needed, not a string (got '1')"),
+    (_set("name", 1000.0), "name", "Input should be a valid string (got 1000.0)"),
+])
+def test_a_python_value_of_the_wrong_type_gets_no_advice_on_yaml(change, field, message):
+    """A dict from the Python API has no quotes to remove, and no YAML read its booleans:
+    it was told to put a name in quotes."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(mutated(change))
+    [problem] = caught.value.problems
+    assert (problem.field, problem.message) == (field, message), problem
+    assert "YAML" not in str(problem) and "quotes" not in str(problem), problem
 
 
 BAD_COMPONENTS = [

@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FIXTURES, commands_matching, pids_whose_command
+from conftest import FIXTURES, commands_matching, pids_whose_command, write_yaml
 from hpsearch.search.components import build_datamodule, build_model, check_components, user_code_roots
 from hpsearch.search.config_loading import load_config
 from hpsearch.search.devices import loader_options, resolve_precision
 from hpsearch.search.errors import ConfigError
 from hpsearch.search.outcome import FAILURE, FINISHED
 from hpsearch.search.preflight import run_preflight
+from hpsearch.search.yaml_io import dump_yaml
 
 
 def test_sampled_values_override_init_args_and_data_fills_model_shape(example_config):
@@ -1220,15 +1221,20 @@ def test_a_sampleable_value_that_makes_the_saved_hparams_clash_is_refused(exampl
     ("1e-4x", "'1e-4x' does not suit CNNClassifier's weight_decay: float (Input should be a valid number"),
     ("1e-4", "'1e-4' is a string, and CNNClassifier's weight_decay takes float: write it without quotes"),
 ])
-def test_an_init_arg_of_the_wrong_type_is_named_before_anything_runs(example_config, value, said):
+def test_an_init_arg_of_the_wrong_type_is_named_before_anything_runs(example_config, value, said, tmp_path):
     """Checked against the constructor's annotations: the value used to reach the model as
-    a string and fail in the preflight, blamed on model.class_path."""
+    a string and fail in the preflight, blamed on model.class_path. Advice on quotes is for
+    a file's value; a Python caller is told what to pass."""
     example_config["model"]["init_args"]["weight_decay"] = value
-    config = load_config(example_config)
-    with pytest.raises(ConfigError) as caught:
-        check_components(config)
-    [problem] = caught.value.problems
-    assert problem.field == "model.init_args.weight_decay" and said in problem.message, problem
+    written = tmp_path / "exp.yaml"
+    written.write_text(dump_yaml(example_config))  # quotes a string that reads as a number ('1e-4')
+    for source, told in ((written, said),
+                         (example_config, said.replace("write it without quotes", "pass a number"))):
+        config = load_config(source)
+        with pytest.raises(ConfigError) as caught:
+            check_components(config)
+        [problem] = caught.value.problems
+        assert problem.field == "model.init_args.weight_decay" and told in problem.message, problem
 
 
 def test_values_of_the_annotated_type_or_converted_without_loss_pass(example_config):
@@ -1263,12 +1269,12 @@ def test_a_value_set_by_hand_named_beside_a_searched_one_is_blamed_not_the_searc
     ({"type": "categorical", "choices": ["8", "16"]},
      "'8' is a string, and CNNClassifier's channels takes int: write it without quotes"),
 ])
-def test_a_searched_value_of_the_wrong_type_is_named_by_its_space_key(example_config, param, said):
+def test_a_searched_value_of_the_wrong_type_is_named_by_its_space_key(example_config, param, said, tmp_path):
     """Checked against the constructor's annotations, as init_args are: the float reached
     the model and failed there, blamed on model.init_args, shown as channels=8."""
     example_config["space"]["model.channels"] = param
     with pytest.raises(ConfigError) as caught:
-        check_components(load_config(example_config))
+        check_components(load_config(write_yaml(tmp_path / "exp.yaml", example_config)))
     [problem] = caught.value.problems
     assert problem.field == "space.model.channels" and said in problem.message, problem
 
