@@ -274,7 +274,8 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
             problems.append(config.problem(field, wrong))
     for name, param in sorted(searched_params.items()):
         field = f"space.{section}.{name}"
-        if name in hints and (wrong := _sampled_wrong_type(klass, name, hints[name], param, config.read_as_yaml(field))):
+        as_yaml = config.read_as_yaml(field)
+        if name in hints and (wrong := _sampled_wrong_type(klass, name, hints[name], param, as_yaml)):
             problems.append(config.problem(field, wrong))
     return problems
 
