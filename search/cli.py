@@ -317,10 +317,9 @@ def cmd_run(args) -> int:
 def _said_with_condition(config) -> list[str]:
     """Each searched parameter, a conditional one with its condition (``model.momentum if
     model.optimizer=sgd``)."""
-    def condition(when: dict) -> str:
-        return " if " + " and ".join(f"{parent}={'|'.join(map(str, values))}" for parent, values in when.items())
+    from .config import condition_text
 
-    return [key + (condition(param.when) if param.when else "") for key, param in config.space.items()]
+    return [key + (f" if {condition_text(param.when)}" if param.when else "") for key, param in config.space.items()]
 
 
 def cmd_check(args) -> int:

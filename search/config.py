@@ -113,6 +113,11 @@ def same_choice(value: Any, choice: Any) -> bool:
     return value == choice
 
 
+def condition_text(when: dict[str, list[Any]]) -> str:
+    """A ``when`` as a person reads it: ``model.optimizer=sgd|rmsprop and model.depth=2``."""
+    return " and ".join(f"{parent}={'|'.join(map(str, values))}" for parent, values in when.items())
+
+
 class SearchedParam(StrictModel):
     """What every kind of parameter has: the condition under which it is sampled."""
 

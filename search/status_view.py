@@ -421,19 +421,28 @@ def _compared(s: StudySummary, label: str, differs: dict[str, Any]) -> dict[str,
         "unfinished": str(s.trials - sum(s.counts[state] for state in ("COMPLETE", "PRUNED", "FAILED"))),
         "wall s": f"{s.wall_s:.1f}", "compute s": f"{s.compute_s:.1f}",
         "saved s": f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
-        "differs in": ", ".join(f"{key}={_setting(value)}" for key, value in differs.items()) or "-",
+        "differs in": ", ".join(f"{key}={_differing(key, value)}" for key, value in differs.items()) or "-",
     }
     return {column: escape(text) for column, text in cells.items()}
+
+
+def _differing(key: str, value: Any) -> str:
+    """A setting in which the compared studies differ; a parameter this study does not search is said so."""
+    return "not searched" if value is None and key.startswith("space.") else _setting(value)
 
 
 def _setting(value: Any) -> str:
     """A setting as the experiment file would have it: a searched parameter as its range
     (``float 0.001..0.1 log``) or its choices, not a Python dict; true, false and null as in YAML."""
-    if isinstance(value, dict) and value.get("type") in ("float", "int"):
+    if isinstance(value, dict) and value.get("type") in ("float", "int", "categorical"):
+        from .config import condition_text
+
+        condition = f" if {condition_text(value['when'])}" if value.get("when") else ""
+        if value["type"] == "categorical":
+            return "[" + ", ".join(_setting(choice) for choice in value.get("choices", [])) + "]" + condition
         step = f" step {value['step']:g}" if value.get("step") not in (None, 1) else ""
-        return f"{value['type']} {value['low']:g}..{value['high']:g}{' log' if value.get('log') else ''}{step}"
-    if isinstance(value, dict) and value.get("type") == "categorical":
-        return "[" + ", ".join(_setting(choice) for choice in value.get("choices", [])) + "]"
+        return f"{value['type']} {value['low']:g}..{value['high']:g}{' log' if value.get('log') else ''}{step}" \
+            + condition
     if value is None or isinstance(value, (bool, dict, list)):
         return json.dumps(value)
     return str(value)

@@ -123,13 +123,16 @@ def _number(value: Any) -> float:
 
 
 def settings_that_differ(summaries: list[StudySummary]) -> list[dict[str, Any]]:
-    """Per study, its values of the settings in which the compared studies differ (those
-    it has: a parameter another study searches and it does not is in the other's row):
-    what tells a study run again with one change (or none: the same file twice) from the first."""
+    """Per study, its values of the settings in which the compared studies differ: what
+    tells a study run again with one change (or none: the same file twice) from the first.
+    A parameter another study searches and it does not is None (not searched), so that its
+    row does not read as the same; another setting it lacks (one a later version added) is
+    left out."""
     missing = object()
     keys = sorted({key for s in summaries for key in s.settings} - {"name", "storage"})
     differ = [key for key in keys if len({repr(s.settings.get(key, missing)) for s in summaries}) > 1]
-    return [{key: s.settings[key] for key in differ if key in s.settings} for s in summaries]
+    return [{key: s.settings.get(key) for key in differ if key in s.settings or key.startswith("space.")}
+            for s in summaries]
 
 
 def study_labels(summaries: list[StudySummary]) -> list[str]:

@@ -153,20 +153,23 @@ def test_compare_names_each_study_by_its_directory_and_shows_what_differs(capsys
     elsewhere.counts, elsewhere.experiment_dir = first.counts, "/scratch/digits-cnn"
     elsewhere.settings = {**first.settings, "space.model.dropout": {"type": "float", "low": 0.0, "high": 0.5},
                           "space.model.channels": {"type": "categorical", "choices": [8, 16, None]},
-                          "space.model.lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
+                          "space.model.lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True,
+                                             "when": {"model.optimizer": ["sgd", "adamw"]}},
                           "trainer.deterministic": True}
     print_comparison([first, again, elsewhere])
     out = capsys.readouterr().out
     # as the experiment file has them, not Python's dicts (audit 26)
     folded = " ".join(out.split())
     for shown in ("space.model.dropout=float 0..0.5", "space.model.channels=[8, 16, null]",
-                  "space.model.lr=float 0.0001..0.1 log", "trainer.deterministic=true"):
+                  "space.model.lr=float 0.0001..0.1 log if model.optimizer=sgd|adamw", "trainer.deterministic=true"):
         assert shown in folded, (shown, out)
     assert "digits-cnn-20261205-061530" in out and "search.seed=0" in out and "search.seed=1" in out, out
     assert "sampler" not in out and "storage" not in out, out  # the same, or where a study is kept
     assert "runs/digits-cnn " in out and "scratch/digits-cnn " in out, out
-    # a parameter only one study searches: in that study's row, whole, and no "=None" in the others
-    assert out.count("space.model.dropout") == 1 and "None" not in out, out
+    # a parameter only one study searches: in that study's row, whole, and "not searched" in the
+    # others, which read as the same before (audit 39), not "=None"
+    assert out.count("space.model.dropout") == 3 and folded.count("space.model.dropout=not searched") == 2, out
+    assert "None" not in out, out
 
 
 def test_compare_at_80_columns_shows_a_block_per_study_with_every_figure_whole():
