@@ -28,6 +28,9 @@ PositiveNumber = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
 Seed = Annotated[int, Strict(), Field(ge=0, le=2**32 - 1)]
 # Optuna's grid sampler lists every point of the grid up front (itertools.product).
 GRID_POINTS_LIMIT = 100_000
+# pydantic writes (model_dump) at most about 250 levels of nesting, and experiment.yaml is
+# written so after Ray has started: a value nested 300 deep passed the check (audit 38).
+INIT_ARGS_NESTING_LIMIT = 100
 # Ray's ASHA builds one rung per power of the reduction factor up to max_epochs / grace_period.
 ASHA_RUNGS_LIMIT = 10_000
 
@@ -71,6 +74,9 @@ class ComponentConfig(StrictModel):
         object passed the check and broke the run after Ray had started, leaving a folder
         that was not a study (audit 36)."""
         for key, value in self.init_args.items():
+            if (depth := _nesting(value)) > INIT_ARGS_NESTING_LIMIT:
+                raise FieldValueError(f"init_args.{key}", f"nests {depth} levels deep: experiment.yaml, which resume "
+                                      f"reads back, keeps at most {INIT_ARGS_NESTING_LIMIT}")
             odd = _first_unwritable(value)
             if odd is not None:
                 kind = type(odd).__qualname__ if type(odd).__module__ == "builtins" else \
@@ -90,6 +96,18 @@ class ComponentConfig(StrictModel):
                     or not re.fullmatch(r"[A-Za-z_][\w.]*", attr):
                 raise ValueError(f"{value!r} is not of the form 'package.module:ClassName'")
         return value
+
+
+def _nesting(value: Any) -> int:
+    """How many lists and mappings deep ``value`` goes (0 for a plain value); counted
+    without recursion, since the point is a value too deep for it."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple, dict)):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _first_unwritable(value: Any) -> Any:

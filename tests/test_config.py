@@ -695,3 +695,24 @@ def test_a_module_in_the_search_folder_named_as_one_a_trial_imports_is_refused(e
     (tmp_path / "hpsearch").mkdir()  # hpsearch's own checkout has one: the package itself
     (tmp_path / "hpsearch" / "__init__.py").write_text("")
     check_components(load_config(example_config))
+
+
+def test_init_args_too_deep_for_experiment_yaml_are_refused_naming_the_argument(example_config):
+    """Nested 300 deep, a value passed the check and broke the writing of experiment.yaml
+    (pydantic's serialization depth) after Ray had started (audit 38); 100 still passes."""
+    from hpsearch.search.yaml_io import dump_yaml, load_yaml
+
+    def nested(depth):
+        value = []
+        for _ in range(depth - 1):
+            value = [value]
+        return value
+
+    example_config["model"]["init_args"]["extra"] = nested(300)
+    with pytest.raises(ConfigError) as caught:
+        load_config(example_config)
+    [problem] = caught.value.problems
+    assert problem.field == "model.init_args.extra" and "nests 300 levels deep" in problem.message, problem
+    example_config["model"]["init_args"]["extra"] = nested(100)
+    kept = load_config(example_config).model_dump(mode="json")
+    assert load_yaml(dump_yaml(kept), stored=True)["model"]["init_args"]["extra"] == nested(100)
