@@ -397,12 +397,15 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
 
 def _differs(recorded: Any, current: Any, user_keyed: bool = False) -> bool:
     """A setting as the study recorded it against the same now. Keys that the user writes
-    (the space's parameters, a class's ``init_args``) must match both ways; a key that a
-    later version of hpsearch added to a section is no difference."""
+    (the space's parameters, a class's ``init_args``, a parameter's ``when``, which is
+    written only where set) must match both ways; a key that a later version of hpsearch
+    added to a section is no difference."""
     if isinstance(recorded, dict) and isinstance(current, dict):
         if user_keyed and set(recorded) != set(current):
             return True
-        return any(key not in current or _differs(value, current[key], key == "init_args")
+        if "type" in current and "when" in current and "when" not in recorded:
+            return True  # a condition added to a parameter
+        return any(key not in current or _differs(value, current[key], key in ("init_args", "when"))
                    for key, value in recorded.items())
     return recorded != current
 

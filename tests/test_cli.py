@@ -251,6 +251,13 @@ def test_resume_refuses_a_study_whose_saved_file_was_edited(tmp_path, capsys):
     assert not _differs({"type": "asha"}, {"type": "asha", "added_by_a_later_hpsearch": 1})
     assert _differs({"model.lr": {"low": 0.1}}, {"model.lr": {"low": 0.1}, "model.wd": {"low": 0.0}}, True)
     assert _differs({"class_path": "cnn", "init_args": {}}, {"class_path": "cnn", "init_args": {"channels": 8}})
+    # a condition added to a recorded parameter, or one more named in it, is a change
+    momentum = {"type": "float", "low": 0.5, "high": 0.99}
+    assert _differs({"model.momentum": momentum}, {"model.momentum": {**momentum, "when": {"o": ["sgd"]}}}, True)
+    assert _differs({"model.momentum": {**momentum, "when": {"o": ["sgd"]}}},
+                    {"model.momentum": {**momentum, "when": {"o": ["sgd"], "p": [1]}}}, True)
+    assert not _differs({"model.momentum": {**momentum, "when": {"o": ["sgd"]}}},
+                        {"model.momentum": {**momentum, "when": {"o": ["sgd"]}}}, True)
 
 
 def _study_with(tmp_path, states, **overrides):
