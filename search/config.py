@@ -35,6 +35,8 @@ INIT_ARGS_NESTING_LIMIT = 100
 ASHA_RUNGS_LIMIT = 10_000
 
 SEARCHABLE_SECTIONS = ("model", "data", "trainer")
+# The command-line option whose values are read as YAML, as a key's origin (config_loading).
+SET = "--set"
 # Trainer settings that change how fast a trial runs, not what it learns: searching
 # them would only add noise to the study.
 NOT_SEARCHABLE = {
@@ -505,11 +507,8 @@ class ExperimentConfig(StrictModel):
         given as a Python value (a dict, the API's overrides): advice on quotes and on YAML's
         booleans is for the first only."""
         parts = split_field(field)
-        for end in range(len(parts), 0, -1):
-            line = self._lines.get(parts[:end])
-            if line is not None:
-                return isinstance(line, int) or line == "--set"
-        return self._origin != "<dict>"
+        line = next((self._lines[parts[:end]] for end in range(len(parts), 0, -1) if parts[:end] in self._lines), None)
+        return written_as_yaml(line, self._origin)
 
     def problem(self, field: str, message: str):
         """A ``Problem`` for ``field`` (dotted; space keys keep their dots), located in the file."""
@@ -639,6 +638,13 @@ class ExperimentConfig(StrictModel):
         """The trainer settings with any sampled ``trainer.*`` values applied (and validated)."""
         merged = {**self.trainer.model_dump(), **self.params_for("trainer", params)}
         return TrainerConfig.model_validate(merged)
+
+
+def written_as_yaml(line: int | str | None, origin: str) -> bool:
+    """Whether a field whose value came from ``line`` (a file's line, the option that set
+    it, or None) of ``origin`` (a file, or ``<dict>``) was written as YAML: in a file or
+    ``--set``, not as a Python value (a dict, the API's overrides)."""
+    return isinstance(line, int) or line == SET or (line is None and origin != "<dict>")
 
 
 def split_field(field: str) -> tuple[str, ...]:

@@ -18,14 +18,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .config import ExperimentConfig, FieldValueError, split_field
+from .config import SET, ExperimentConfig, FieldValueError, split_field, written_as_yaml
 from .errors import ConfigError, Problem
 from .yaml_io import ExperimentLoader, StoredLoader, load_yaml
 
 # Where each key came from: its line in the file, or the command-line option that set it
 # ("--set", "--name", "--storage"), so that an error blames what the user typed.
 LineMap = dict[tuple[str, ...], int | str]
-SET = "--set"
 
 
 def load_config(
@@ -258,8 +257,7 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
     if isinstance(cause, FieldValueError):
         loc, message = list(split_field(".".join([*loc, cause.field]))), str(cause)
     line = _line_of(tuple(loc), lines)
-    # written as YAML (a file, --set), or given as a Python value (a dict, the API's overrides)
-    as_yaml = isinstance(line, int) or line == SET or (line is None and origin != "<dict>")
+    as_yaml = written_as_yaml(line, origin)
     if error["type"] == "extra_forbidden":
         message = "unknown key (check the spelling; see the README for the allowed keys)"
     elif error["type"] == "missing":
