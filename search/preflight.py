@@ -381,10 +381,10 @@ def _shown(value: Any) -> str:
 def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data_class: type,
                                values: dict[str, Any], model, datamodule, loader: dict[str, Any]) -> list:
     """Each model and data parameter's other choices and range ends, one at a time, given
-    to its class's constructor (a conditional parameter's with the values that make a trial
-    sample it; ``values`` holds one for each parameter): a value the constructor refuses, or one that makes the
-    model's and the DataModule's saved hyperparameters disagree (beside the other class
-    as built above), would fail every trial that samples it. Models are built on torch's
+    to its class's constructor (a conditional parameter's with the values that make a
+    trial sample it; ``values`` holds one for each parameter): a value the constructor
+    refuses, or one that makes the model's and the DataModule's saved hyperparameters
+    disagree (beside the other class as built above), would fail every trial that samples it. Models are built on torch's
     meta device, so no weights are allocated (and on the CPU when that fails: some
     constructors need real tensors). A DataModule that loads its data in its constructor
     costs a load per value, so no build starts after ``OTHER_VALUES_BUDGET_S``, and a
