@@ -102,24 +102,26 @@ def _learning_curves(study, summary: StudySummary):
     figure, axes = plt.subplots(figsize=(8, 4.5))
     curves = [(trial.number, sorted(trial.intermediate_values.items()))
               for trial in (study.trials if study is not None else []) if trial.intermediate_values]
+    # best first: COMPLETE trials by their best value, then the others
+    sign = -1 if summary.mode == "max" else 1
+    ranked = sorted(curves, key=lambda c: (states.get(c[0]) != "COMPLETE", sign * _best(c[1], summary.mode), c[0]))
+    rank = {number: place for place, (number, _) in enumerate(ranked)}
     named = {number for number, _ in curves}
     if len(curves) > LABELLED_CURVES:
-        pick = max if summary.mode == "max" else min
-        complete = [(pick(value for _, value in curve), number) for number, curve in curves
-                    if states.get(number) == "COMPLETE"]
-        named = {number for _, number in sorted(complete, reverse=summary.mode == "max")[:NAMED_BEST]}
+        named = {number for number, _ in ranked[:NAMED_BEST] if states.get(number) == "COMPLETE"}
+    best = (summary.best or {}).get("trial")
     ends = []
     for number, curve in curves:
         state = states.get(number, "")
         color, style = STATE_STYLE.get(state, ("black", "-"))
         epochs, values = zip(*curve)
-        axes.plot(epochs, values, linestyle=style, color=color, alpha=0.8, linewidth=1.2)
+        axes.plot(epochs, values, linestyle=style, color=color, alpha=0.8, linewidth=2.4 if number == best else 1.2)
         if state in ("PRUNED", "FAILED"):
             axes.plot(epochs[-1], values[-1], marker="x", color=color, markersize=7)
-        if number in named:
+        if number in named or number == best:
             ends.append((epochs[-1], values[-1], number, color))
     low, high = axes.get_ylim()
-    for (epoch, value), numbers, color in _end_labels(ends, closer_than=LABEL_HEIGHT * (high - low)):
+    for (epoch, value), numbers, color in _end_labels(ends, LABEL_HEIGHT * (high - low), rank, best):
         axes.annotate(numbers, (epoch, value), xytext=(3, 2), textcoords="offset points", fontsize=7, color=color)
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole
     if curves and {epoch for _, curve in curves for epoch, _ in curve} == {1}:
@@ -138,6 +140,11 @@ def _learning_curves(study, summary: StudySummary):
     return figure
 
 
+def _best(curve: list[tuple[int, float]], mode: str) -> float:
+    values = [value for _, value in curve if math.isfinite(value)]
+    return (max if mode == "max" else min)(values) if values else (-math.inf if mode == "max" else math.inf)
+
+
 def _learning_curves_caption(summary: StudySummary) -> str:
     """What the curves' ends mean, for the states the study has: a caption of pruned
     trials' rungs under a study of failed trials and no ASHA misled (audit 39)."""
@@ -145,21 +152,27 @@ def _learning_curves_caption(summary: StudySummary) -> str:
     marks = [text for state, text in (("PRUNED", "pruned trials (dashed) end in x at the rung where ASHA cut them"),
                                       ("FAILED", "failed trials (dotted) end in x at their last reported epoch"))
              if state in states]
+    if (summary.best or {}).get("trial") is not None:
+        marks.append("the best trial's curve is the thicker one, named \"(best)\"")
     return f"{summary.metric} per epoch" + (f"; {'; '.join(marks)}" if marks else "")
 
 
-def _end_labels(ends: list[tuple[int, float, int, str]], closer_than: float):
+def _end_labels(ends: list[tuple[int, float, int, str]], closer_than: float, rank: dict[int, int] | None = None,
+                best: int | None = None):
     """The labels for curves ending at (epoch, value, trial number, colour): one per end,
     except that ends at one epoch whose values lie closer than ``closer_than`` share the
-    lowest one's label, naming their trials in order ("3, 7", or "3, 7, 8, 9, 12 +4" past
-    ``NAMES_PER_LABEL``); black when their colours differ."""
+    lowest one's label, naming their trials best first by ``rank`` (else by number:
+    "3, 7", or "3, 7, 8, 9, 12 +4" past ``NAMES_PER_LABEL``; by number, the study's best
+    trial was among the "+4" at 600 trials, audit 40), the ``best`` one marked so; black
+    when their colours differ."""
+    rank = rank or {}
     labels: list[tuple[tuple[int, float], str, str]] = []
     group: list[tuple[int, float, int, str]] = []
     for end in sorted(ends, key=lambda end: (end[0], end[1])) + [None]:
         if group and (end is None or end[0] != group[0][0] or end[1] - group[-1][1] >= closer_than):
             colors = {member[3] for member in group}
-            numbers = sorted(member[2] for member in group)
-            text = ", ".join(str(n) for n in numbers[:NAMES_PER_LABEL])
+            numbers = sorted((member[2] for member in group), key=lambda n: (rank.get(n, len(rank)), n))
+            text = ", ".join(f"{n} (best)" if n == best else str(n) for n in numbers[:NAMES_PER_LABEL])
             if len(numbers) > NAMES_PER_LABEL:
                 text += f" +{len(numbers) - NAMES_PER_LABEL}"
             labels.append(((group[0][0], group[0][1]), text, colors.pop() if len(colors) == 1 else "black"))

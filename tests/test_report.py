@@ -261,6 +261,31 @@ def test_curves_ending_at_one_point_share_one_label():
     assert _end_labels(many, closer_than=0.01) == [((3, 0.9), "1, 2, 3, 5, 8 +3", "tab:blue")]
 
 
+def test_a_shared_label_names_its_trials_best_first_and_marks_the_studys_best():
+    """At 1,800 trials the best trial (1734) ended near eight others, and the label named
+    the first five by number: "636, 993, 1411, 1425, 1448 +3", never the best (audit 40)."""
+    import matplotlib
+    import optuna
+
+    matplotlib.use("Agg")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study, rows = optuna.create_study(direction="maximize"), []
+    for number in range(40):
+        trial = study.ask()
+        value = 0.97 + 1e-4 * ((number * 7) % 40)  # 9 of the best 10 end within a label's height
+        for epoch in (1, 2, 3):
+            trial.report(value - 0.1 * (3 - epoch), epoch)
+        study.tell(trial, value)
+        rows.append({"trial": str(number), "state": "COMPLETE"})
+    summary = summary_of(rows)
+    ranked = sorted(range(40), key=lambda n: -((n * 7) % 40))
+    summary.best = {"trial": ranked[0]}
+    axes = _learning_curves(study, summary).axes[0]
+    [label] = [text.get_text() for text in axes.texts]
+    assert label == ", ".join([f"{ranked[0]} (best)", *map(str, ranked[1:5])]) + " +5", label
+    assert max(line.get_linewidth() for line in axes.lines) == 2.4  # the best curve, drawn thicker
+
+
 def test_learning_curves_of_a_large_study_name_its_best_trials_and_keep_their_size(tmp_path):
     """Every COMPLETE trial was named: at 500 trials one label listed hundreds of numbers,
     and the figure, saved tight around it, was 6,762 px wide (audit 20, D2)."""
