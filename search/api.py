@@ -289,6 +289,8 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         # trial to evaluate either.
         from .space import grid_size
 
+        if config.search.keep_checkpoints != stored.search.keep_checkpoints:
+            _keep_checkpoints_now(exp, config, mirror)
         trials = read_rows(exp.trials_csv)
         return SearchResult(exp.root, SESSION_COMPLETE, exp.stored_best(), trials, already_complete=True,
                             grid_exhausted=config.search.sampler == "grid" and len(trials) >= grid_size(config),
@@ -313,6 +315,27 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
         write_config(exp, config.model_dump(mode="json"))
         interrupted.raise_if_heard()
         return _search(config, exp, verbose, concurrency, callbacks, mirror, address, search_ray.local_environment)
+
+
+def _keep_checkpoints_now(exp: ExperimentDir, config: ExperimentConfig, mirror: Mirror | None) -> None:
+    """A complete study's resume runs no session, but the ``search.keep_checkpoints`` it is
+    given applies now, as a session's start would apply it: the only way to trim a finished
+    study's checkpoints was to add a trial (audit 40). experiment.yaml keeps it, as it keeps
+    every setting a resume is given."""
+    from .trials_table import TrialsTable
+    from .tune_callbacks import KeepBestCheckpoints
+
+    write_config(exp, config.model_dump(mode="json"))
+    if mirror is not None:
+        mirror.push_study_files()
+    if config.search.keep_checkpoints is None:
+        return  # every trial keeps its checkpoint from now on; those removed are gone
+    table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
+    before = len(list(exp.root.glob("trials/*/checkpoints/best.ckpt")))
+    KeepBestCheckpoints(config.search.keep_checkpoints, table, exp, mirror).setup()
+    removed = before - len(list(exp.root.glob("trials/*/checkpoints/best.ckpt")))
+    print(f"search.keep_checkpoints {config.search.keep_checkpoints} applied: {counted(removed, 'best.ckpt')} of "
+          f"ended trials removed", flush=True)
 
 
 def _run_failed_again(study) -> None:
@@ -378,7 +401,8 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
                if before.get(key) != after.get(key) and key not in SESSION_SETTINGS] if trials_run else []
     # how trials are sampled: paused trials keep their values
     sampling = [key for key in changed if key in ("search.sampler", "search.seed")]
-    training = [key for key in changed if key not in sampling]
+    keeping = "search.keep_checkpoints" in changed and after.get("search.keep_checkpoints") is not None
+    training = [key for key in changed if key not in sampling and key != "search.keep_checkpoints"]
 
     def listed(keys: list[str]) -> str:
         return ", ".join(f"{key} ({before.get(key)!r} -> {after.get(key)!r})" for key in keys)
@@ -386,6 +410,10 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
     if training:
         warn_user(f"resume changes {listed(training)}: trials from now on use "
                   f"{'it' if len(training) == 1 else 'them'}, paused trials included")
+    if keeping:  # it said "trials from now on use it", and removed 1,595 of 1,600 ended trials' (audit 40)
+        warn_user(f"resume changes {listed(['search.keep_checkpoints'])}: as the session starts, the trials already "
+                  f"ended keep their best.ckpt only if among the best {after['search.keep_checkpoints']} (or the "
+                  f"study's best); the others' are removed")
     if sampling:
         seeded = ("; trials started from now on also train with seeds drawn from the new seed (each started "
                   "trial keeps its own: trials.csv's seed column)") if "search.seed" in sampling else ""

@@ -654,6 +654,7 @@ def test_resume_says_which_settings_it_changes(example_config, tmp_path):
         say_what_resume_changes(stored, changed, tmp_path / "study")
         say_what_resume_changes(stored, load_config(example_config, ["search.num_trials=40"]), tmp_path / "study")
         say_what_resume_changes(stored, load_config(example_config, ["search.seed=5"]), tmp_path / "study")
+        say_what_resume_changes(stored, load_config(example_config, ["search.keep_checkpoints=5"]), tmp_path / "s")
     messages = [str(w.message) for w in caught]
     # a paused trial trains on with a changed trainer setting, but keeps its sampled values (audit 24)
     assert messages == [
@@ -664,7 +665,10 @@ def test_resume_says_which_settings_it_changes(example_config, tmp_path):
         f"storage is ignored on resume: the study stays in {tmp_path / 'study'}",
         "resume changes search.seed (0 -> 5): the trials sampled from now on are sampled so (paused trials keep "
         "their values); trials started from now on also train with seeds drawn from the new seed (each started "
-        "trial keeps its own: trials.csv's seed column)"], messages  # it said nothing of training (audit 28)
+        "trial keeps its own: trials.csv's seed column)",  # it said nothing of training (audit 28)
+        # it said "trials from now on use it", and removed the checkpoints of those already ended (audit 40)
+        "resume changes search.keep_checkpoints (None -> 5): as the session starts, the trials already ended keep "
+        "their best.ckpt only if among the best 5 (or the study's best); the others' are removed"], messages
 
 
 def test_a_name_yaml_reads_as_a_number_is_told_to_be_quoted(example_config):

@@ -284,6 +284,14 @@ def test_resuming_a_complete_study_starts_nothing_and_changes_nothing(finished_s
     assert printed.returncode == 0, printed.stdout + printed.stderr
     assert "already complete (6 trials)" in printed.stdout and "search.num_trials=N" in printed.stdout
 
+    # keep_checkpoints given to it still applies: the only way to trim a finished study was
+    # to add a trial, and the setting was dropped without a word (audit 40)
+    assert len(list(copy.glob("trials/*/checkpoints/best.ckpt"))) == 3  # the study's keep_checkpoints
+    result = api.resume(copy, {"search.keep_checkpoints": 1})
+    assert result.already_complete and [p.parent.parent.name for p in copy.glob("trials/*/checkpoints/best.ckpt")] \
+        == [f"trial_{result.best['trial']:04d}"]
+    assert "keep_checkpoints: 1" in (copy / "experiment.yaml").read_text()
+
 
 def test_a_users_own_module_by_import_path(tmp_path):
     """A package beside the experiment, not installed, reaches Ray's workers; its data,
