@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 import logging
 import re
 import sys
@@ -733,8 +734,12 @@ class ProgressDisplay(Callback):
     """A live summary: trials running/finished/pruned/failed, the best so far, elapsed time.
 
     On a terminal it redraws one panel (rich); elsewhere (CI, logs) it prints one line
-    per finished trial.
+    per finished trial, and the summary under it at most every ``LOG_SUMMARY_EVERY_S``
+    and at the last trial: under every trial's line, it doubled a log (3,600 lines at
+    1,800 trials; audit 40).
     """
+
+    LOG_SUMMARY_EVERY_S = 30.0
 
     def __init__(self, table: TrialsTable, num_trials: int, exp) -> None:
         self.table, self.num_trials, self.exp = table, num_trials, exp
@@ -742,6 +747,7 @@ class ProgressDisplay(Callback):
         self.console = None
         self._live = None
         self._noted: set[str] = set()
+        self._summary_said_at = -math.inf
 
     def setup(self, **info) -> None:
         from rich.console import Console
@@ -823,7 +829,12 @@ class ProgressDisplay(Callback):
             self._live.console.print(line, markup=False)  # an error's "[rank1]" is text, not markup
             self._refresh()
         else:
-            print(f"{line}\n  {self.summary()}", file=sys.stderr, flush=True)
+            now, counts = time.monotonic(), self.table.counts()
+            last = sum(counts.get(state, 0) for state in FINISHED_STATES) >= self.num_trials
+            if now - self._summary_said_at >= self.LOG_SUMMARY_EVERY_S or last:
+                self._summary_said_at = now
+                line += f"\n  {self.summary()}"
+            print(line, file=sys.stderr, flush=True)
 
     def on_experiment_end(self, trials, **info) -> None:
         if self._live is not None:

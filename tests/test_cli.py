@@ -1373,3 +1373,25 @@ def test_a_sigterm_once_the_search_has_returned_is_ignored_as_a_ctrl_c_is():
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+def test_a_log_gets_one_line_per_trial_and_the_summary_only_now_and_then_and_at_the_end(tmp_path, capsys):
+    """Not on a terminal, every trial's line had the summary under it: 2 lines a trial,
+    3,600 lines at 1,800 trials (audit 40)."""
+    from types import SimpleNamespace
+
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tune_callbacks import ProgressDisplay
+
+    table = TrialsTable("val_acc", "max", [])
+    display = ProgressDisplay(table, 5, ExperimentDir.create(str(tmp_path), "study"))
+    display.setup()
+    capsys.readouterr()
+    for number in range(5):
+        table.rows[number] = {"trial": number, "state": "PRUNED", "reason": "pruned", "best": 0.5, "epochs": 1}
+        display.on_trial_complete(0, [], SimpleNamespace(config={"hps_trial_number": number}))
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("trial")] == [f"trial {n}" for n in range(5)]
+    summaries = [line for line in lines if " done · " in line]
+    assert len(summaries) == 2 and "1/5 done" in summaries[0] and "5/5 done" in summaries[1], lines
