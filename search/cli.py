@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("experiment_dir")
     status.add_argument("--all", action="store_true", dest="every_trial",
                         help="every trial (past 40 only the latest, those running or paused, and the best)")
+    status.add_argument("--top", type=_count, metavar="N",
+                        help="the N trials of the best values of the metric, best first")
+    status.add_argument("--state", action="append", type=str.upper, metavar="STATE", dest="states",
+                        choices=["COMPLETE", "PRUNED", "FAILED", "RUNNING", "PAUSED"],
+                        help="only trials in this state: complete, pruned, failed, running or paused (repeatable)")
 
     best = commands.add_parser("best", help="the best trial (best.json)")
     best.add_argument("experiment_dir")
@@ -87,6 +92,16 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
     _add_override_option(parser)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show what the trials print (your code's output too), with Ray's and Lightning's")
+
+
+def _count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count} is not a count of trials (1 or more)")
+    return count
 
 
 def _port(text: str) -> int:
@@ -408,7 +423,8 @@ def _report(result) -> int:
 def cmd_status(args) -> int:
     from .status_view import print_status
 
-    print_status(_experiment(args.experiment_dir), every_trial=args.every_trial)
+    print_status(_experiment(args.experiment_dir), every_trial=args.every_trial, top=args.top,
+                 states=tuple(args.states or ()))
     return 0
 
 

@@ -1395,3 +1395,31 @@ def test_a_log_gets_one_line_per_trial_and_the_summary_only_now_and_then_and_at_
     assert [line.split(":")[0] for line in lines if line.startswith("trial")] == [f"trial {n}" for n in range(5)]
     summaries = [line for line in lines if " done · " in line]
     assert len(summaries) == 2 and "1/5 done" in summaries[0] and "5/5 done" in summaries[1], lines
+
+
+def test_status_shows_the_top_trials_best_first_and_trials_in_the_states_asked(tmp_path):
+    """At 1,800 trials the 10 best were only in trials.csv: status shows the latest 40 and
+    the best one (audit 40)."""
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import print_status
+
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk_example(tmp_path))  # val_acc, max
+    states = ["COMPLETE", "PRUNED", "FAILED"]
+    lines = [f"{n},{states[n % 3]},,{'' if n % 3 == 2 else (n * 37) % 100 / 100},1" for n in range(90)]
+    (exp.root / "trials.csv").write_text("trial,state,reason,best,epochs\n" + "\n".join(lines) + "\n")
+
+    def shown(**options) -> list[int]:
+        console = Console(width=200, record=True)
+        print_status(exp, console, **options)
+        cells = [line.split() for line in console.export_text().splitlines()]
+        return [int(row[0]) for row in cells if len(row) > 1 and row[0].isdigit() and row[1] in states]
+
+    values = {n: (n * 37) % 100 / 100 for n in range(90) if n % 3 != 2}
+    assert shown(top=5) == sorted(values, key=lambda n: (-values[n], n))[:5]
+    assert shown(states=("FAILED",)) == [n for n in range(90) if n % 3 == 2]  # 30: no cut at 40
+    pruned_top = shown(states=("PRUNED",), top=3)
+    assert pruned_top == sorted((n for n in values if n % 3 == 1), key=lambda n: (-values[n], n))[:3]
+    assert len(shown()) == 41  # the latest 40 and the best, as before
