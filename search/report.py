@@ -29,6 +29,8 @@ SPEED_COLUMNS = (("trial", "trial"), ("state", "state"), ("epochs", "epochs"), (
                  ("compute_s", "compute s"), ("precision", "precision"), ("strategy", "strategy"),
                  ("world_size", "world size"), ("device", "device"), ("num_workers", "loader workers"),
                  ("data_starved", "data-starved"))
+SPEED_ROWS = 100  # trials up to which the speed table lists every one
+SLOWEST_SHOWN = 20  # beyond, the slowest per epoch it lists (with the data-starved ones and the best)
 LABELLED_CURVES = 30  # trials in a learning-curve plot up to which every curve is named
 NAMED_BEST = 10  # beyond that, the best COMPLETE trials named
 NAMES_PER_LABEL = 5  # trial numbers a shared label lists before "+N"
@@ -279,6 +281,38 @@ def _image(images: dict[str, Path], name: str, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
+def _speed_rows(summary: StudySummary) -> tuple[list[dict[str, Any]], str]:
+    """The speed table's trials, and a line on those left out: every trial up to
+    ``SPEED_ROWS``; past them, the ``SLOWEST_SHOWN`` slowest per epoch, every data-starved
+    one and the best, which are what the table is read for (it listed 1,800 rows, a page of
+    1.9 MB; audit 40), under the medians of all of them."""
+    rows = summary.rows
+    if len(rows) <= SPEED_ROWS:
+        return rows, ""
+
+    def figure(row: dict[str, Any], key: str) -> float | None:
+        try:
+            value = float(row.get(key))
+        except (TypeError, ValueError):
+            return None
+        return value if math.isfinite(value) else None
+
+    timed = sorted((row for row in rows if figure(row, "epoch_time_s") is not None),
+                   key=lambda row: -figure(row, "epoch_time_s"))
+    best = (summary.best or {}).get("trial")
+    picked = {id(row) for row in timed[:SLOWEST_SHOWN]} | {
+        id(row) for row in rows if str(row.get("data_starved")) == "True" or str(row.get("trial")) == str(best)}
+    medians = []
+    for key, label in (("samples_per_s", "samples/s"), ("epoch_time_s", "epoch s"), ("startup_s", "start-up s"),
+                       ("data_wait_s", "data wait s")):
+        values = sorted(v for v in (figure(row, key) for row in rows) if v is not None)
+        if values:
+            medians.append(f"{label} {values[len(values) // 2]:.4g}")
+    note = (f"{len(rows)} trials; medians: {', '.join(medians) or 'none measured'}. Shown: the {SLOWEST_SHOWN} "
+            f"slowest per epoch, every data-starved one and the best; trials.csv has every trial.")
+    return [row for row in rows if id(row) in picked], note
+
+
 def _html(summary: StudySummary, images: dict[str, Path]) -> str:
     best = summary.best or {}
     best_rows = [["value", best.get("value")], ["trial", best.get("trial")], ["epochs", best.get("epochs")]]
@@ -296,7 +330,8 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
     compute = [["spent", round(summary.compute_s, 3)], ["saved by pruning", round(summary.saved_by_pruning_s, 3)],
                ["saved by early stopping", round(summary.saved_by_early_stopping_s, 3)],
                ["study wall time", round(summary.wall_s, 3)]]
-    speed = [[row.get(key) for key, _ in SPEED_COLUMNS] for row in summary.rows]
+    speed_rows, speed_note = _speed_rows(summary)
+    speed = [[row.get(key) for key, _ in SPEED_COLUMNS] for row in speed_rows]
     sections = [
         f"<h1>hpsearch report: {html.escape(_shown_name(summary))}</h1>",
         f'<p>{html.escape(summary.experiment_dir)} · {counted(summary.trials, "trial")} · metric '
@@ -322,7 +357,8 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
         _image(images, "rungs", "trials that reached each rung and trials that trained past it") if rungs else "",
         "<h2>Compute</h2>", _table("compute", ["", "trial-seconds"], compute),
         _image(images, "compute", "compute spent, and compute not spent because trials stopped early"),
-        "<h2>Speed per trial</h2>", _table("speed", [label for _, label in SPEED_COLUMNS], speed),
+        "<h2>Speed per trial</h2>", *([f"<p>{html.escape(speed_note)}</p>"] if speed_note else []),
+        _table("speed", [label for _, label in SPEED_COLUMNS], speed),
     ]
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
