@@ -7,6 +7,7 @@ need the user's classes (constructor arguments, import paths) live in
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -134,8 +135,12 @@ def same_choice(value: Any, choice: Any) -> bool:
 
 
 def condition_text(when: dict[str, list[Any]]) -> str:
-    """A ``when`` as a person reads it: ``model.optimizer=sgd|rmsprop and model.depth=2``."""
-    return " and ".join(f"{parent}={'|'.join(map(str, values))}" for parent, values in when.items())
+    """A ``when`` as a person reads it, its values as YAML has them:
+    ``model.optimizer=sgd|rmsprop and model.flag=true``."""
+    def said(value: Any) -> str:
+        return value if isinstance(value, str) else json.dumps(value)
+
+    return " and ".join(f"{parent}={'|'.join(map(said, values))}" for parent, values in when.items())
 
 
 class SearchedParam(StrictModel):
@@ -599,9 +604,34 @@ class ExperimentConfig(StrictModel):
                                                  "categorical, choices: [...])")
                 for value in values:
                     if not any(same_choice(value, choice) for choice in choices):
+                        hint = (" (YAML reads yes/no and on/off as booleans: quote the word)"
+                                if isinstance(value, bool) and any(isinstance(c, str) for c in choices) else "")
                         raise FieldValueError(field, f"{value!r} is not one of {parent}'s choices {choices}: "
-                                                     f"{key} would never be sampled with it")
+                                                     f"{key} would never be sampled with it{hint}")
+        for key, param in self.space.items():
+            never = [parent for parent, allowed in self.needed_to_sample(key).items() if not allowed]
+            if param.when and never:  # each holds alone, not together (audit 41: a KeyError in the preflight)
+                raise FieldValueError(f"space.{key}.when", f"can never hold: with the conditions of the parameters "
+                                                           f"it names, no value of {never[0]} is left for it")
         return self
+
+    def needed_to_sample(self, key: str) -> dict[str, list[Scalar]]:
+        """The values a trial's parameters must have for it to sample ``key``: each one its
+        condition names, in turn theirs, with the choices all the conditions on it allow
+        (in choice order; none where they cannot all hold). Conditions are conjunctions of
+        such sets, so one value from each set makes a trial sample ``key``."""
+        needed: dict[str, list[Scalar]] = {}
+        pending = [key]
+        while pending:
+            for parent, values in (self.space[pending.pop()].when or {}).items():
+                allowed = [choice for choice in getattr(self.space[parent], "choices", [])
+                           if any(same_choice(value, choice) for value in values)]
+                if parent in needed:
+                    needed[parent] = [choice for choice in needed[parent] if choice in allowed]
+                else:
+                    needed[parent] = allowed
+                    pending.append(parent)
+        return needed
 
     @model_validator(mode="after")
     def _grid_needs_finite_values(self):

@@ -73,8 +73,10 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
     with lightning_quieted():  # the driver may be the user's own Python session
         logged, in_training = _a_few_batches(config, params, model, datamodule, model_class, data_class)
         for precision in _other_searched_precisions(config, params):
-            _a_few_batches(config, with_value(config, values, "trainer.precision", precision), model, datamodule,
-                           model_class, data_class, blame="space.trainer.precision")
+            variant = with_value(config, values, "trainer.precision", precision)
+            pair = _classes_for(config, variant, params, model, datamodule, model_class, data_class, loader)
+            if pair is not None:  # else a class refuses these values, which the builds below report
+                _a_few_batches(config, variant, *pair, model_class, data_class, blame="space.trainer.precision")
         if config.metric not in logged:
             raise ConfigError([config.problem(
                 "metric",
@@ -95,6 +97,21 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type)
         elif problems:
             raise ConfigError(problems)
         return logged
+
+
+def _classes_for(config: ExperimentConfig, variant: dict[str, Any], params: dict[str, Any], model, datamodule,
+                 model_class: type, data_class: type, loader: dict[str, Any]):
+    """The (model, DataModule) to train ``variant`` with: those built for ``params``, or,
+    where a condition made the variant's model or data values differ, ones built for it (a
+    conditional precision trained the model built for the first choices; audit 41). None
+    if a class refuses the variant's values."""
+    if all(config.params_for(section, variant) == config.params_for(section, params) for section in ("model", "data")):
+        return model, datamodule
+    try:
+        data = build_datamodule(config, data_class, variant, loader)
+        return build_model(config, model_class, variant, data), data
+    except Exception:  # noqa: BLE001 - reported by _values_the_classes_refuse
+        return None
 
 
 def _argument_named(config: ExperimentConfig, section: str, exc: Exception, params: dict[str, Any]) -> str:
@@ -253,8 +270,15 @@ def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, 
     Lightning refuses it in a trial, and the preflight, which runs two batches of its own,
     had not tried it (audit 36)."""
     for name, length in batches.items():
-        limit = getattr(settings, name)
-        if not length or not isinstance(limit, float) or limit >= 1.0 or int(length * limit) > 0:
+        limits = [getattr(settings, name)]
+        param = config.space.get(f"trainer.{name}")
+        if param is not None and f"trainer.{name}" not in params:
+            # conditional, and not sampled at these values: its range was never tried (audit 41)
+            limits += param.edge_values()
+        for limit in limits:
+            if length and isinstance(limit, float) and limit < 1.0 and int(length * limit) == 0:
+                break
+        else:
             continue
         field = f"space.trainer.{name}" if f"trainer.{name}" in config.space else f"trainer.{name}"
         which = "training" if name == "limit_train_batches" else "validation"
@@ -404,7 +428,7 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
                 unchecked.append(f"space.{key}")
                 break
             variant = with_value(config, values, key, value)
-            conditions = ", ".join(f"{parent}={variant[parent]!r}" for parent in param.when or {})
+            conditions = ", ".join(f"{parent}={variant[parent]!r}" for parent in config.needed_to_sample(key))
             value_said = f"{value!r} (with {conditions})" if conditions else repr(value)
             try:
                 with _warnings_naming(f"space.{key} = {value!r} (a value the search can sample)"):

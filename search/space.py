@@ -57,17 +57,14 @@ def sampled_only(config: ExperimentConfig, values: dict[str, Any]) -> dict[str, 
 
 
 def with_value(config: ExperimentConfig, values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    """A trial's values with ``key`` at ``value``: the parameters its condition names are
-    set to a value that meets it (their first allowed), in turn theirs, and what is then no
-    longer sampled is left out. ``values`` holds one for every parameter (sampled or not),
-    so that a parameter a changed condition now samples has one."""
-    changed, pending = {**values, key: value}, [key]
-    while pending:
-        for parent, allowed in (config.space[pending.pop()].when or {}).items():
-            if parent not in changed or not any(same_choice(changed[parent], option) for option in allowed):
-                choices = config.space[parent].choices
-                changed[parent] = next(c for c in choices if any(same_choice(option, c) for option in allowed))
-            pending.append(parent)
+    """A trial's values with ``key`` at ``value``: each parameter that must have certain
+    values for a trial to sample it (``needed_to_sample``), and does not, gets the first of
+    them, and what is then no longer sampled is left out. ``values`` holds one for every
+    parameter (sampled or not), so that a parameter a changed condition now samples has one."""
+    changed = {**values, key: value}
+    for parent, allowed in config.needed_to_sample(key).items():
+        if parent not in changed or not any(same_choice(changed[parent], option) for option in allowed):
+            changed[parent] = allowed[0]
     return sampled_only(config, changed)
 
 

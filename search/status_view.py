@@ -70,7 +70,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
             sign = -1 if config["mode"] == "max" else 1
             chosen = sorted((row for row in chosen if has_value(row)),
                             key=lambda row: (sign * float(row["best"]), int(row["trial"])))[:top]
-        shown = chosen if every_trial or top is not None else _worth_showing(chosen, best)
+        shown = _marked_not_sampled(chosen if every_trial or top is not None else _worth_showing(chosen, best),
+                                    config["space"])
         if states or top is not None:
             picked = " and ".join(filter(None, [f"{', '.join(s.lower() for s in states)} only" if states else "",
                                                 f"the {top} best" if top is not None else ""]))
@@ -245,11 +246,26 @@ def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: li
     return PARAMS_WIDTH + min(max(0, longest - PARAMS_WIDTH), room // 2), left_out, REASON_WIDTH
 
 
+class _NotSampled(str):
+    """A conditional parameter's cell in a trial that did not sample it (``-``); a sampled
+    null, which trials.csv also leaves empty, stays None."""
+
+
+NOT_SAMPLED = _NotSampled("")
+
+
+def _marked_not_sampled(rows: list[dict[str, Any]], space: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows to show, a conditional parameter's empty cell marked ``NOT_SAMPLED``."""
+    conditional = [key for key, param in space.items() if isinstance(param, dict) and param.get("when")]
+    return [{**row, **{key: NOT_SAMPLED for key in conditional if row.get(key) in (None, "")}}
+            if conditional else row for row in rows]
+
+
 def _shared_values(row: dict[str, Any], params: list[str]) -> str:
     """The values of the shared column; a conditional parameter the trial did not sample is
-    left out, rather than shown as ``momentum=-`` in most rows."""
+    left out, rather than shown as ``momentum=-`` in most rows (a sampled null shows as ``-``)."""
     return " ".join(f"{name}={_sampled(row, param)}" for name, param in zip(_short_names(params), params)
-                    if row.get(param) not in (None, ""))
+                    if row.get(param) is not NOT_SAMPLED)
 
 
 def _sampled(row: dict[str, Any], param: str) -> str:

@@ -48,6 +48,13 @@ def test_a_condition_is_kept_as_a_list_and_only_where_it_is_set(example_config):
     ({"model.flag": {"type": "categorical", "choices": [0, 1]},
       "model.momentum": {**MOMENTUM, "when": {"model.flag": True}}}, "tpe", "True is not one of model.flag's"),
     ({"model.optimizer": OPTIMIZER, "model.momentum": {**MOMENTUM, "step": 0.1}}, "grid", "sampler 'grid'"),
+    # each part holds alone, not together: it raised a KeyError in the preflight (audit 41)
+    ({"model.optimizer": OPTIMIZER, "model.dropout": {"type": "categorical", "choices": [0.1], "when":
+                                                      {"model.optimizer": "adamw"}},
+      "model.momentum": {**MOMENTUM, "when": {"model.optimizer": "sgd", "model.dropout": 0.1}}}, "tpe",
+     "can never hold: with the conditions of the parameters it names, no value of model.optimizer is left"),
+    ({"model.flag": {"type": "categorical", "choices": ["yes", "no"]},
+      "model.momentum": {**MOMENTUM, "when": {"model.flag": True}}}, "tpe", "quote the word"),
 ])
 def test_a_condition_that_cannot_work_is_refused_naming_its_field(example_config, space, sampler, message):
     example_config["space"] = space
@@ -125,6 +132,57 @@ def test_the_preflight_builds_a_conditional_value_with_the_values_that_make_a_tr
     assert "val_acc" in run_preflight(load_config(example_config), *check_components(load_config(example_config)))
 
 
+def test_the_preflight_judges_a_value_a_constructor_refuses_under_one_condition_only(example_config, monkeypatch):
+    """MomentumOnlyForSGD refuses a momentum with AdamW, and above 0.95 with SGD: built with
+    the first optimizer (adamw), the preflight refused every momentum; built with the
+    optimizer that samples it, only 0.99."""
+    from conftest import FIXTURES
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["model"] = {"class_path": "userpkg.conditional:MomentumOnlyForSGD", "init_args": {"channels": 8}}
+    conditional(example_config, **{"model.momentum": {**MOMENTUM, "high": 0.9}})
+    config = load_config(example_config)
+    assert "val_acc" in run_preflight(config, *check_components(config))
+    example_config["space"]["model.momentum"]["high"] = 0.99
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "space.model.momentum" and problem.message.startswith(
+        "0.99 (with model.optimizer='sgd') can be sampled, but MomentumOnlyForSGD(...) raised ValueError: SGD "
+        "momentum 0.99 above 0.95 diverges"), problem
+
+
+def test_the_preflight_trains_a_conditional_precision_with_the_classes_its_condition_builds(example_config,
+                                                                                          monkeypatch):
+    """A precision sampled only with SGD trained the model built with the first optimizer
+    (adamw), and passed a float64 that SGD's trials could not train in (audit 41)."""
+    from conftest import FIXTURES
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["model"]["class_path"] = "userpkg.conditional:SGDNotIn64"
+    conditional(example_config, **{"trainer.precision": {"type": "categorical", "choices": ["32-true", "64-true"],
+                                                         "when": {"model.optimizer": "sgd"}}})
+    del example_config["space"]["model.momentum"]
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "space.trainer.precision" and "sgd path cannot train in float64" in problem.message
+
+
+def test_a_conditional_batch_fraction_that_leaves_no_batch_is_refused(example_config):
+    """Not sampled at the preflight's values (adamw first), its range was never tried, and
+    the trials with SGD failed in Lightning (audit 41)."""
+    conditional(example_config, **{"trainer.limit_train_batches": {"type": "float", "low": 0.001, "high": 0.01,
+                                                                   "when": {"model.optimizer": "sgd"}}})
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "space.trainer.limit_train_batches" and "0.001 of the" in problem.message, problem
+
+
 @pytest.mark.parametrize("sampler, said", [("cmaes", True), ("tpe", False), ("random", False)])
 def test_a_sampler_that_models_only_the_shared_parameters_says_it_samples_the_conditional_ones_at_random(
         example_config, sampler, said, recwarn):
@@ -138,15 +196,20 @@ def test_status_leaves_a_value_not_sampled_out_of_the_shared_params_column():
     not sample is left out of it, rather than shown as 'momentum=-'."""
     from rich.console import Console
 
-    from hpsearch.search.status_view import _layout, _trials_table
+    from hpsearch.search.status_view import _layout, _marked_not_sampled, _trials_table
 
     params = [f"model.p{index}" for index in range(8)] + ["model.momentum"]
+    space = {**{key: {"type": "categorical", "choices": [None, 1.5, 2.5]} for key in params[:-1]},
+             "model.momentum": {**MOMENTUM, "when": {"model.p1": [2.5]}}}
     rows = [{"trial": 0, "state": "COMPLETE", "best": 0.5, "epochs": 1, **{key: 1.5 for key in params[:-1]}},
             {"trial": 1, "state": "COMPLETE", "best": 0.6, "epochs": 1, **{key: 2.5 for key in params}}]
+    rows[0]["model.p7"] = None  # a sampled null, which trials.csv leaves empty too: still shown (audit 41)
+    rows = _marked_not_sampled(rows, space)
     console = Console(width=80, record=True)
     console.print(_trials_table("study", rows, params, "val_acc", *_layout(console, "study", rows, params, "val_acc")))
     shown = console.export_text()
     assert shown.count("momentum=") == 1 and "momentum=2.5" in shown and shown.count("p7=") == 2, shown
+    assert "p7=-" in shown, shown
 
 
 def test_check_says_each_parameters_condition(example_config):
@@ -158,6 +221,7 @@ def test_check_says_each_parameters_condition(example_config):
         ["model.optimizer", "model.momentum if model.optimizer=sgd and model.channels=8|16"]
 
 
+@pytest.mark.e2e
 def test_a_search_passes_a_conditional_value_only_to_the_trials_that_sample_it(tmp_path):
     """Through the command line: trials.csv, the checkpoints' hyperparameters and the
     optimizers, and TensorBoard's run names agree on which trials had a momentum."""
