@@ -22,6 +22,7 @@ from typing import Any
 
 from .errors import counted, resume_command
 from .experiment import ExperimentDir
+from .outcome import best_of
 from .study_summary import StudySummary, summarize
 
 SPEED_COLUMNS = (("trial", "trial"), ("state", "state"), ("epochs", "epochs"), ("samples_per_s", "samples/s"),
@@ -105,8 +106,7 @@ def _learning_curves(study, summary: StudySummary):
     curves = [(trial.number, sorted(trial.intermediate_values.items()))
               for trial in (study.trials if study is not None else []) if trial.intermediate_values]
     # best first: COMPLETE trials by their best value, then the others
-    sign = -1 if summary.mode == "max" else 1
-    ranked = sorted(curves, key=lambda c: (states.get(c[0]) != "COMPLETE", sign * _best(c[1], summary.mode), c[0]))
+    ranked = sorted(curves, key=lambda c: (states.get(c[0]) != "COMPLETE", _rank_key(c[1], summary.mode), c[0]))
     rank = {number: place for place, (number, _) in enumerate(ranked)}
     named = {number for number, _ in curves}
     if len(curves) > LABELLED_CURVES:
@@ -142,9 +142,10 @@ def _learning_curves(study, summary: StudySummary):
     return figure
 
 
-def _best(curve: list[tuple[int, float]], mode: str) -> float:
-    values = [value for _, value in curve if math.isfinite(value)]
-    return (max if mode == "max" else min)(values) if values else (-math.inf if mode == "max" else math.inf)
+def _rank_key(curve: list[tuple[int, float]], mode: str) -> float:
+    """A curve's best value (``best_of``), signed so that the better sorts first."""
+    best = best_of((value for _, value in curve if math.isfinite(value)), mode)
+    return math.inf if best is None else -best if mode == "max" else best
 
 
 def _learning_curves_caption(summary: StudySummary) -> str:
