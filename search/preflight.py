@@ -408,9 +408,9 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
     to its class's constructor (a conditional parameter's with the values that make a
     trial sample it; ``values`` holds one for each parameter): a value the constructor
     refuses, or one that makes the model's and the DataModule's saved hyperparameters
-    disagree (beside the other class as built above), would fail every trial that samples it. Models are built on torch's
-    meta device, so no weights are allocated (and on the CPU when that fails: some
-    constructors need real tensors). A DataModule that loads its data in its constructor
+    disagree (beside the other class as built above), would fail every trial that samples
+    it. Models are built on torch's meta device, so no weights are allocated (and on the
+    CPU when that fails: some constructors need real tensors). A DataModule that loads its data in its constructor
     costs a load per value, so no build starts after ``OTHER_VALUES_BUDGET_S``, and a
     warning names the parameters left unchecked."""
 

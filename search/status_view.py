@@ -20,7 +20,7 @@ from .outcome import SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
 from .experiment import STUDY_FILE, ExperimentDir, read_sessions
 from .storage import study_address
 from .study_lock import dead_holder
-from .trials_table import TrialsTable, has_value, read_rows
+from .trials_table import TrialsTable, best_first, has_value, read_rows
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -67,9 +67,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
         title = f"{exp.root.name} — {counted(len(rows), 'trial')}, {metric} ({config['mode']}; best of each trial)"
         chosen = [row for row in rows if row.get("state") in states] if states else rows
         if top is not None:
-            sign = -1 if config["mode"] == "max" else 1
-            chosen = sorted((row for row in chosen if has_value(row)),
-                            key=lambda row: (sign * float(row["best"]), int(row["trial"])))[:top]
+            scored = (row for row in chosen if has_value(row))
+            chosen = sorted(scored, key=lambda row: best_first(row, config["mode"]))[:top]
         shown = _marked_not_sampled(chosen if every_trial or top is not None else _worth_showing(chosen, best),
                                     config["space"])
         if states or top is not None:

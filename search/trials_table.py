@@ -247,6 +247,12 @@ def _parse(text: str) -> Any:
     return text
 
 
+def best_first(row: dict[str, Any], mode: str) -> tuple[float, int]:
+    """A scored row's sort key, better values first, then lower trial numbers (``has_value``
+    rows only)."""
+    return (-1 if mode == "max" else 1) * float(row["best"]), int(row["trial"])
+
+
 def has_value(row: dict[str, Any]) -> bool:
     """Whether a trial's row has a best value of the metric, and a finite one."""
     value = _as_float(row.get("best"))

@@ -26,7 +26,7 @@ from .outcome import (COMPLETE, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_U
                       PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
 from .searcher import RAY_TRIAL_ID, RETRY_OF
 from .trial_watch import crash_account, crash_line
-from .trials_table import RESULT_TO_COLUMN, TrialsTable, has_value
+from .trials_table import RESULT_TO_COLUMN, TrialsTable, best_first, has_value
 
 
 NODE_LOST = "its node was lost"  # a fault's error line, when it was taken for a node loss
@@ -649,8 +649,7 @@ class KeepBestCheckpoints(Callback):
         """A scored ended trial's place: better values first, then lower numbers."""
         if row.get("state") not in (COMPLETE, PRUNED) or not has_value(row):
             return None
-        number = int(row["trial"])
-        return ((-1 if self.table.mode == "max" else 1) * float(row["best"]), number), number
+        return best_first(row, self.table.mode), int(row["trial"])
 
     def kept(self, ended: int | None = None) -> set[int]:
         """The ended trials whose checkpoints stay (``ended``: the trial that just ended)."""
