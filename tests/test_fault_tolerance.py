@@ -113,10 +113,18 @@ def study(exp_dir: Path, name: str):
 
 
 def snapshot(exp_dir: Path, numbers) -> dict:
-    """Files of the given trials, to prove they were not touched (not re-run) later."""
+    """Files of the given trials, to prove they were not touched (not re-run) later. What the
+    test evaluation writes of the study's best trial is left out (its logger's ``test/`` run
+    and the TensorBoard run's test record): a trial finished early may be the best, and
+    was, once in many runs, when the snapshot counted them as a re-run."""
+    from hpsearch.search.tensorboard_layout import TEST_RECORD
+
+    def trained(path: Path, folder: Path) -> bool:
+        return path.relative_to(folder).parts[0] != "test" and not path.name.endswith(TEST_RECORD)
+
     return {n: sorted((p.name, p.stat().st_size) for folder in (exp_dir / "trials" / f"trial_{n:04d}",
                                                                 tensorboard_run(exp_dir, n))
-                      for p in folder.rglob("*"))
+                      for p in folder.rglob("*") if trained(p, folder))
             for n in numbers}
 
 
