@@ -250,7 +250,7 @@ def _took(called: float, result: SearchResult) -> SearchResult:
 
 def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool, callbacks,
                    mirror: Mirror | None, interrupted: _HeardInterrupt, retry_failed: bool = False) -> SearchResult:
-    from .searcher import SETTINGS, existing_study, runs_again
+    from .searcher import SETTINGS, existing_study, first_trials_to_queue, runs_again
 
     stored = load_config(exp.config_file, stored=True)
     config = load_config(exp.config_file, overrides, stored=True)
@@ -279,9 +279,14 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     close_killed_sessions(exp)  # before reading the last one's outcome
     if retry_failed and study is not None:
         _run_failed_again(study)
-    # trials queued to run again, by this resume or by one stopped before they ran
+    first_trials, no_room = first_trials_to_queue(study, config)  # queued as the session starts
+    if no_room:
+        warn_user(f"{', '.join(f'search.first_trials.{index}' for index in no_room)} will not run: the study "
+                  f"already has its search.num_trials ({config.search.num_trials}) trials; raise "
+                  f"search.num_trials to run {'it' if len(no_room) == 1 else 'them'}")
+    # trials queued to run again or first, by this resume or by one stopped before they ran
     queued = study is not None and any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False))
-    searched = _search_complete(exp, config, again) and not queued
+    searched = _search_complete(exp, config, again) and not queued and not first_trials
     say_what_resume_changes(stored, config, exp.root, trials_run=not searched)
     if searched and (_best_evaluated(exp, config) or not _has_a_result(exp, config)):
         # Nothing is left to run: neither Ray nor a session starts (both used to, only for
@@ -352,6 +357,19 @@ def _run_failed_again(study) -> None:
         print("no failed trial to run again: every failed trial's configuration has run since", flush=True)
 
 
+def _queue_first_trials(exp: ExperimentDir, config: ExperimentConfig) -> None:
+    """Queue the trials of ``search.first_trials`` that the study does not have yet
+    (``searcher.queue_first_trials``), saying which trial runs which."""
+    from .searcher import open_study, queue_first_trials
+
+    if not config.search.first_trials:
+        return
+    queued = queue_first_trials(open_study(exp.root, config.name, config.mode), config)
+    if queued:
+        pairs = ", ".join(f"{number} (search.first_trials.{index})" for index, number in queued.items())
+        print(f"running {counted(len(queued), 'trial')} with given values first: trial {pairs}", flush=True)
+
+
 def _best_evaluated(exp: ExperimentDir, config: ExperimentConfig) -> bool:
     """Whether best.json holds a finished evaluation of the trial trials.csv ranks best now,
     at its value now. A session that found a better trial (or took the best one further)
@@ -385,9 +403,10 @@ def _naming_the_last_sessions_directory(error: ConfigError, exp: ExperimentDir) 
                         if "No module named" in problem.message else problem for problem in error.problems])
 
 
-# Settings of a session rather than of its trials, which a resume changes as a matter of course.
+# Settings of a session rather than of its trials, which a resume changes as a matter of course
+# (first trials a resume adds are said as they are queued).
 SESSION_SETTINGS = ("search.num_trials", "search.max_concurrent", "search.time_budget_s",
-                    "failure.max_consecutive_failures", "storage")
+                    "failure.max_consecutive_failures", "storage", "search.first_trials")
 
 
 def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, root: Path,
@@ -538,6 +557,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     close_killed_sessions(exp)
     record_session(exp, started_at, None, "running", address=cluster_address(address))
     keep_settings(exp.root, config, FROZEN_ON_RESUME)
+    _queue_first_trials(exp, config)
     if mirror is not None:
         mirror.push_study_files()
     outcome, search_complete = "crashed", False

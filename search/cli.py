@@ -337,6 +337,12 @@ def _said_with_condition(config) -> list[str]:
     return [key + (f" if {condition_text(param.when)}" if param.when else "") for key, param in config.space.items()]
 
 
+def _given_first(config) -> str:
+    """How many trials run the values ``search.first_trials`` gives, before any is sampled."""
+    given = len(config.search.first_trials)
+    return f" ({given} with the values search.first_trials gives, first)" if given else ""
+
+
 def cmd_check(args) -> int:
     from . import api
     from .errors import counted
@@ -356,7 +362,7 @@ def cmd_check(args) -> int:
     print(f"ok: {config.name}: {config.model.class_path} on {config.data.class_path}, "
           f"{len(config.space)} searched parameters ({', '.join(_said_with_condition(config)) or 'none'}), "
           f"{config.metric} ({config.mode}) logged at validation\n"
-          f"  {counted(trial_limit(config), 'trial')}, {config.search.max_concurrent} at a time, "
+          f"  {counted(trial_limit(config), 'trial')}{_given_first(config)}, {config.search.max_concurrent} at a time, "
           f"each {trial}; {room}\n"
           f"  the study would go to {home}")
     return 0

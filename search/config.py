@@ -202,6 +202,12 @@ class FloatParam(SearchedParam):
         top = self.high if self.step is None else round(self.low + (self.grid_points() - 1) * self.step, 12)
         return [self.low] if top == self.low else [self.low, top]
 
+    def refusal(self, value: Any) -> str | None:
+        """Why a sampler could never give ``value`` (None if it could)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"a number is needed (got {value!r})"
+        return _outside_range(value, self.low, self.high, self.step)
+
 
 class IntParam(SearchedParam):
     type: Literal["int"]
@@ -225,6 +231,12 @@ class IntParam(SearchedParam):
         """The lowest and highest values a sampler can give."""
         top = self.low + (self.grid_points() - 1) * self.step
         return [self.low] if top == self.low else [self.low, top]
+
+    def refusal(self, value: Any) -> str | None:
+        """Why a sampler could never give ``value`` (None if it could)."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"a whole number is needed (got {value!r})"
+        return _outside_range(value, self.low, self.high, self.step)
 
 
 class CategoricalParam(SearchedParam):
@@ -265,6 +277,19 @@ class CategoricalParam(SearchedParam):
         """Every choice: any of them can be sampled."""
         return list(self.choices)
 
+    def refusal(self, value: Any) -> str | None:
+        """Why a sampler could never give ``value`` (None if it could)."""
+        if any(same_choice(value, choice) for choice in self.choices):
+            return None
+        return f"{value!r} is not one of the choices {self.choices}{_yaml_boolean_hint(value, self.choices)}"
+
+
+def _yaml_boolean_hint(value: Any, choices: list[Scalar]) -> str:
+    """For a boolean given where the choices are words: YAML 1.1 reads yes/no and on/off so."""
+    if isinstance(value, bool) and any(isinstance(choice, str) for choice in choices):
+        return " (YAML reads yes/no and on/off as booleans: quote the word)"
+    return ""
+
 
 def _check_range(low: float, high: float, log: bool) -> None:
     if not (math.isfinite(low) and math.isfinite(high)):
@@ -273,6 +298,16 @@ def _check_range(low: float, high: float, log: bool) -> None:
         raise ValueError(f"low ({low}) must be <= high ({high})")
     if log and low <= 0:
         raise ValueError(f"log: true needs low > 0 (got low={low})")
+
+
+def _outside_range(value: float, low: float, high: float, step: float | None) -> str | None:
+    """Why a range could never give ``value``: beyond its ends, or off its steps (Optuna's
+    own test of a value against a distribution, to the same tolerance)."""
+    if not math.isfinite(value) or not low <= value <= high:
+        return f"{value!r} is outside the range [{low!r}, {high!r}]"
+    if step is not None and abs((value - low) / step - round((value - low) / step)) >= 1e-8:
+        return f"{value!r} is not low ({low!r}) plus whole steps of {step!r}"
+    return None
 
 
 def _check_step(low: float, high: float, step: float | None) -> None:
@@ -294,6 +329,22 @@ class SearchConfig(StrictModel):
                           "null keeps every one's")
     preflight: bool = Field(True, description="run two training steps, one validation and one test batch in the "
                                               "driver before Ray starts (see preflight.py)")
+    first_trials: list[dict[str, Scalar]] = Field(
+        default_factory=list, description="values to try before the sampler picks (a configuration known to work, "
+        "say), a trial each, counted in num_trials; a parameter a trial leaves out is sampled")
+
+    @field_validator("first_trials", mode="before")
+    @classmethod
+    def _one_value_per_parameter(cls, points: Any) -> Any:
+        """One clear error for a list or mapping given as a parameter's value (pydantic gave
+        one line per kind of value it tried)."""
+        for index, point in enumerate(points if isinstance(points, list) else []):
+            for key, value in (point.items() if isinstance(point, dict) else ()):
+                if not isinstance(value, (type(None), bool, int, float, str)):
+                    raise FieldValueError(f"{index}.{key}", f"is a {type(value).__name__}: a trial gives each "
+                                                            "parameter one value (null, true/false, a number or a "
+                                                            "string)")
+        return points
 
 
 class SchedulerConfig(StrictModel):
@@ -604,10 +655,8 @@ class ExperimentConfig(StrictModel):
                                                  "categorical, choices: [...])")
                 for value in values:
                     if not any(same_choice(value, choice) for choice in choices):
-                        hint = (" (YAML reads yes/no and on/off as booleans: quote the word)"
-                                if isinstance(value, bool) and any(isinstance(c, str) for c in choices) else "")
-                        raise FieldValueError(field, f"{value!r} is not one of {parent}'s choices {choices}: "
-                                                     f"{key} would never be sampled with it{hint}")
+                        raise FieldValueError(field, f"{value!r} is not one of {parent}'s choices {choices}: {key} "
+                                                     f"would never be sampled with it{_yaml_boolean_hint(value, choices)}")
         for key, param in self.space.items():
             never = [parent for parent, allowed in self.needed_to_sample(key).items() if not allowed]
             if param.when and never:  # each holds alone, not together (audit 41: a KeyError in the preflight)
@@ -632,6 +681,47 @@ class ExperimentConfig(StrictModel):
                     needed[parent] = allowed
                     pending.append(parent)
         return needed
+
+    @model_validator(mode="after")
+    def _first_trials_are_points_of_the_space(self):
+        """Each of ``search.first_trials`` is a trial the search could have sampled: values of
+        searched parameters, each one a sampler could give, a conditional one only with the
+        values that make a trial sample it. Optuna would warn of a value out of its range
+        and train with it, and drop one whose condition fails, without a word. (A searched
+        trainer setting needs no check of its own: its every choice and both range ends are
+        checked above, and its bounds are ranges.)"""
+        points = self.search.first_trials
+        if points and self.search.sampler == "grid":
+            raise FieldValueError("search.first_trials", "sampler 'grid' runs every point of its grid, in an order "
+                                                         "of its own: leave first_trials out, or use another sampler")
+        if len(points) > self.search.num_trials:
+            raise FieldValueError("search.first_trials", f"{len(points)} trials given, more than search.num_trials "
+                                                         f"({self.search.num_trials})")
+        for index, point in enumerate(points):
+            field = f"search.first_trials.{index}"
+            if not point:
+                raise FieldValueError(field, "is empty: give the values of some searched parameters (the others are "
+                                             "sampled)")
+            for key, value in point.items():
+                param = self.space.get(key)
+                if param is None:
+                    raise FieldValueError(f"{field}.{key}", f"is not a searched parameter (searched: "
+                                                            f"{', '.join(self.space)})")
+                if (refusal := param.refusal(value)) is not None:
+                    raise FieldValueError(f"{field}.{key}", f"{refusal} (space.{key})")
+                for parent, allowed in self.needed_to_sample(key).items():
+                    if parent not in point or not any(same_choice(point[parent], choice) for choice in allowed):
+                        given = f"this trial gives {parent}={point[parent]!r}" if parent in point else \
+                            f"this trial does not give {parent}"
+                        raise FieldValueError(f"{field}.{key}", f"is sampled only when "
+                                              f"{condition_text(self.needed_to_sample(key))}, and {given}: a trial "
+                                              f"that did not sample {key} would ignore it")
+                if isinstance(param, FloatParam):
+                    point[key] = float(value)  # as the sampler gives it, and as a repeat is compared
+            for earlier in range(index):
+                if points[earlier] == point:
+                    raise FieldValueError(field, f"repeats search.first_trials.{earlier}")
+        return self
 
     @model_validator(mode="after")
     def _grid_needs_finite_values(self):
@@ -678,8 +768,13 @@ def written_as_yaml(line: int | str | None, origin: str) -> bool:
 
 
 def split_field(field: str) -> tuple[str, ...]:
-    """``space.model.lr.low`` -> ``("space", "model.lr", "low")``: space keys hold a dot."""
+    """``space.model.lr.low`` -> ``("space", "model.lr", "low")``: space keys hold a dot, and
+    so do the parameters a condition or a first trial names."""
     parts = field.split(".")
     if parts[0] == "space" and len(parts) >= 3:
-        return ("space", parts[1] + "." + parts[2], *parts[3:])
+        parts = ["space", parts[1] + "." + parts[2], *parts[3:]]
+        if len(parts) >= 5 and parts[2] == "when":  # space.model.momentum.when.model.optimizer
+            parts = [*parts[:3], parts[3] + "." + parts[4], *parts[5:]]
+    elif parts[:2] == ["search", "first_trials"] and len(parts) >= 5:  # search.first_trials.0.model.lr
+        parts = [*parts[:3], parts[3] + "." + parts[4], *parts[5:]]
     return tuple(parts)

@@ -55,7 +55,9 @@ def load_config(
     # strings from the command line's --set (or the same syntax given to the API).
     overrides_label = "overrides" if isinstance(overrides, Mapping) else SET
     for key, value in parse_overrides(overrides).items():
-        for path in apply_override(raw, key, value):
+        paths = apply_override(raw, key, value)
+        lines = _lines_replaced(lines, raw, paths)
+        for path in paths:
             lines[path] = overrides_label
     for key, value in (options or {}).items():
         raw[key] = value  # storage=Path(...) is a path: _as_yaml_reads_it
@@ -111,6 +113,11 @@ def _collect_lines(node: yaml.Node, prefix: tuple[str, ...], lines: LineMap, ori
                                          line, origin)
             lines[path] = line
             _collect_lines(value_node, path, lines, origin)
+    elif isinstance(node, yaml.SequenceNode):  # an item is named by its place: search.first_trials.0
+        for index, item_node in enumerate(node.value):
+            path = prefix + (str(index),)
+            lines[path] = item_node.start_mark.line + 1
+            _collect_lines(item_node, path, lines, origin)
 
 
 def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
@@ -158,6 +165,21 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> list[tu
         return created
     node[last] = _merged(node.get(last), value, path)
     return [*created, path, *_leaf_paths(value, path)]
+
+
+def _lines_replaced(lines: LineMap, raw: dict[str, Any], paths: list[tuple[str, ...]]) -> LineMap:
+    """``lines`` without the file's lines inside a value an override replaced whole (a list,
+    a search-space parameter), which would name a line that no longer holds the fault; a
+    mapping it merged keeps those of the keys it left."""
+    def value_at(path: tuple[str, ...]) -> Any:
+        node: Any = raw
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node
+
+    replaced = [path for path in paths if not isinstance(value_at(path), dict) or _is_space_parameter(path)]
+    return {path: line for path, line in lines.items()
+            if not any(len(path) > len(whole) and path[:len(whole)] == whole for whole in replaced)}
 
 
 def _merged(old: Any, new: Any, path: tuple[str, ...]) -> Any:

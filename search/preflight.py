@@ -409,14 +409,16 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
     trial sample it; ``values`` holds one for each parameter): a value the constructor
     refuses, or one that makes the model's and the DataModule's saved hyperparameters
     disagree (beside the other class as built above), would fail every trial that samples
-    it. Models are built on torch's meta device, so no weights are allocated (and on the
-    CPU when that fails: some constructors need real tensors). A DataModule that loads its data in its constructor
-    costs a load per value, so no build starts after ``OTHER_VALUES_BUDGET_S``, and a
-    warning names the parameters left unchecked."""
+    it. Then each of ``search.first_trials``, whose values are given to both classes as its
+    trial will give them. Models are built on torch's meta device, so no weights are
+    allocated (and on the CPU when that fails: some constructors need real tensors). A
+    DataModule that loads its data in its constructor costs a load per value, so no build
+    starts after ``OTHER_VALUES_BUDGET_S``, and a warning names the parameters left unchecked."""
 
     problems, unchecked = [], []
     deadline = time.perf_counter() + OTHER_VALUES_BUDGET_S
     params = sampled_only(config, values)
+    classes = (model_class, data_class, model, datamodule, loader, deadline)
     for key, param in config.space.items():
         section = key.partition(".")[0]
         if section not in ("model", "data"):
@@ -424,34 +426,61 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
         for value in param.edge_values():
             if key in params and repr(value) == repr(params[key]):
                 continue  # built and validated above
-            if time.perf_counter() > deadline:
-                unchecked.append(f"space.{key}")
-                break
             variant = with_value(config, values, key, value)
             conditions = ", ".join(f"{parent}={variant[parent]!r}" for parent in config.needed_to_sample(key))
             value_said = f"{value!r} (with {conditions})" if conditions else repr(value)
-            try:
-                with _warnings_naming(f"space.{key} = {value!r} (a value the search can sample)"):
-                    pair = _built_with(config, section, variant, model, datamodule, model_class, data_class,
-                                       loader, deadline)
-                if pair is None:
-                    unchecked.append(f"space.{key}")
-                    break
-            except Exception as exc:
-                name = (data_class if section == "data" else model_class).__name__
-                problems.append(config.problem(
-                    f"space.{key}", f"{value_said} can be sampled, but {name}(...) raised {type(exc).__name__}: {exc}"))
-                continue
-            if clash := _hparams_clash(*pair):
-                problems.append(config.problem(
-                    f"space.{key}", f"{value_said} can be sampled, but then {model_class.__name__} and "
-                                    f"{data_class.__name__} save different values of {', '.join(clash)} in their "
-                                    "hparams, which Lightning refuses as a trial starts (\"Error while merging "
-                                    "hparams\")"))
+            refusal = _classes_refuse(config, (section,), variant, *classes,
+                                      built_with=f"space.{key} = {value!r} (a value the search can sample)")
+            if refusal is _OUT_OF_TIME:
+                unchecked.append(f"space.{key}")
+                break
+            if refusal:
+                problems.append(config.problem(f"space.{key}", f"{value_said} can be sampled, but {refusal}"))
+    for index, point in enumerate(config.search.first_trials):
+        # the model again after new data: a model may take its shapes from the DataModule
+        sections = ("data", "model") if config.params_for("data", point) else \
+            ("model",) if config.params_for("model", point) else ()
+        refusal = _classes_refuse(config, sections, sampled_only(config, {**values, **point}), *classes,
+                                  built_with=f"search.first_trials.{index}") if sections else None
+        if refusal is _OUT_OF_TIME:
+            unchecked.append("search.first_trials")
+            break
+        if refusal:
+            problems.append(config.problem(f"search.first_trials.{index}", f"its values are in the space, but "
+                                                                           f"{refusal}"))
     if unchecked:
         warn_user(f"the preflight's {OTHER_VALUES_BUDGET_S:g} s for building the classes with other values ran out; "
                   f"not checked: some values of {', '.join(unchecked)} (their trials still will be)")
     return problems
+
+
+_OUT_OF_TIME = "out of time"  # a refusal _classes_refuse could not judge: the preflight's budget was spent
+
+
+def _classes_refuse(config: ExperimentConfig, sections: tuple[str, ...], variant: dict[str, Any],
+                    model_class: type, data_class: type, model, datamodule, loader: dict[str, Any], deadline: float,
+                    built_with: str) -> str | None:
+    """Why the classes of ``sections`` ('data' before 'model'), built again with the values
+    of ``variant``, would fail a trial (their constructor raises, or the pair saves two
+    values of one hyperparameter), the sentence's end after "but"; None if they would not,
+    ``_OUT_OF_TIME`` if a build could not start before ``deadline``."""
+    pair = (model, datamodule)
+    for section in sections:
+        if time.perf_counter() > deadline:
+            return _OUT_OF_TIME
+        try:
+            with _warnings_naming(built_with):
+                pair = _built_with(config, section, variant, *pair, model_class, data_class, loader, deadline)
+        except Exception as exc:
+            name = (data_class if section == "data" else model_class).__name__
+            return f"{name}(...) raised {type(exc).__name__}: {exc}"
+        if pair is None:
+            return _OUT_OF_TIME
+    if clash := _hparams_clash(*pair):
+        return (f"then {model_class.__name__} and {data_class.__name__} save different values of "
+                f"{', '.join(clash)} in their hparams, which Lightning refuses as a trial starts (\"Error while "
+                "merging hparams\")")
+    return None
 
 
 def _built_with(config: ExperimentConfig, section: str, variant: dict[str, Any], model, datamodule,

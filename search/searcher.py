@@ -32,6 +32,7 @@ RAY_TRIAL_ID = "ray_trial_id"
 SETTINGS = "hps_settings"  # the study's: what it was searched with, that a resume may not change
 RETRY_OF = "hps_retry_of"  # a trial's: the failed trial whose configuration it runs again (resume --retry-failed)
 GRID_SEED = "hps_grid_seed"  # the study's: the seed its grid was shuffled with, kept across resumes
+FIRST_TRIAL = "hps_first_trial"  # a trial's: the values of search.first_trials it was queued with
 
 
 def repair_journal(path: Path) -> int:
@@ -146,6 +147,30 @@ def run_failed_again(study: optuna.Study) -> dict[int, int]:
         study.enqueue_trial(dict(trial.params), user_attrs={RETRY_OF: trial.number}, skip_if_exists=False)
     queued = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
     return {t.user_attrs[RETRY_OF]: t.number for t in queued if RETRY_OF in t.user_attrs}
+
+
+def first_trials_to_queue(study: optuna.Study | None, config: ExperimentConfig) -> tuple[list[int], list[int]]:
+    """The places in ``search.first_trials`` of the trials the study has not been given yet
+    (a resume may add some), split into those that fit under ``num_trials`` and those
+    that do not. A first trial is known by its values, so an edited one is a new one."""
+    trials = study.get_trials(deepcopy=False) if study is not None else []
+    given = [trial.user_attrs[FIRST_TRIAL] for trial in trials if FIRST_TRIAL in trial.user_attrs]
+    new = [index for index, point in enumerate(config.search.first_trials) if point not in given]
+    room = max(0, trial_limit(config) - (len(trials) - runs_again(study)))
+    return new[:room], new[room:]
+
+
+def queue_first_trials(study: optuna.Study, config: ExperimentConfig) -> dict[int, int]:
+    """Queue the first trials that fit (``first_trials_to_queue``): Optuna's queue, which the
+    study hands out before it samples, and which a resume finds still queued if the session
+    ended first. Parameters a first trial leaves out are sampled. Trial number by place."""
+    fits, _ = first_trials_to_queue(study, config)
+    for index in fits:
+        point = config.search.first_trials[index]
+        study.enqueue_trial(dict(point), user_attrs={FIRST_TRIAL: point}, skip_if_exists=False)
+    trials = study.get_trials(deepcopy=False)
+    return {index: next(t.number for t in trials if t.user_attrs.get(FIRST_TRIAL) == config.search.first_trials[index])
+            for index in fits}
 
 
 def _configuration(trial) -> tuple:

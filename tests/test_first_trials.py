@@ -1,0 +1,197 @@
+"""``search.first_trials``: values to try before the sampler picks. Checked before anything
+starts as points of the space, queued in the study once each (a resume adds the new
+ones that fit under num_trials), and handed out before any sampled trial."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpsearch.search.components import check_components
+from hpsearch.search.config_loading import load_config
+from hpsearch.search.errors import ConfigError
+from hpsearch.search.outcome import PruneLog
+from hpsearch.search.preflight import run_preflight
+from hpsearch.search.searcher import OptunaSearcher, first_trials_to_queue, open_study, queue_first_trials
+
+OPTIMIZER = {"type": "categorical", "choices": ["adamw", "sgd"]}
+MOMENTUM = {"type": "float", "low": 0.5, "high": 0.99, "when": {"model.optimizer": "sgd"}}
+
+
+def with_first_trials(example_config, *points, **space):
+    example_config["space"] = {**example_config["space"], "model.optimizer": OPTIMIZER, "model.momentum": MOMENTUM,
+                               **space}
+    example_config["search"]["first_trials"] = list(points)
+    return example_config
+
+
+def refusal(config) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    [problem] = caught.value.problems
+    return str(problem)
+
+
+@pytest.mark.parametrize("points, space, search, expected", [
+    ([{"model.lrr": 0.01}], {}, {}, "search.first_trials.0.model.lrr: is not a searched parameter (searched: model.lr"),
+    ([{"model.lr": 0.5}], {}, {}, "search.first_trials.0.model.lr: 0.5 is outside the range [0.0001, 0.1] "
+                                  "(space.model.lr)"),
+    ([{"model.lr": "0.01"}], {}, {}, "search.first_trials.0.model.lr: a number is needed (got '0.01')"),
+    ([{"model.lr": [0.01]}], {}, {}, "search.first_trials.0.model.lr: is a list: a trial gives each parameter one"),
+    ([{"model.channels": 12}], {}, {}, "search.first_trials.0.model.channels: 12 is not one of the choices [8, 16, 32]"),
+    ([{"data.batch_size": 64.0}], {}, {}, "search.first_trials.0.data.batch_size: a whole number is needed (got 64.0)"),
+    ([{"data.batch_size": 65}], {"data.batch_size": {"type": "int", "low": 32, "high": 256, "step": 2}}, {},
+     "65 is not low (32) plus whole steps of 2"),
+    ([{"model.dropout": 0.25}], {"model.dropout": {"type": "float", "low": 0.0, "high": 0.5, "step": 0.1}}, {},
+     "0.25 is not low (0.0) plus whole steps of 0.1"),
+    ([{"model.optimizer": True}], {}, {}, "True is not one of the choices ['adamw', 'sgd'] (YAML reads yes/no"),
+    ([{"model.momentum": 0.9}], {}, {}, "search.first_trials.0.model.momentum: is sampled only when "
+                                        "model.optimizer=sgd, and this trial does not give model.optimizer"),
+    ([{"model.optimizer": "adamw", "model.momentum": 0.9}], {}, {}, "and this trial gives model.optimizer='adamw'"),
+    ([{}], {}, {}, "search.first_trials.0: is empty"),
+    ([{"model.lr": 0.01}, {"model.lr": 0.02}, {"model.lr": 0.01}], {}, {},
+     "search.first_trials.2: repeats search.first_trials.0"),
+    ([{"model.lr": 0.01}, {"model.lr": 0.02}], {}, {"num_trials": 1},
+     "search.first_trials: 2 trials given, more than search.num_trials (1)"),
+    ([{"model.lr": 0.01}], {"model.momentum": {**MOMENTUM, "when": None, "step": 0.01},
+                            "model.lr": {"type": "float", "low": 0.01, "high": 0.1, "step": 0.01}},
+     {"sampler": "grid"}, "search.first_trials: sampler 'grid' runs every point of its grid"),
+])
+def test_a_first_trial_the_search_could_not_have_sampled_is_refused_naming_its_field(
+        example_config, points, space, search, expected):
+    with_first_trials(example_config, *points, **space)
+    example_config["search"].update(search)
+    assert expected in refusal(example_config)
+
+
+def test_a_first_trial_is_kept_as_the_sampler_would_give_it(example_config):
+    """A whole number for a float parameter is kept as a float (a repeat is then found by
+    value), and a chain's values may be given together."""
+    config = load_config(with_first_trials(example_config, {"model.lr": 1, "model.optimizer": "sgd",
+                                                            "model.momentum": 0.9},
+                                           **{"model.lr": {"type": "float", "low": 0.5, "high": 2.0}}))
+    [point] = config.search.first_trials
+    assert point == {"model.lr": 1.0, "model.optimizer": "sgd", "model.momentum": 0.9}
+    assert isinstance(point["model.lr"], float)
+    example_config["search"]["first_trials"].append({"model.lr": 1.0, "model.optimizer": "sgd",
+                                                      "model.momentum": 0.9})
+    assert "search.first_trials.1: repeats search.first_trials.0" in refusal(example_config)
+
+
+def test_a_refusal_names_the_line_of_the_first_trial_or_the_option_that_gave_it(example_config, tmp_path):
+    from conftest import write_yaml
+
+    path = write_yaml(tmp_path / "exp.yaml", with_first_trials(example_config, {"model.lr": 0.01},
+                                                               {"model.lr": 0.5}))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    lines = path.read_text().splitlines()
+    assert problem.field == "search.first_trials.1.model.lr" and "0.5" in lines[problem.line - 1], problem
+    # given again by --set: the file's line of the trial it replaced would name the wrong one
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["search.first_trials=[{model.lr: 0.7}]"])
+    [problem] = caught.value.problems
+    assert (problem.field, problem.line, problem.source) == ("search.first_trials.0.model.lr", None, "--set"), problem
+
+
+def test_set_reaches_into_a_condition(example_config):
+    """``--set space.model.momentum.when.model.optimizer=adamw``: the condition's key holds a dot."""
+    config = load_config(with_first_trials(example_config), ["space.model.momentum.when.model.optimizer=adamw"])
+    assert config.space["model.momentum"].when == {"model.optimizer": ["adamw"]}
+
+
+def test_first_trials_are_handed_out_first_with_the_rest_sampled(example_config, tmp_path):
+    config = load_config(with_first_trials(example_config, {"model.lr": 0.002, "model.optimizer": "adamw"},
+                                           {"model.optimizer": "sgd", "model.momentum": 0.95, "model.channels": 8}))
+    study = open_study(tmp_path, config.name, config.mode)
+    assert queue_first_trials(study, config) == {0: 0, 1: 1}
+    assert queue_first_trials(study, config) == {}  # once: a second session's start queues nothing
+    searcher = OptunaSearcher(config, tmp_path, PruneLog())
+    first, second, third = (searcher.suggest(str(index))["params"] for index in range(3))
+    assert first["model.lr"] == 0.002 and first["model.optimizer"] == "adamw" and "model.momentum" not in first
+    assert set(first) == {"model.lr", "model.optimizer", "model.channels", "data.batch_size"}  # the others sampled
+    assert (second["model.optimizer"], second["model.momentum"], second["model.channels"]) == ("sgd", 0.95, 8)
+    assert set(second) == set(config.space)
+    assert third["model.lr"] not in (0.002,) and len(open_study(tmp_path, config.name, config.mode).trials) == 3
+
+
+def test_a_resume_queues_the_first_trials_the_study_lacks_while_num_trials_leaves_room(example_config, tmp_path):
+    """A first trial is known by its values: one given before is not run again, an edited
+    one is new; beyond num_trials, it is left out (and the resume says so)."""
+    config = load_config(with_first_trials(example_config, {"model.lr": 0.002}, {"model.lr": 0.003}))
+    study = open_study(tmp_path, config.name, config.mode)
+    queue_first_trials(study, config)
+    resumed = load_config(example_config, ["search.num_trials=4", "search.first_trials=[{model.lr: 0.003}, "
+                                           "{model.lr: 0.004}, {model.lr: 0.005}, {model.lr: 0.006}]"])
+    assert first_trials_to_queue(study, resumed) == ([1, 2], [3])
+    assert queue_first_trials(study, resumed) == {1: 2, 2: 3}
+    assert [t.user_attrs["hps_first_trial"]["model.lr"] for t in study.trials] == [0.002, 0.003, 0.004, 0.005]
+    assert first_trials_to_queue(study, resumed) == ([], [3])
+
+
+def test_the_preflight_refuses_a_first_trial_a_constructor_refuses(example_config, monkeypatch):
+    """WideNeedsSmallSteps refuses 32 channels with a learning rate above 0.01: every value
+    of each range and choice passes alone (the other values as the preflight's trial has
+    them), and only a first trial gives both."""
+    from conftest import FIXTURES
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["model"] = {"class_path": "userpkg.conditional:WideNeedsSmallSteps", "init_args": {}}
+    with_first_trials(example_config, {"model.channels": 32, "model.lr": 0.001},
+                      {"model.channels": 32, "model.lr": 0.05})
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "search.first_trials.1" and problem.message == (
+        "its values are in the space, but WideNeedsSmallSteps(...) raised ValueError: 32 channels diverge at lr "
+        "0.05"), problem
+    example_config["search"]["first_trials"].pop()
+    assert "val_acc" in run_preflight(load_config(example_config), *check_components(load_config(example_config)))
+
+
+def test_check_says_how_many_trials_run_given_values_first(example_config):
+    from hpsearch.search.cli import _given_first
+
+    assert _given_first(load_config(with_first_trials(example_config, {"model.lr": 0.002}))) == \
+        " (1 with the values search.first_trials gives, first)"
+    assert _given_first(load_config(with_first_trials(example_config))) == ""
+
+
+@pytest.mark.e2e
+def test_a_search_runs_its_first_trials_first_and_a_resume_adds_new_ones(tmp_path):
+    """Through the command line: the given values reach the trials (trials.csv, the
+    checkpoint's hyperparameters); a resume with room runs a new one and not the old; one
+    without room runs nothing and says why."""
+    import torch
+    from conftest import run_cli, shrunk_example, write_yaml
+
+    from hpsearch.search.trials_table import read_rows
+
+    config = shrunk_example(tmp_path / "runs", **{
+        "search/num_trials": 3, "scheduler/max_epochs": 1, "scheduler/type": "none",
+        "search/first_trials": [{"model.lr": 0.002, "model.channels": 8}, {"data.batch_size": 100}]})
+    result = run_cli("run", str(write_yaml(tmp_path / "exp.yaml", config)), cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "running 2 trials with given values first: trial 0 (search.first_trials.0), 1 (search.first_trials.1)" \
+        in result.stdout, result.stdout
+    exp_dir = tmp_path / "runs" / config["name"]
+    rows = {int(row["trial"]): row for row in read_rows(exp_dir / "trials.csv")}
+    assert (rows[0]["model.lr"], rows[0]["model.channels"], rows[1]["data.batch_size"]) == (0.002, 8, 100), rows
+    checkpoint = torch.load(exp_dir / "trials" / "trial_0000" / "checkpoints" / "best.ckpt", map_location="cpu",
+                            weights_only=False)
+    assert (checkpoint["hyper_parameters"]["lr"], checkpoint["hyper_parameters"]["channels"]) == (0.002, 8)
+
+    again = ["search.first_trials=[{model.lr: 0.002, model.channels: 8}, {model.lr: 0.05, model.channels: 32}]"]
+    result = run_cli("resume", str(exp_dir), "--set", "search.num_trials=4", "--set", again[0], cwd=tmp_path,
+                     timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "running 1 trial with given values first: trial 3 (search.first_trials.1)" in result.stdout, result.stdout
+    rows = {int(row["trial"]): row for row in read_rows(exp_dir / "trials.csv")}
+    assert len(rows) == 4 and (rows[3]["model.lr"], rows[3]["model.channels"]) == (0.05, 32), rows
+
+    result = run_cli("resume", str(exp_dir), "--set", "search.first_trials=[{model.lr: 0.07}]", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "search.first_trials.0 will not run: the study already has its search.num_trials (4) trials" \
+        in result.stderr, result.stderr
+    assert len(read_rows(exp_dir / "trials.csv")) == 4
