@@ -730,7 +730,8 @@ def remove_reservation(group_id: str) -> None:
 
 
 class ProgressDisplay(Callback):
-    """A live summary: trials running/finished/pruned/failed, the best so far, elapsed time.
+    """A live summary: trials running/finished/pruned/failed, the best so far, the time
+    elapsed and about how long is left.
 
     On a terminal it redraws one panel (rich); elsewhere (CI, logs) it prints one line
     per finished trial, and the summary under it at most every ``LOG_SUMMARY_EVERY_S``
@@ -739,17 +740,22 @@ class ProgressDisplay(Callback):
     """
 
     LOG_SUMMARY_EVERY_S = 30.0
+    # Trials this session ends before it estimates the time left: the first ones carry the start-up.
+    ENDED_BEFORE_AN_ESTIMATE = 2
 
-    def __init__(self, table: TrialsTable, num_trials: int, exp) -> None:
-        self.table, self.num_trials, self.exp = table, num_trials, exp
+    def __init__(self, table: TrialsTable, num_trials: int, exp, time_budget_s: float | None = None) -> None:
+        self.table, self.num_trials, self.exp, self.time_budget_s = table, num_trials, exp, time_budget_s
         self.started = time.monotonic()
         self.console = None
         self._live = None
         self._noted: set[str] = set()
         self._summary_said_at = -math.inf
+        self._ended_before = 0  # by earlier sessions of the study, counted as this one starts
 
     def setup(self, **info) -> None:
         from rich.console import Console
+
+        self._ended_before = self._ended()
 
         self.console = Console(stderr=True)
         # Said at once: in a log, the next line may come only when the first trial ends.
@@ -762,14 +768,32 @@ class ProgressDisplay(Callback):
             self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
             self._live.start()
 
+    def _ended(self) -> int:
+        counts = self.table.counts()
+        return sum(counts.get(state, 0) for state in FINISHED_STATES)
+
     def summary(self) -> str:
         counts = self.table.counts()
-        done = sum(counts.get(s, 0) for s in FINISHED_STATES)
+        done = self._ended()
         best = self.table.best_row()
         best_text = f"best {self.table.metric}={best['best']:.4g} (trial {best['trial']})" if best else "no result yet"
-        return (f"[{time.monotonic() - self.started:6.1f}s] {done}/{self.num_trials} done · "
+        return (f"[{time.monotonic() - self.started:6.1f}s] {done}/{self.num_trials} done{self._time_left(done)} · "
                 f"{counts.get('RUNNING', 0)} running · {counts.get('COMPLETE', 0)} complete · "
                 f"{counts.get('PRUNED', 0)} pruned · {counts.get('FAILED', 0)} failed · {best_text}")
+
+    def _time_left(self, done: int) -> str:
+        """About how long the session has left: its trials left at the pace it has ended
+        trials so far (once it has ended a few, the first of which carry the start-up),
+        or what is left of its time budget, if that ends first."""
+        elapsed = time.monotonic() - self.started
+        ended_here = done - self._ended_before
+        estimate = (self.num_trials - done) * elapsed / ended_here \
+            if ended_here >= self.ENDED_BEFORE_AN_ESTIMATE and done < self.num_trials else None
+        if self.time_budget_s is not None and done < self.num_trials:
+            budget_left = max(0.0, self.time_budget_s - elapsed)
+            if estimate is None or budget_left < estimate:
+                return f" (time budget ends in {_duration(budget_left)})"
+        return f" (about {_duration(estimate)} left)" if estimate is not None else ""
 
     def _render(self):
         from rich.panel import Panel
@@ -828,8 +852,8 @@ class ProgressDisplay(Callback):
             self._live.console.print(line, markup=False)  # an error's "[rank1]" is text, not markup
             self._refresh()
         else:
-            now, counts = time.monotonic(), self.table.counts()
-            last = sum(counts.get(state, 0) for state in FINISHED_STATES) >= self.num_trials
+            now = time.monotonic()
+            last = self._ended() >= self.num_trials
             if now - self._summary_said_at >= self.LOG_SUMMARY_EVERY_S or last:
                 self._summary_said_at = now
                 line += f"\n  {self.summary()}"
@@ -845,6 +869,16 @@ class ProgressDisplay(Callback):
         state = self.__dict__.copy()
         state["_live"] = state["console"] = None
         return state
+
+
+def _duration(seconds: float) -> str:
+    """``45s``, ``3m 05s``, ``2h 07m``: a time left as a person reads it, to the precision an estimate has."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
 
 
 class RaisedAtTheNextStep(Callback):

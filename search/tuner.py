@@ -552,7 +552,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
                    if config.search.keep_checkpoints else []),
                  TensorBoardSessions(config, table, exp.tensorboard_dir),
                  *([PushStudyFiles(mirror)] if mirror is not None else []),
-                 ProgressDisplay(table, searcher.trial_limit, exp), *(extra_callbacks or [])]
+                 ProgressDisplay(table, searcher.trial_limit, exp, config.search.time_budget_s),
+                 *(extra_callbacks or [])]
     decisions = getattr(scheduler, "decisions", None)  # ASHA's, for distributed trials' ranks
     if config.resources.distributed:
         function, resources = partial(train_distributed_trial, decisions=decisions), driver_resources()

@@ -1397,6 +1397,35 @@ def test_a_log_gets_one_line_per_trial_and_the_summary_only_now_and_then_and_at_
     assert len(summaries) == 2 and "1/5 done" in summaries[0] and "5/5 done" in summaries[1], lines
 
 
+def test_the_summary_says_about_how_long_the_session_has_left(tmp_path, monkeypatch):
+    """At the pace this session has ended trials (a resumed study's earlier ones not
+    counted), once it has ended two; the time budget's rest when that ends first."""
+    from hpsearch.search import tune_callbacks
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tune_callbacks import ProgressDisplay
+
+    def display_at(seconds: float, ended_before: int, ended_here: int, budget: float | None = None) -> str:
+        table = TrialsTable("val_acc", "max", [])
+        for number in range(ended_before):
+            table.rows[number] = {"trial": number, "state": "PRUNED", "best": 0.5, "epochs": 1}
+        monkeypatch.setattr(tune_callbacks.time, "monotonic", lambda: 1000.0)
+        display = ProgressDisplay(table, 10, ExperimentDir.create(str(tmp_path), f"s{seconds}-{ended_before}"),
+                                  budget)
+        display.setup()
+        for number in range(ended_before, ended_before + ended_here):
+            table.rows[number] = {"trial": number, "state": "COMPLETE", "best": 0.6, "epochs": 3}
+        monkeypatch.setattr(tune_callbacks.time, "monotonic", lambda: 1000.0 + seconds)
+        return display.summary()
+
+    assert "1/10 done ·" in display_at(50, 0, 1)  # too few to go by
+    assert "2/10 done (about 6m 40s left) ·" in display_at(100, 0, 2)  # 8 trials at 50 s each
+    assert "7/10 done (about 2m 30s left) ·" in display_at(100, 5, 2)  # 3 at 50 s: the resumed 5 took none of it
+    assert "2/10 done (time budget ends in 20s) ·" in display_at(100, 0, 2, budget=120)
+    assert "0/10 done (time budget ends in 1h 01m) ·" in display_at(100, 0, 0, budget=3760)
+    assert "10/10 done ·" in display_at(100, 0, 10, budget=120)
+
+
 def test_status_shows_the_top_trials_best_first_and_trials_in_the_states_asked(tmp_path):
     """At 1,800 trials the 10 best were only in trials.csv: status shows the latest 40 and
     the best one (audit 40)."""
