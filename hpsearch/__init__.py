@@ -1,7 +1,8 @@
 """hpsearch: fast hyperparameter search for PyTorch Lightning models on Ray Tune.
 
 The public API is ``run``, ``resume`` and ``check`` (see ``hpsearch.search.api``), the
-exceptions and warnings they raise, and, for your DataModules, ``once_per_worker`` (see
+exceptions and warnings they raise, ``load_trial`` (a finished trial's trained model; see
+``hpsearch.search.trained``), and, for your DataModules, ``once_per_worker`` (see
 ``hpsearch.search.worker_data``). They are imported lazily so that ``import hpsearch`` (and
 the CLI's fast paths) stay cheap.
 """
@@ -20,7 +21,7 @@ if not _os.path.isdir(_os.path.join(__path__[0], "search")):
     if _os.path.isfile(_os.path.join(_checkout, "search", "__init__.py")):
         __path__.append(_checkout)
 
-__all__ = ["run", "resume", "check", "load_config", "once_per_worker", "__version__",
+__all__ = ["run", "resume", "check", "load_config", "load_trial", "once_per_worker", "__version__",
            "HpsearchError", "ConfigError", "Interrupted", "CallbackError", "NoResultWarning", "StoppedEarlyWarning"]
 
 # where each exception and warning the API raises is defined (audit 32: named by the README,
@@ -42,6 +43,10 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(f".search.{_RAISED[name]}", __name__), name)
+    if name == "load_trial":
+        from .search.trained import load_trial
+
+        return load_trial
     if name == "load_config":
         from .search.config_loading import load_config
 

@@ -1,0 +1,108 @@
+"""A finished trial's trained model, back in the user's Python session (``hpsearch.load_trial``).
+
+After a search, what a user wants next is the best model itself: to predict with it, to
+train it further, to export it. Its checkpoint alone does not give it back unless the
+model saved its hyperparameters, and then only with the arguments the user passed and
+not the ones hpsearch filled in (from the DataModule, the sampled values). So the model
+is built here as its trial built it (``init_args``, the trial's sampled values, the
+settings it trained with), and given the weights of its best checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, HpsearchError
+
+
+@dataclass
+class LoadedTrial:
+    """A trial's model, with the weights of its best epoch and in eval mode, and the
+    DataModule as the trial built it (not set up: ``setup("test")`` before its loaders)."""
+
+    model: Any  # the LightningModule
+    datamodule: Any  # the LightningDataModule
+    trial: int
+    params: dict[str, Any]  # its sampled values, exactly as sampled
+    value: float | None  # its best value of the study's metric
+    checkpoint: Path  # the best.ckpt its weights are from
+
+
+def load_trial(experiment_dir: str | Path, trial: int | None = None, *, map_location: Any = "cpu") -> LoadedTrial:
+    """Trial ``trial`` of the study (its best trial when None), loaded for use in this
+    process. ``experiment_dir`` may be the study's URI; the checkpoint is fetched then. The
+    user's classes are imported as ``run`` imports them (from the current directory): run
+    it from where the search ran. Raises ``HpsearchError`` for a trial that has no
+    checkpoint to load (not started, or its ``best.ckpt`` removed by ``keep_checkpoints``)."""
+    from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
+    from .config_loading import load_config
+    from .experiment import TRIAL_SETTINGS, trial_name
+    from .results import sampled_params, trained_with
+    from .storage import StudyHome
+    from .trials_table import TrialsTable
+
+    exp, mirror = StudyHome.existing(experiment_dir)
+    config = load_config(exp.config_file, stored=True)
+    table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
+    row = table.best_row() if trial is None else table.rows.get(trial)
+    if row is None:
+        raise HpsearchError(f"{exp.root}: no trial has finished with a result yet" if trial is None else
+                            f"{exp.root} has no trial {trial} (its trials: {_numbers(table.rows)})")
+    number = int(row["trial"])
+    if mirror is not None:
+        mirror.pull(f"trials/{trial_name(number)}/checkpoints/{BEST_CHECKPOINT}",
+                    f"trials/{trial_name(number)}/{TRIAL_SETTINGS}")
+    checkpoint = checkpoint_dir(exp.trial_dir(trial_name(number))) / BEST_CHECKPOINT
+    _check_loadable(checkpoint, number, row, config.search.keep_checkpoints)
+    config = trained_with(config, exp, number)
+    params = sampled_params(config, exp, number)
+    model, datamodule = _built_with_weights(config, params, checkpoint, map_location, exp)
+    value = row.get("best")
+    return LoadedTrial(model, datamodule, number, params, None if value in (None, "") else float(value), checkpoint)
+
+
+def _numbers(rows: dict[int, Any]) -> str:
+    numbers = sorted(rows)
+    return "none" if not numbers else f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
+
+
+def _check_loadable(checkpoint: Path, number: int, row: dict[str, Any], keep: int | None) -> None:
+    """Why trial ``number`` has no checkpoint this can load, as an ``HpsearchError``."""
+    if checkpoint.is_dir():
+        raise HpsearchError(f"trial {number}'s best checkpoint is a directory of DeepSpeed shards ({checkpoint}): "
+                            f"make one file of it with pytorch_lightning.utilities.deepspeed."
+                            f"convert_zero_checkpoint_to_fp32_state_dict, and load its state_dict into the model")
+    if checkpoint.is_file():
+        return
+    if not str(row.get("epochs") or "").strip() or row.get("epochs") in (0, "0"):
+        raise HpsearchError(f"trial {number} has no checkpoint: it finished no epoch (state {row.get('state')})")
+    removed = f" (search.keep_checkpoints is {keep}: the other ended trials' best.ckpt are removed)" if keep else ""
+    raise HpsearchError(f"trial {number} has no best.ckpt any more{removed}: {checkpoint}")
+
+
+def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_location: Any, exp):
+    """The trial's DataModule and model, built as its trial built them, the model holding
+    the checkpoint's weights (and each class the state it saved there), in eval mode."""
+    import torch
+
+    from .api import _naming_the_last_sessions_directory
+    from .components import build_datamodule, build_model, check_components
+    from .devices import trial_device
+    from .lightning_trainer import lightning_quieted
+
+    try:
+        model_class, data_class = check_components(config)
+    except ConfigError as exc:  # a module of the user's that imports only where the search ran
+        raise _naming_the_last_sessions_directory(exc, exp) from None
+    device = trial_device(config.with_trainer_params(params), config.loader, config.resources)
+    with lightning_quieted():
+        datamodule = build_datamodule(config, data_class, params, device.loader_options)
+        model = build_model(config, model_class, params, datamodule)
+        state = torch.load(checkpoint, map_location=map_location, weights_only=False)
+        model.on_load_checkpoint(state)  # as Lightning's own loading calls it, before the weights
+        model.load_state_dict(state["state_dict"])
+        if type(datamodule).__qualname__ in state:
+            datamodule.load_state_dict(state[type(datamodule).__qualname__])
+    return model.eval(), datamodule

@@ -1,0 +1,57 @@
+"""``hpsearch.load_trial``: a finished trial's trained model back in the user's session,
+built as its trial built it and holding its best epoch's weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_best_trials_model_scores_on_the_test_split_what_its_evaluation_did(finished_search):
+    """The study's evaluation ran Lightning's test loop on best.ckpt; the loaded model,
+    run by hand over the test split, gets the same accuracy, so it holds those weights."""
+    import torch
+
+    import hpsearch
+
+    exp_dir, _, _ = finished_search
+    best = json.loads((exp_dir / "best.json").read_text())
+    loaded = hpsearch.load_trial(exp_dir)
+    assert (loaded.trial, loaded.params, loaded.value) == (best["trial"], best["params"], best["value"])
+    assert not loaded.model.training and loaded.checkpoint.name == "best.ckpt"
+    assert loaded.model.hparams["lr"] == best["params"]["model.lr"]  # built with its sampled values
+    loaded.datamodule.setup("test")
+    correct = seen = 0
+    with torch.inference_mode():
+        for images, labels in loaded.datamodule.test_dataloader():
+            correct += int((loaded.model(images).argmax(dim=1) == labels).sum())
+            seen += len(labels)
+    assert correct / seen == pytest.approx(best["test_metrics"]["test_acc"], abs=1e-6)
+
+
+def test_a_trial_without_a_checkpoint_to_load_is_said_why(finished_search, tmp_path):
+    from hpsearch import HpsearchError, load_trial
+
+    exp_dir, config, _ = finished_search
+    with pytest.raises(HpsearchError, match=r"has no trial 99 \(its trials: 0-5\)"):
+        load_trial(exp_dir, trial=99)
+    removed = next(number for number in range(6) if not (exp_dir / "trials" / f"trial_{number:04d}" / "checkpoints"
+                                                         / "best.ckpt").exists())
+    with pytest.raises(HpsearchError, match=rf"trial {removed} has no best.ckpt any more \(search.keep_checkpoints "
+                                            r"is 3: the other ended trials' best.ckpt are removed\)"):
+        load_trial(exp_dir, trial=removed)
+    # A DeepSpeed trial's checkpoint is a directory of shards, which this cannot load.
+    copy = tmp_path / "study"
+    shutil.copytree(exp_dir, copy, symlinks=True)
+    best = json.loads((copy / "best.json").read_text())["trial"]
+    checkpoint = copy / "trials" / f"trial_{best:04d}" / "checkpoints" / "best.ckpt"
+    checkpoint.unlink()
+    checkpoint.mkdir()
+    with pytest.raises(HpsearchError, match="directory of DeepSpeed shards"):
+        load_trial(copy)
+    assert load_trial(copy, trial=next(number for number in range(6) if number not in (best, removed) and (
+        copy / "trials" / f"trial_{number:04d}" / "checkpoints" / "best.ckpt").is_file())).model is not None
