@@ -7,6 +7,8 @@
       trial_0003-lr=0.0012-channels=16/       one run per trial, named by number and values,
                                               its scalars stepped by the epoch (``trial_logger``)
         steps/                                what the model logs at training steps, if any
+      study/                                  the study's own run: its best value so far and
+                                              its best trial, as trials end (``StudyRun``)
 
 A trial's scalars are written by its Lightning logger. Its HParams record (sampled
 values, final state, epochs) is written by the driver when the trial ends, because
@@ -33,6 +35,7 @@ STEPS_RUN = "steps"  # a trial's metrics logged at training steps: a run inside 
 SPEED_METRICS = ("speed/samples_per_s", "speed/epoch_time_s")
 VALIDATION_NAME = re.compile(r"(^|[/_.-])e?val", re.IGNORECASE)  # val_loss, val/acc, valid_f1, eval_acc, epoch/val-acc
 _RUN_NAME_LIMIT = 96
+STUDY_RUN = "study"  # the study's own run (``StudyRun``); a trial's run is named trial_NNNN-...
 
 
 def run_name(number: int, params: dict[str, Any]) -> str:
@@ -322,6 +325,52 @@ def _numeric_span(column: Any) -> tuple[float, float] | None:
         numbers = [value.number_value for value in column.domain_discrete.values]
         return min(numbers), max(numbers)
     return None
+
+
+class StudyRun:
+    """The study's own run (``study/``), added to as each trial ends: the best value of the
+    metric so far (``study/best_<metric>``), and which trial holds it (the Text tab), each
+    time that changes. Stepped by the trials ended so far, the study's earlier sessions'
+    included: TensorBoard drops a tag's points that come after a point of a lower step, so
+    trial numbers, which end out of order, cannot be the steps; its relative-time axis
+    shows the same against the time searched. TensorBoard's HParams table marks no trial
+    as the best, and sorting it by the metric shows the best value of every trial, pruned
+    ones included, which are no candidates (``TrialsTable.best_row``). One event file per
+    session, kept open; a driver killed mid-write costs at most that point."""
+
+    def __init__(self, tensorboard_dir: Path, metric: str) -> None:
+        self.directory, self.metric = tensorboard_dir / STUDY_RUN, metric
+        self._writer = None
+        self._best_said: tuple | None = None  # the best trial and value last written as text
+
+    def add(self, ended: int, best: dict[str, Any], params: dict[str, Any]) -> None:
+        """After ``ended`` trials: ``best`` is the best trial's row (trials.csv's), ``params``
+        its values, by which its run is named in the text."""
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.plugins.text.summary_v2 import text_pb
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        if self._writer is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._writer = EventFileWriter(str(self.directory), filename_suffix=".study")
+        value = float(best["best"])
+        summary = Summary(value=[Summary.Value(tag=f"study/best_{self.metric}", simple_value=value)])
+        if (int(best["trial"]), value) != self._best_said:
+            self._best_said = (int(best["trial"]), value)
+            epochs = f" after {best['epochs']} epochs" if str(best.get("epochs") or "").strip() else ""
+            summary.value.extend(text_pb("study/best_trial", f"{run_name(int(best['trial']), params)}: "
+                                                              f"{self.metric} = {value:.6g}{epochs}").value)
+        self._writer.add_event(Event(wall_time=time.time(), step=ended, summary=summary))
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __getstate__(self) -> dict[str, Any]:  # Ray Tune pickles its callbacks, which hold this
+        return {**self.__dict__, "_writer": None}
 
 
 def _write_summaries(directory: Path, summaries: list[Any], step: int = 0, suffix: str = ".hparams") -> Path:

@@ -351,7 +351,8 @@ def _pickled_error(trial):
 
 
 class TensorBoardSessions(Callback):
-    """Adds each ended trial to TensorBoard's HParams table, with its state and epochs.
+    """Adds each ended trial to TensorBoard's HParams table, with its state and epochs, and
+    the study's best so far to its own run (``StudyRun``).
 
     Runs after ``TrialsTableRecorder`` (whose row holds the final state). The study's
     HParams columns are written with the first trial that ends, and again when a trial
@@ -360,14 +361,20 @@ class TensorBoardSessions(Callback):
     """
 
     def __init__(self, config: ExperimentConfig, table: TrialsTable, tensorboard_dir: Path) -> None:
+        from .tensorboard_layout import StudyRun
+
         self.config, self.table, self.tensorboard_dir = config, table, tensorboard_dir
         self._columns: set[str] | None = None  # the metric names the study's columns cover, once known
+        self.study_run = StudyRun(tensorboard_dir, config.metric)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self._write(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self._write(trial)
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self.study_run.close()
 
     def _write(self, trial) -> None:
         """A failure here (a full disk, say) costs the HParams row, never the search: it is
@@ -387,6 +394,15 @@ class TensorBoardSessions(Callback):
                                 row["state"], int(float(row.get("epochs") or 0)))
         except Exception as exc:  # noqa: BLE001 - reported, and repaired at the next session
             warnings.warn(f"TensorBoard HParams row of trial {number} not written: {exc}", stacklevel=2)
+        best = self.table.best_row()
+        if best is None:
+            return
+        ended = sum(self.table.counts().get(state, 0) for state in FINISHED_STATES)
+        try:  # by the values its run is named with: its row's, a trial of an earlier session's too
+            self.study_run.add(ended, best, {key: best[key] for key in self.config.space
+                                             if best.get(key) not in (None, "")})
+        except Exception as exc:  # noqa: BLE001 - the next trial's end writes the best again
+            warnings.warn(f"TensorBoard's study run not written after trial {number}: {exc}", stacklevel=2)
 
 
 class PushStudyFiles(Callback):

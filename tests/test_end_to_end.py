@@ -170,6 +170,15 @@ def test_resume_extends_a_finished_study_without_rerunning_its_trials(finished_s
     after = {p.name: sorted(f.name for f in p.iterdir()) for p in (copy / "trials").iterdir()}
     assert {k: after[k] for k in before} == before  # earlier trials untouched: not re-run
     assert len(study_of(copy, config["name"]).trials) == 7
+    # TensorBoard's study run goes on from the first session's steps (a lower step would
+    # make TensorBoard drop the points after it)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    study_run = EventAccumulator(str(copy / "tensorboard" / "study"), size_guidance={"scalars": 0})
+    study_run.Reload()
+    points = study_run.Scalars("study/best_val_acc")
+    assert [point.step for point in points] == list(range(1, 8)), points
+    assert points[-1].value == pytest.approx(json.loads((copy / "best.json").read_text())["value"], rel=1e-6)
 
 
 def test_the_best_trial_is_evaluated_and_described_as_it_was_trained_after_a_resume_changed_a_setting(
@@ -420,6 +429,10 @@ def test_tensorboard_shows_every_trial_with_its_curve_params_state_and_metric(fi
         test_curve = _get_json(f"{base}/plugin/scalars/scalars?" + urllib.parse.urlencode(
             {"run": best_run, "tag": "test_acc"}))
         scalar_tags = _get_json(f"{base}/plugin/scalars/tags")
+        best_so_far = _get_json(f"{base}/plugin/scalars/scalars?" + urllib.parse.urlencode(
+            {"run": "study", "tag": "study/best_val_acc"}))
+        best_trial_said = _get_json(f"{base}/plugin/text/text?" + urllib.parse.urlencode(
+            {"run": "study", "tag": "study/best_trial"}))
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -469,6 +482,13 @@ def test_tensorboard_shows_every_trial_with_its_curve_params_state_and_metric(fi
     [best_group] = [g for g in groups if int(g["name"][6:10]) == best_json["trial"]]
     test_value = {m["name"]["tag"]: m["value"] for m in best_group["metricValues"]}["test_acc"]
     assert test_value == pytest.approx(best_json["test_metrics"]["test_acc"], rel=1e-5)
+    # The study's own run: the best value so far after each trial ended, and the best
+    # trial's run named in the Text tab whenever the best changed.
+    assert [step for _, step, _ in best_so_far] == list(range(1, 7)), best_so_far
+    values = [value for _, _, value in best_so_far]  # each a trial's best (complete ones rank first)
+    assert all(any(value == pytest.approx(float(row["best"]), rel=1e-6) for row in table.values()) for value in values)
+    assert values[-1] == pytest.approx(best_json["value"], rel=1e-6), values
+    assert best_trial_said[-1]["text"].startswith(f"<p>{best_run}: val_acc = "), best_trial_said
     with pytest.raises(OSError):  # stopping the command stopped TensorBoard too
         _get_json(f"{base}/runs")
 
