@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["COMPLETE", "PRUNED", "FAILED", "RUNNING", "PAUSED"],
                         help="only trials in this state: complete, pruned, failed, running or paused (repeatable)")
 
+    stop = commands.add_parser("stop", help="stop the search running on a study, as Ctrl+C would (it can be "
+                                            "resumed)")
+    stop.add_argument("experiment_dir")
+    stop.add_argument("--no-wait", action="store_false", dest="wait",
+                      help="return once the search is asked to stop, not once it has stopped")
+
     best = commands.add_parser("best", help="the best trial (best.json)")
     best.add_argument("experiment_dir")
     best.add_argument("--json", action="store_true", help="print best.json as is")
@@ -434,6 +440,37 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_stop(args) -> int:
+    """SIGTERM to the study's driver (``study_lock.stop_holder``), on this machine: a search
+    in the background, under nohup or in another terminal stopped as Ctrl+C stops it, without
+    looking for its pid. Then wait until it has let go of the study."""
+    import time
+
+    from .errors import ExperimentError, resume_command
+    from .experiment import ExperimentDir
+    from .storage import is_uri
+    from .study_lock import is_held, stop_holder
+
+    if is_uri(args.experiment_dir):
+        raise ExperimentError("hpsearch stop needs the study's directory on the machine its search runs on, not "
+                              "its URI")
+    exp = ExperimentDir.existing(Path(args.experiment_dir))
+    holder = stop_holder(exp)
+    print(f"asked pid {holder['pid']} ({holder.get('command', '')}) to stop, as Ctrl+C would: its running trials "
+          f"stop and keep their checkpoints, and the best trial so far is evaluated; hpsearch stop again stops it "
+          f"at once", flush=True)
+    if not args.wait:
+        return 0
+    try:
+        while is_held(exp):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print(f"no longer waiting; pid {holder['pid']} is still stopping", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"stopped. Continue it with: {resume_command(exp.root)}")
+    return 0
+
+
 def cmd_best(args) -> int:
     from .errors import ExperimentError, resume_command
     from .status_view import print_best
@@ -535,6 +572,7 @@ COMMANDS = {
     "check": cmd_check,
     "resume": cmd_resume,
     "status": cmd_status,
+    "stop": cmd_stop,
     "best": cmd_best,
     "tensorboard": cmd_tensorboard,
     "report": cmd_report,

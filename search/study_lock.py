@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 from filelock import FileLock, Timeout
@@ -37,7 +39,7 @@ def study_lock(exp: ExperimentDir) -> Iterator[None]:
     try:
         write_json(exp.root / HOLDER_FILE, {
             "pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(sys.argv),
+            "command": " ".join(sys.argv), "process_started": _process_started(os.getpid()),
         })
         yield
     finally:
@@ -89,3 +91,58 @@ def _read_holder(exp: ExperimentDir) -> dict | None:
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) and "pid" in info and "host" in info else None
+
+
+def _process_started(pid: int) -> int | None:
+    """When process ``pid`` started, in the kernel's clock ticks since boot (Linux's
+    /proc; None elsewhere): with the pid, it names one process, where a pid alone may
+    have been reused by another since."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command's name
+
+
+def is_held(exp: ExperimentDir) -> bool:
+    """Whether a process holds the study now (its lock is taken), asked by taking the lock
+    for an instant."""
+    lock = FileLock(str(exp.root / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
+def stop_holder(exp: ExperimentDir) -> dict:
+    """Send the process that holds the study a SIGTERM, which a search takes as a Ctrl+C:
+    it stops gracefully, a second one at once. Returns the holder (``driver.json``);
+    ``ExperimentError`` when nothing holds the study, the holder runs on another machine,
+    or ``driver.json`` cannot name the live process that holds it."""
+    if not is_held(exp):
+        raise ExperimentError(f"no search holds {exp.root}: nothing to stop")
+    info = _read_holder(exp)
+    if info is None:
+        raise ExperimentError(f"{exp.root} is held, but its driver.json does not say by which process")
+    if info["host"] != socket.gethostname():
+        raise ExperimentError(f"{exp.root} is being searched on {info['host']} (pid {info['pid']}): stop it "
+                              f"there, with hpsearch stop, or kill -TERM {info['pid']}")
+    pid = int(info["pid"])
+    started = info.get("process_started")
+    if started is None or _process_started(pid) != started:
+        # a pid with no start time to match (a driver from before it was written), or that
+        # names another process now: signalling it could stop the wrong one
+        raise ExperimentError(f"cannot tell which process holds {exp.root}: driver.json names pid {pid} "
+                              f"({info.get('command', '')}), which {'may not be' if started is None else 'is not'} "
+                              "the one holding it now; stop the search where it runs (Ctrl+C)")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        raise ExperimentError(f"the search of {exp.root} (pid {pid}) ended just now") from None
+    except PermissionError:
+        raise ExperimentError(f"pid {pid}, which searches {exp.root}, is another user's: it cannot be "
+                              "signalled from here") from None
+    return info
+

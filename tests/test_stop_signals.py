@@ -247,3 +247,68 @@ def test_a_sigterm_during_rays_start_that_a_users_handler_only_notes_leaves_the_
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "OUTCOME complete [15]" in out.stdout, (out.returncode, out.stdout, out.stderr[-3000:])
+
+
+def _holding(exp_root, seconds: float = 60):
+    """A process that holds the study as a search's driver does (``study_lock``), and says so."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from hpsearch.search.experiment import ExperimentDir; "
+            "from hpsearch.search.study_lock import study_lock\n"
+            f"with study_lock(ExperimentDir.existing({str(exp_root)!r})):\n"
+            f"    print('held', flush=True); time.sleep({seconds})")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "held\n"
+    return process
+
+
+def _study(tmp_path, shrunk):
+    from hpsearch.search.experiment import ExperimentDir, write_config
+
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, shrunk)
+    return exp
+
+
+def test_hpsearch_stop_sends_the_studys_driver_a_sigterm_and_waits_until_it_lets_go(tmp_path):
+    from conftest import run_cli, shrunk_example
+
+    exp = _study(tmp_path, shrunk_example(tmp_path))
+    holder = _holding(exp.root)
+    try:
+        stopped = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert f"asked pid {holder.pid} (-c) to stop, as Ctrl+C would" in stopped.stdout, stopped.stdout
+        assert f"stopped. Continue it with: hpsearch resume {exp.root}" in stopped.stdout, stopped.stdout
+        assert holder.wait(timeout=10) == -signal.SIGTERM  # SIGTERM's own action: the holder had no handler
+    finally:
+        holder.kill()
+    nothing = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
+    assert nothing.returncode == 1 and f"error: no search holds {exp.root}: nothing to stop" in nothing.stderr
+
+
+def test_hpsearch_stop_signals_no_process_that_driver_json_cannot_vouch_for(tmp_path):
+    """A driver elsewhere is named, with the way to stop it there; a pid that is not the
+    process driver.json recorded (reused, or an older driver.json without its start) is
+    not signalled."""
+    import json
+    import socket
+
+    from conftest import run_cli, shrunk_example
+
+    exp = _study(tmp_path, shrunk_example(tmp_path))
+    holder = _holding(exp.root)
+    try:
+        recorded = json.loads((exp.root / "driver.json").read_text())
+        for changed, said in (({"host": "gpu-node-7"}, f"is being searched on gpu-node-7 (pid {holder.pid}): stop "
+                                                       f"it there, with hpsearch stop, or kill -TERM {holder.pid}"),
+                              ({"pid": os.getpid()}, f"driver.json names pid {os.getpid()}"),
+                              ({"process_started": None}, "which may not be the one holding it now")):
+            (exp.root / "driver.json").write_text(json.dumps({**recorded, **changed}))
+            refused = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
+            assert refused.returncode == 1 and said in refused.stderr, (changed, refused.stderr)
+            assert holder.poll() is None  # not signalled
+        assert recorded["host"] == socket.gethostname()
+    finally:
+        holder.kill()
