@@ -50,6 +50,7 @@ def write_report(exp: ExperimentDir, out_dir: Path | None = None) -> Path:
     summary = summarize(exp)
     study = _open_study(exp, summary)
     figures = {
+        "history": _history_plot(summary),
         "learning_curves": _learning_curves(study, summary),
         "parallel_coordinates": _optuna_plot("plot_parallel_coordinate", study, summary),
         "param_importances": _optuna_plot("plot_param_importances", study, summary, importances=True),
@@ -229,6 +230,54 @@ def _optuna_plot(name: str, study, summary: StudySummary, importances: bool = Fa
     return figure
 
 
+def best_so_far(rows: list[dict[str, Any]], mode: str) -> list[tuple[int, float]]:
+    """(trial, the best value of the complete trials up to it), at each complete trial, in
+    the order the trials were sampled: Optuna's optimization history, which asks whether
+    the sampler found better values as the search went on. Pruned trials' values are from
+    an early rung and are no candidates (``TrialsTable.best_row``)."""
+    points, best = [], None
+    for row in sorted(rows, key=lambda row: int(row["trial"])):
+        value = row.get("best")
+        if row.get("state") != "COMPLETE" or not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        best = value if best is None else best_of((best, value), mode)
+        points.append((int(row["trial"]), best))
+    return points
+
+
+def _history_plot(summary: StudySummary):
+    """Each trial's best value by its number (complete filled, pruned hollow), the best
+    complete trial so far as a step line, and the study's best marked."""
+    import matplotlib.pyplot as plt
+
+    scored = [row for row in summary.rows if row.get("state") in ("COMPLETE", "PRUNED")
+              and isinstance(row.get("best"), (int, float)) and math.isfinite(row["best"])]
+    if not scored:
+        return None
+    figure, axes = plt.subplots(figsize=(8, 4))
+    for state, style in (("PRUNED", {"facecolors": "none", "edgecolors": "tab:gray"}),
+                         ("COMPLETE", {"color": "tab:blue"})):
+        picked = [row for row in scored if row["state"] == state]
+        if picked:
+            axes.scatter([int(row["trial"]) for row in picked], [row["best"] for row in picked], s=18,
+                         label=f"{state.lower()} trial", zorder=2, **style)
+    history = best_so_far(summary.rows, summary.mode)
+    if history:
+        trials, values = zip(*history)
+        last = max(int(row["trial"]) for row in scored)
+        axes.step([*trials, last], [*values, values[-1]], where="post", color="tab:red", label="best so far",
+                  zorder=3)
+    best = summary.best or {}
+    if best.get("trial") is not None and best.get("value") is not None:
+        axes.scatter([int(best["trial"])], [float(best["value"])], marker="*", s=160, color="tab:red",
+                     label=f"best (trial {best['trial']})", zorder=4)
+    axes.set_xlabel("trial (in the order sampled)")
+    axes.set_ylabel(summary.metric)
+    axes.set_title(f"search progress: each trial's best {summary.metric}, and the best so far")
+    axes.legend(fontsize=8)
+    return figure
+
+
 def _rungs_plot(summary: StudySummary):
     import matplotlib.pyplot as plt
 
@@ -346,6 +395,10 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
           if best.get("evaluated") is False else []),
         "<h2>Trials</h2>", _table("counts", ["state", "trials"], counts),
         *(["<h3>Failed trials</h3>", _table("failed", ["trial", "epochs", "reason"], failed)] if failed else []),
+        "<h2>Search progress</h2>",
+        _image(images, "history", "each trial's best value by its number, in the order sampled (pruned trials "
+                                  "hollow: their value is from the rung ASHA stopped them at), and the best "
+                                  "complete trial so far"),
         "<h2>Learning curves</h2>",
         _image(images, "learning_curves", _learning_curves_caption(summary)),
         "<h2>Parameters vs metric</h2>",

@@ -17,7 +17,7 @@ from hpsearch.search.study_summary import StudySummary
 pytestmark = pytest.mark.e2e
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-PLOTS = {"learning_curves", "parallel_coordinates", "param_importances", "rungs", "compute"}
+PLOTS = {"history", "learning_curves", "parallel_coordinates", "param_importances", "rungs", "compute"}
 
 
 def trials_csv(exp_dir: Path) -> dict[int, dict]:
@@ -385,3 +385,28 @@ def test_a_large_studys_speed_table_lists_its_slowest_its_data_starved_and_its_b
     assert speed_trials(page) == sorted({*slowest, 5, 250, 7}), speed_trials(page)
     assert "300 trials; medians: samples/s 1150, epoch s 0.25, start-up s 0.5, data wait s 0.01." in page
     assert speed_trials(_html(summary_of(rows[:100]), {})) == list(range(100))  # every trial, up to 100
+
+
+def test_the_search_progress_follows_the_best_complete_trial_in_the_order_sampled():
+    """Pruned trials' values (an early rung's) are drawn, and are no candidates; the line
+    steps at each complete trial that beat those before it, for a loss downwards."""
+    import matplotlib
+
+    from hpsearch.search.report import _history_plot, best_so_far
+
+    matplotlib.use("Agg")
+    rows = [{"trial": 0, "state": "PRUNED", "best": 0.2}, {"trial": 1, "state": "COMPLETE", "best": 0.5},
+            {"trial": 2, "state": "FAILED", "best": None}, {"trial": 3, "state": "COMPLETE", "best": 0.4},
+            {"trial": 4, "state": "COMPLETE", "best": 0.3}, {"trial": 5, "state": "PRUNED", "best": 0.1},
+            {"trial": 6, "state": "COMPLETE", "best": 0.45}]
+    assert best_so_far(rows, "min") == [(1, 0.5), (3, 0.4), (4, 0.3), (6, 0.3)]
+    assert best_so_far(rows, "max") == [(1, 0.5), (3, 0.5), (4, 0.5), (6, 0.5)]
+    summary = summary_of(rows)
+    summary.mode, summary.best = "min", {"trial": 4, "value": 0.3}
+    axes = _history_plot(summary).axes[0]
+    [line] = axes.lines
+    assert list(line.get_xdata()) == [1, 3, 4, 6, 6] and list(line.get_ydata()) == [0.5, 0.4, 0.3, 0.3, 0.3]
+    drawn = {collection.get_label(): [tuple(point) for point in collection.get_offsets()]
+             for collection in axes.collections}
+    assert drawn == {"pruned trial": [(0, 0.2), (5, 0.1)], "complete trial": [(1, 0.5), (3, 0.4), (4, 0.3), (6, 0.45)],
+                     "best (trial 4)": [(4, 0.3)]}
