@@ -39,7 +39,8 @@ def load_trial(experiment_dir: str | Path, trial: int | None = None, *, map_loca
     from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
     from .config_loading import load_config
     from .experiment import TRIAL_SETTINGS, trial_name
-    from .results import sampled_params, trained_with
+    from .results import trained_with
+    from .searcher import existing_study
     from .storage import StudyHome
     from .trials_table import TrialsTable
 
@@ -57,7 +58,9 @@ def load_trial(experiment_dir: str | Path, trial: int | None = None, *, map_loca
     checkpoint = checkpoint_dir(exp.trial_dir(trial_name(number))) / BEST_CHECKPOINT
     _check_loadable(checkpoint, number, row, config.search.keep_checkpoints)
     config = trained_with(config, exp, number)
-    params = sampled_params(config, exp, number)
+    # read as a reader: a search may be running on the study, and its journal is its own
+    # (repairing it here could cut the record that search is writing)
+    params = dict(existing_study(exp.root, config.name, repair=False).trials[number].params)
     model, datamodule = _built_with_weights(config, params, checkpoint, map_location, exp)
     value = row.get("best")
     return LoadedTrial(model, datamodule, number, params, None if value in (None, "") else float(value), checkpoint)

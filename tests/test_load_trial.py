@@ -47,6 +47,8 @@ def test_a_trial_without_a_checkpoint_to_load_is_said_why(finished_search, tmp_p
     # A DeepSpeed trial's checkpoint is a directory of shards, which this cannot load.
     copy = tmp_path / "study"
     shutil.copytree(exp_dir, copy, symlinks=True)
+    # A reader: the journal's lock file of a search running on the study stays where it is
+    (copy / "optuna.journal.lock").symlink_to("held-by-a-running-search")
     best = json.loads((copy / "best.json").read_text())["trial"]
     checkpoint = copy / "trials" / f"trial_{best:04d}" / "checkpoints" / "best.ckpt"
     checkpoint.unlink()
@@ -55,3 +57,4 @@ def test_a_trial_without_a_checkpoint_to_load_is_said_why(finished_search, tmp_p
         load_trial(copy)
     assert load_trial(copy, trial=next(number for number in range(6) if number not in (best, removed) and (
         copy / "trials" / f"trial_{number:04d}" / "checkpoints" / "best.ckpt").is_file())).model is not None
+    assert (copy / "optuna.journal.lock").is_symlink()
