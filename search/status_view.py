@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from .errors import counted, resume_command
 from .outcome import SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
 from .experiment import STUDY_FILE, ExperimentDir, read_sessions
 from .storage import study_address
-from .study_lock import dead_holder
+from .study_lock import dead_holder, holder
 from .trials_table import TrialsTable, best_first, has_value, read_rows
 
 if TYPE_CHECKING:
@@ -109,6 +110,11 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
         gone = None
     else:
         gone = dead_holder(exp) if running or last_session.get("outcome") == "running" else None
+        if gone is None and last_session.get("outcome") == "running" and (driver := holder(exp)) is not None:
+            stop = f"`hpsearch stop {study_address(exp.root)}` stops it" if driver["host"] == socket.gethostname() \
+                else f"it runs on {driver['host']}: `hpsearch stop` stops it there"
+            console.print(f"A search is running on the study: pid {driver['pid']} on {driver['host']}, since "
+                          f"{driver['since']}; {stop}.", markup=False, soft_wrap=True)
     if gone is not None:
         resume = resume_command(exp.root, last_session.get("address"))
         cluster = _cluster_gone(last_session.get("address"))

@@ -51,7 +51,7 @@ def dead_holder(exp: ExperimentDir) -> dict | None:
     process is gone; None if it lives, ran elsewhere, or is unknown. A driver killed
     outright (SIGKILL, out of memory) leaves its trials RUNNING in trials.csv: this tells
     ``status`` that nothing is running them."""
-    info = _read_holder(exp)
+    info = holder(exp)
     if info is None or info["host"] != socket.gethostname():
         return None
     try:
@@ -73,19 +73,21 @@ def _new_holder(exp: ExperimentDir, wait_s: float = 2.0) -> str:
         time.sleep(0.05)
     if dead_holder(exp) is not None:
         return "another process (driver.json still names the one before it, which has ended)"
-    return _holder(exp)
+    return _holder_said(exp)
 
 
-def _holder(exp: ExperimentDir) -> str:
-    info = _read_holder(exp)
+def _holder_said(exp: ExperimentDir) -> str:
+    info = holder(exp)
     try:
         return f"pid {info['pid']} on {info['host']} (since {info['since']}: {info['command']})"
     except (TypeError, KeyError):
         return "another process"
 
 
-def _read_holder(exp: ExperimentDir) -> dict | None:
-    """``driver.json`` as written by ``study_lock``; None if absent or unreadable."""
+def holder(exp: ExperimentDir) -> dict | None:
+    """The study's last driver as ``driver.json`` names it (pid, host, since, command, as
+    ``study_lock`` wrote it), or None if absent or unreadable; whether it still runs is for
+    the caller to ask (``dead_holder``, ``is_held``)."""
     try:
         info = json.loads((exp.root / HOLDER_FILE).read_text())
     except (OSError, ValueError):
@@ -123,7 +125,7 @@ def stop_holder(exp: ExperimentDir) -> dict:
     or ``driver.json`` cannot name the live process that holds it."""
     if not is_held(exp):
         raise ExperimentError(f"no search holds {exp.root}: nothing to stop")
-    info = _read_holder(exp)
+    info = holder(exp)
     if info is None:
         raise ExperimentError(f"{exp.root} is held, but its driver.json does not say by which process")
     if info["host"] != socket.gethostname():

@@ -312,3 +312,30 @@ def test_hpsearch_stop_signals_no_process_that_driver_json_cannot_vouch_for(tmp_
         assert recorded["host"] == socket.gethostname()
     finally:
         holder.kill()
+
+
+def test_status_names_the_running_search_and_how_to_stop_it(tmp_path):
+    import time
+
+    from rich.console import Console
+
+    from conftest import shrunk_example
+    from hpsearch.search.experiment import record_session
+    from hpsearch.search.status_view import print_status
+
+    exp = _study(tmp_path, shrunk_example(tmp_path))
+    record_session(exp, time.time(), None, "running")
+    holder = _holding(exp.root)
+    try:
+        console = Console(width=300, record=True)
+        print_status(exp, console)
+        said = console.export_text()
+        assert f"A search is running on the study: pid {holder.pid} on " in said
+        assert f"`hpsearch stop {exp.root}` stops it." in said, said
+    finally:
+        holder.kill()
+        holder.wait()
+    console = Console(width=300, record=True)
+    print_status(exp, console)  # its driver gone: said so, and no word of stopping it
+    said = console.export_text()
+    assert "A search is running" not in said and "ended before its session did" in said, said
