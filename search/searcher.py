@@ -98,7 +98,7 @@ def existing_study(experiment_dir: Path, study_name: str, repair: bool = True) -
 
 def make_sampler(config: ExperimentConfig, seed_offset: int = 0,
                  grid_seed: int | None = None) -> optuna.samplers.BaseSampler:
-    """The configured sampler. ``seed_offset`` (trials already in the study) keeps a resumed
+    """The configured sampler. ``seed_offset`` (trials the study has handed out) keeps a resumed
     search from replaying the random stream it drew before the interruption (see
     ``resumed_seed``). Not for a
     grid: its seed shuffles the grid's points, which the study's trials name by their
@@ -218,7 +218,11 @@ class OptunaSearcher(Searcher):
     def study(self) -> optuna.Study:
         if self._study is None:
             existing = open_study(self.experiment_dir, self.config.name, self.config.mode)
-            offset = len(existing.get_trials(deepcopy=False))
+            # The trials handed out so far: a queued one (a first trial, a failed one's values
+            # to run again) drew nothing yet. Counted, the first session of a study with
+            # first trials, and a resume that had handed out only queued ones, began from
+            # one seed, and the resume replayed the draws for what they left out (audit 42).
+            offset = sum(trial.state != TrialState.WAITING for trial in existing.get_trials(deepcopy=False))
             if self.config.search.sampler == "grid" and GRID_SEED not in existing.user_attrs:
                 existing.set_user_attr(GRID_SEED, self.config.search.seed)
             self._study = open_study(self.experiment_dir, self.config.name, self.config.mode,

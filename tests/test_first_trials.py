@@ -115,6 +115,25 @@ def test_first_trials_are_handed_out_first_with_the_rest_sampled(example_config,
     assert third["model.lr"] not in (0.002,) and len(open_study(tmp_path, config.name, config.mode).trials) == 3
 
 
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_a_resumed_session_draws_anew_for_what_its_first_trials_leave_out(example_config, tmp_path, sampler):
+    """The seed offset counted the queued first trials, which had drawn nothing: a resume
+    that had handed out one trial since found as many trials as the first session had, and
+    gave the next first trial the draws of the one before (audit 42)."""
+    example_config["search"].update(sampler=sampler, num_trials=6)
+    config = load_config(with_first_trials(example_config, {"model.lr": 0.01}, {"model.lr": 0.02},
+                                           {"model.lr": 0.03}))
+    queue_first_trials(open_study(tmp_path, config.name, config.mode), config)
+    drawn = []
+    for session in range(3):  # each session hands out one trial, which ends, and is stopped
+        searcher = OptunaSearcher(config, tmp_path, PruneLog())
+        params = searcher.suggest(str(session))["params"]
+        searcher.on_trial_complete(str(session), {"val_acc": 0.5, "epoch": 1, "hps_finished": True})
+        assert params["model.lr"] == [0.01, 0.02, 0.03][session]
+        drawn.append((params["model.channels"], params["data.batch_size"]))
+    assert len(set(drawn)) == 3, drawn
+
+
 def test_a_resume_queues_the_first_trials_the_study_lacks_while_num_trials_leaves_room(example_config, tmp_path):
     """A first trial is known by its values: one given before is not run again, an edited
     one is new; beyond num_trials, it is left out (and the resume says so)."""
