@@ -250,7 +250,7 @@ def _took(called: float, result: SearchResult) -> SearchResult:
 
 def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: bool, callbacks,
                    mirror: Mirror | None, interrupted: _HeardInterrupt, retry_failed: bool = False) -> SearchResult:
-    from .searcher import SETTINGS, existing_study, first_trials_to_queue, runs_again
+    from .searcher import RETRY_OF, SETTINGS, existing_study, runs_again
 
     stored = load_config(exp.config_file, stored=True)
     config = load_config(exp.config_file, overrides, stored=True)
@@ -273,17 +273,16 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     started = max(len(read_rows(exp.trials_csv)) if exp.trials_csv.is_file() else 0,
                   len(study.get_trials(deepcopy=False)) if study else 0) - again
     if config.search.num_trials < started:
+        waiting = sum(t.state.name == "WAITING" and RETRY_OF not in t.user_attrs for t in study.get_trials(
+            deepcopy=False)) if study else 0
+        queued = f" ({waiting} of them queued to run first, by search.first_trials)" if waiting else ""
         raise ConfigError([config.problem("search.num_trials", f"{config.search.num_trials} is fewer than the "
-                                                               f"{started} trials the study already has; give at "
-                                                               f"least {started}")])
+                                                               f"{started} trials the study already has{queued}; give "
+                                                               f"at least {started}")])
     close_killed_sessions(exp)  # before reading the last one's outcome
     if retry_failed and study is not None:
         _run_failed_again(study)
-    first_trials, no_room = first_trials_to_queue(study, config)  # queued as the session starts
-    if no_room:
-        warn_user(f"{', '.join(f'search.first_trials.{index}' for index in no_room)} will not run: the study "
-                  f"already has its search.num_trials ({config.search.num_trials}) trials; raise "
-                  f"search.num_trials to run {'it' if len(no_room) == 1 else 'them'}")
+    first_trials = _first_trials_that_fit(study, config)  # queued as the session starts
     # trials queued to run again or first, by this resume or by one stopped before they ran
     queued = study is not None and any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False))
     searched = _search_complete(exp, config, again) and not queued and not first_trials
@@ -357,17 +356,39 @@ def _run_failed_again(study) -> None:
         print("no failed trial to run again: every failed trial's configuration has run since", flush=True)
 
 
+def _first_trials_that_fit(study, config: ExperimentConfig) -> list[int]:
+    """The places of the first trials a resume adds (``searcher.first_trials_to_queue``);
+    those ``num_trials`` leaves no room for are said, with the resume that runs them."""
+    from .searcher import first_trials_to_queue, runs_again
+
+    fits, no_room = first_trials_to_queue(study, config)
+    if no_room:
+        held = len(study.get_trials(deepcopy=False)) - runs_again(study) if study is not None else 0
+        room = (f"search.num_trials ({config.search.num_trials}) leaves room for {counted(len(fits), 'more trial')} "
+                f"besides the study's {held}" if fits else
+                f"the study holds {held} trials, all that search.num_trials ({config.search.num_trials}) allows")
+        # a resume that runs no session keeps experiment.yaml as it was: both are needed at once (audit 42)
+        warn_user(f"{', '.join(f'search.first_trials.{index}' for index in no_room)} will not run: {room}; "
+                  f"resume with --set search.num_trials={held + len(fits) + len(no_room)} and this "
+                  f"search.first_trials to run {'it' if len(no_room) == 1 else 'them'}")
+    return fits
+
+
 def _queue_first_trials(exp: ExperimentDir, config: ExperimentConfig) -> None:
     """Queue the trials of ``search.first_trials`` that the study does not have yet
     (``searcher.queue_first_trials``), saying which trial runs which."""
-    from .searcher import open_study, queue_first_trials
+    from .searcher import FIRST_TRIAL, open_study, queue_first_trials
 
-    if not config.search.first_trials:
-        return
-    queued = queue_first_trials(open_study(exp.root, config.name, config.mode), config)
+    study = open_study(exp.root, config.name, config.mode)
+    queued = queue_first_trials(study, config)
     if queued:
         pairs = ", ".join(f"{number} (search.first_trials.{index})" for index, number in queued.items())
         print(f"running {counted(len(queued), 'trial')} with given values first: trial {pairs}", flush=True)
+    earlier = [trial.number for trial in study.get_trials(deepcopy=False) if trial.state.name == "WAITING"
+               and trial.user_attrs.get(FIRST_TRIAL) not in (None, *config.search.first_trials)]
+    if earlier:  # Optuna's queue has no way to take a trial out
+        print(f"trial {', '.join(map(str, earlier))} still run{'s' if len(earlier) == 1 else ''} first the values "
+              f"an earlier session's search.first_trials gave (queued before it ended)", flush=True)
 
 
 def _best_evaluated(exp: ExperimentDir, config: ExperimentConfig) -> bool:

@@ -337,7 +337,10 @@ class SearchConfig(StrictModel):
     @classmethod
     def _one_value_per_parameter(cls, points: Any) -> Any:
         """One clear error for a list or mapping given as a parameter's value (pydantic gave
-        one line per kind of value it tried)."""
+        one line per kind of value it tried). ``null`` (a key whose items are all commented
+        out) is none, as the README's table says."""
+        if points is None:
+            return []
         for index, point in enumerate(points if isinstance(points, list) else []):
             for key, value in (point.items() if isinstance(point, dict) else ()):
                 if not isinstance(value, (type(None), bool, int, float, str)):

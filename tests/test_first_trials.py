@@ -63,6 +63,12 @@ def test_a_first_trial_the_search_could_not_have_sampled_is_refused_naming_its_f
     assert expected in refusal(example_config)
 
 
+def test_first_trials_null_is_none(example_config):
+    """A ``first_trials:`` key whose items are all commented out reads as null."""
+    example_config["search"]["first_trials"] = None
+    assert load_config(example_config).search.first_trials == []
+
+
 def test_a_first_trial_is_kept_as_the_sampler_would_give_it(example_config):
     """A whole number for a float parameter is kept as a float (a repeat is then found by
     value), and a chain's values may be given together."""
@@ -87,6 +93,15 @@ def test_a_refusal_names_the_line_of_the_first_trial_or_the_option_that_gave_it(
     [problem] = caught.value.problems
     lines = path.read_text().splitlines()
     assert problem.field == "search.first_trials.1.model.lr" and "0.5" in lines[problem.line - 1], problem
+    # an item written as a block, its keys on lines of their own: the key's own line
+    example_config["search"]["first_trials"] = [{"model.channels": 8, "model.lr": 0.5}]
+    path.write_text(path.read_text().split("  first_trials:")[0] + "  first_trials:\n  - model.channels: 8\n"
+                    "    model.lr: 0.5\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    lines = path.read_text().splitlines()
+    assert lines[problem.line - 1] == "    model.lr: 0.5", (problem, lines)
     # given again by --set: the file's line of the trial it replaced would name the wrong one
     with pytest.raises(ConfigError) as caught:
         load_config(path, ["search.first_trials=[{model.lr: 0.7}]"])
@@ -148,6 +163,42 @@ def test_a_resume_queues_the_first_trials_the_study_lacks_while_num_trials_leave
     assert first_trials_to_queue(study, resumed) == ([], [3])
 
 
+def test_a_resume_says_which_first_trials_do_not_fit_and_the_resume_that_runs_them(example_config, tmp_path):
+    """It said "the study already has its num_trials (5) trials" of a study of 4, whose
+    fifth was the first trial this resume queued; and a resume that runs no session keeps
+    experiment.yaml, so raising num_trials alone next time ran a sampled trial (audit 42)."""
+    from hpsearch.search.api import _first_trials_that_fit
+
+    config = load_config(with_first_trials(example_config, {"model.lr": 0.002}, {"model.lr": 0.003}))
+    study = open_study(tmp_path, config.name, config.mode)
+    queue_first_trials(study, config)
+    for _ in range(4):
+        study.ask()  # the two queued handed out, then two sampled: the study holds 4
+    resumed = load_config(example_config, ["search.num_trials=5", "search.first_trials=[{model.lr: 0.004}, "
+                                           "{model.lr: 0.005}, {model.lr: 0.006}]"])
+    with pytest.warns(UserWarning) as said:
+        assert _first_trials_that_fit(study, resumed) == [0]
+    assert str(said[0].message) == (
+        "search.first_trials.1, search.first_trials.2 will not run: search.num_trials (5) leaves room for 1 more "
+        "trial besides the study's 4; resume with --set search.num_trials=7 and this search.first_trials to run them")
+
+
+def test_a_first_trial_an_earlier_session_queued_is_said_to_run_first(example_config, tmp_path, capsys):
+    """Optuna's queue has no way to take a trial out: one queued by a session that ended
+    before running it runs, though the list given now no longer holds it (audit 42)."""
+    from hpsearch.search.api import _queue_first_trials
+    from hpsearch.search.experiment import ExperimentDir
+
+    exp = ExperimentDir.make(tmp_path / "study")
+    _queue_first_trials(exp, load_config(with_first_trials(example_config, {"model.lr": 0.002}, {"model.lr": 0.003})))
+    assert "running 2 trials with given values first: trial 0 (search.first_trials.0), 1 " in capsys.readouterr().out
+    _queue_first_trials(exp, load_config(example_config, ["search.first_trials=[{model.lr: 0.003}, "
+                                                          "{model.lr: 0.004}]"]))
+    assert capsys.readouterr().out.splitlines() == [
+        "running 1 trial with given values first: trial 2 (search.first_trials.1)",
+        "trial 0 still runs first the values an earlier session's search.first_trials gave (queued before it ended)"]
+
+
 def test_the_preflight_refuses_a_first_trial_a_constructor_refuses(example_config, monkeypatch):
     """WideNeedsSmallSteps refuses 32 channels with a learning rate above 0.01: every value
     of each range and choice passes alone (the other values as the preflight's trial has
@@ -167,6 +218,25 @@ def test_the_preflight_refuses_a_first_trial_a_constructor_refuses(example_confi
         "0.05"), problem
     example_config["search"]["first_trials"].pop()
     assert "val_acc" in run_preflight(load_config(example_config), *check_components(load_config(example_config)))
+
+
+def test_the_preflight_builds_a_first_trials_data_values_too(example_config, monkeypatch):
+    """SmallBatchesForLargeValidation refuses batches of 128 or more with a validation split
+    of 0.4 or more: a first trial that gives both is refused, naming it."""
+    from conftest import FIXTURES
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["data"] = {"class_path": "userpkg.conditional:SmallBatchesForLargeValidation", "init_args": {}}
+    with_first_trials(example_config, {"data.batch_size": 64, "data.val_fraction": 0.4},
+                      {"data.batch_size": 128, "data.val_fraction": 0.4},
+                      **{"data.val_fraction": {"type": "float", "low": 0.1, "high": 0.4}})
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "search.first_trials.1" and problem.message == (
+        "its values are in the space, but SmallBatchesForLargeValidation(...) raised ValueError: batch_size 128 with "
+        "val_fraction 0.4 leaves too few batches"), problem
 
 
 def test_check_says_how_many_trials_run_given_values_first(example_config):
@@ -211,6 +281,6 @@ def test_a_search_runs_its_first_trials_first_and_a_resume_adds_new_ones(tmp_pat
 
     result = run_cli("resume", str(exp_dir), "--set", "search.first_trials=[{model.lr: 0.07}]", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "search.first_trials.0 will not run: the study already has its search.num_trials (4) trials" \
-        in result.stderr, result.stderr
+    assert "search.first_trials.0 will not run: the study holds 4 trials, all that search.num_trials (4) allows; " \
+           "resume with --set search.num_trials=5 and this search.first_trials to run it" in result.stderr, result.stderr
     assert len(read_rows(exp_dir / "trials.csv")) == 4
