@@ -205,7 +205,7 @@ class FloatParam(SearchedParam):
     def refusal(self, value: Any) -> str | None:
         """Why a sampler could never give ``value`` (None if it could)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"a number is needed (got {value!r})"
+            return f"a number is needed, not {_kind_of(value)}"
         return _outside_range(value, self.low, self.high, self.step)
 
 
@@ -235,7 +235,7 @@ class IntParam(SearchedParam):
     def refusal(self, value: Any) -> str | None:
         """Why a sampler could never give ``value`` (None if it could)."""
         if isinstance(value, bool) or not isinstance(value, int):
-            return f"a whole number is needed (got {value!r})"
+            return f"a whole number is needed, not {_kind_of(value)}"
         return _outside_range(value, self.low, self.high, self.step)
 
 
@@ -282,6 +282,13 @@ class CategoricalParam(SearchedParam):
         if any(same_choice(value, choice) for choice in self.choices):
             return None
         return f"{value!r} is not one of the choices {self.choices}{_yaml_boolean_hint(value, self.choices)}"
+
+
+def _kind_of(value: Any) -> str:
+    """``the string '0.01'`` (quoted in YAML, or a str from Python), ``true``, ``null``, ``64.0``."""
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    return json.dumps(value) if value is None or isinstance(value, bool) else repr(value)
 
 
 def _yaml_boolean_hint(value: Any, choices: list[Scalar]) -> str:

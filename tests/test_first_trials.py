@@ -35,10 +35,10 @@ def refusal(config) -> str:
     ([{"model.lrr": 0.01}], {}, {}, "search.first_trials.0.model.lrr: is not a searched parameter (searched: model.lr"),
     ([{"model.lr": 0.5}], {}, {}, "search.first_trials.0.model.lr: 0.5 is outside the range [0.0001, 0.1] "
                                   "(space.model.lr)"),
-    ([{"model.lr": "0.01"}], {}, {}, "search.first_trials.0.model.lr: a number is needed (got '0.01')"),
+    ([{"model.lr": "0.01"}], {}, {}, "search.first_trials.0.model.lr: a number is needed, not the string '0.01'"),
     ([{"model.lr": [0.01]}], {}, {}, "search.first_trials.0.model.lr: is a list: a trial gives each parameter one"),
     ([{"model.channels": 12}], {}, {}, "search.first_trials.0.model.channels: 12 is not one of the choices [8, 16, 32]"),
-    ([{"data.batch_size": 64.0}], {}, {}, "search.first_trials.0.data.batch_size: a whole number is needed (got 64.0)"),
+    ([{"data.batch_size": 64.0}], {}, {}, "search.first_trials.0.data.batch_size: a whole number is needed, not 64.0"),
     ([{"data.batch_size": 65}], {"data.batch_size": {"type": "int", "low": 32, "high": 256, "step": 2}}, {},
      "65 is not low (32) plus whole steps of 2"),
     ([{"model.dropout": 0.25}], {"model.dropout": {"type": "float", "low": 0.0, "high": 0.5, "step": 0.1}}, {},
