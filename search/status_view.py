@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 from datetime import datetime
@@ -38,6 +39,8 @@ OPTIONAL_COLUMNS = ("start-up s", "s/epoch")
 SHOWN_TRIALS = 40  # status's rows, past which only the latest, the running or paused, and the best are shown
 STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan", "PAUSED": "magenta"}
 # Why the best trial named is not a pruned one that scored better (``TrialsTable.best_row``).
+WAITING = 4  # Optuna's TrialState.WAITING, as its journal records it (read without importing Optuna)
+_TRIAL_STATE_RECORD = re.compile(r'"op_code":\s*[46]\s*[,}]')  # CREATE_TRIAL, SET_TRIAL_STATE_VALUES
 PRUNED_NOT_CANDIDATES = ("a pruned trial is the best only when none completed (Optuna's rule: its value is from "
                          "an epoch before ASHA judged it)")
 
@@ -62,6 +65,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     table = _table_of(rows, metric, config["mode"], params)
     best = table.best_row()
+    queued_and_not = _journal_trial_states(exp.root / STUDY_FILE)
     if rows:
         # the metric's column holds each trial's best epoch's value, not its last (audit 28)
         # the directory's name: a study run again from the same file is the file's name and a date (audit 39)
@@ -83,16 +87,20 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
                           f"shows every one, and trials.csv has them.", markup=False, soft_wrap=True)
         console.print(_summary_line(rows, best, table.pruned_ahead(best), metric, config["mode"]), markup=False,
                       soft_wrap=True)
+    elif any(state != WAITING for state in queued_and_not):
+        # trials.csv deleted or lost: the study still has its trials (audit 27)
+        state = "has no trial rows" if exp.trials_csv.is_file() else "is missing"
+        console.print(f"{exp.root}: trials.csv {state}, but the study's journal ({STUDY_FILE}) holds its "
+                      f"trials; `{resume_command(exp.root)}` writes trials.csv again from it", markup=False,
+                      soft_wrap=True)
     else:
-        journal = exp.root / STUDY_FILE
-        if _journal_has_trials(journal):
-            # trials.csv deleted or lost: the study still has its trials (audit 27)
-            state = "has no trial rows" if exp.trials_csv.is_file() else "is missing"
-            console.print(f"{exp.root}: trials.csv {state}, but the study's journal ({STUDY_FILE}) holds its "
-                          f"trials; `{resume_command(exp.root)}` writes trials.csv again from it", markup=False,
-                          soft_wrap=True)
-        else:
-            console.print(f"{exp.root}: no trial has started yet", markup=False)
+        console.print(f"{exp.root}: no trial has started yet", markup=False)
+    queued = queued_and_not.count(WAITING)
+    if queued:  # a session ended before handing them out: first trials, failed trials' values run again
+        console.print(f"{counted(queued, 'more trial')} {'is' if queued == 1 else 'are'} queued in the study to run "
+                      f"first (search.first_trials, or failed trials' values run again): "
+                      f"`{resume_command(exp.root)}` runs {'it' if queued == 1 else 'them'}.", markup=False,
+                      soft_wrap=True)
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
     last_session = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
     # A session still "running" whose driver is gone was killed (before any trial had a
@@ -135,20 +143,27 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
                       f"`{resume_command(exp.root)}` evaluates it again.", markup=False, soft_wrap=True)
 
 
-def _journal_has_trials(journal: Path) -> bool:
-    """Whether Optuna's journal records a trial (its CREATE_TRIAL operation, op_code 4): a
-    session that crashed before its first trial leaves one that holds the study alone, and
-    status said its trials were there (audit 36)."""
+def _journal_trial_states(journal: Path) -> list[int]:
+    """Each trial's state as Optuna's journal records it, by ``TrialState``'s value (4 is
+    WAITING: queued, not yet handed out), read without Optuna from its CREATE_TRIAL (op
+    4) and SET_TRIAL_STATE_VALUES (op 6) records; the study is the journal's only one, so
+    a trial's id is its place. A line cut short by a kill is skipped."""
+    states: list[int] = []
     if not journal.is_file():
-        return False
+        return states
     with journal.open() as lines:
         for line in lines:
+            if not _TRIAL_STATE_RECORD.search(line):
+                continue  # most records are values and attributes: not parsed
             try:
-                if json.loads(line).get("op_code") == 4:
-                    return True
-            except (ValueError, AttributeError):
-                continue  # a line cut short by a kill
-    return False
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("op_code") == 4:
+                states.append(int(record.get("state", 0)))
+            elif record.get("op_code") == 6 and 0 <= int(record.get("trial_id", -1)) < len(states):
+                states[int(record["trial_id"])] = int(record.get("state", 0))
+    return states
 
 
 def _table_of(rows: list[dict[str, Any]], metric: str, mode: str, params: list[str]) -> TrialsTable:

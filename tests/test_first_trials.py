@@ -284,3 +284,27 @@ def test_a_search_runs_its_first_trials_first_and_a_resume_adds_new_ones(tmp_pat
     assert "search.first_trials.0 will not run: the study holds 4 trials, all that search.num_trials (4) allows; " \
            "resume with --set search.num_trials=5 and this search.first_trials to run it" in result.stderr, result.stderr
     assert len(read_rows(exp_dir / "trials.csv")) == 4
+
+
+def test_status_counts_the_trials_queued_in_the_study(example_config, tmp_path):
+    """A session stopped before handing its first trials out left them only in the journal:
+    status said "1 trial: 1 paused" of a study with two more to run (audit 42)."""
+    from rich.console import Console
+
+    from hpsearch.search.api import _queue_first_trials
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import print_status
+
+    config = load_config(with_first_trials(example_config, {"model.lr": 0.002}, {"model.lr": 0.003}))
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, config.model_dump(mode="json"))
+    _queue_first_trials(exp, config)
+
+    def said() -> str:
+        console = Console(width=300, record=True)
+        print_status(exp, console)
+        return console.export_text()
+
+    assert "no trial has started yet" in said() and "2 more trials are queued in the study to run first" in said()
+    open_study(exp.root, config.name, config.mode).ask()  # one handed out (it pops the queue's first)
+    assert "1 more trial is queued in the study to run first" in said()
