@@ -40,6 +40,9 @@ def study_lock(exp: ExperimentDir) -> Iterator[None]:
         write_json(exp.root / HOLDER_FILE, {
             "pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(sys.argv), "process_started": _process_started(os.getpid()),
+            # the command line's SIGTERM stops it as a Ctrl+C from its first moment; a Python
+            # process without a handler of its own takes it so only once its trials run
+            "sigterm_handled": callable(signal.getsignal(signal.SIGTERM)),
         })
         yield
     finally:
@@ -139,6 +142,11 @@ def stop_holder(exp: ExperimentDir) -> dict:
         raise ExperimentError(f"cannot tell which process holds {exp.root}: driver.json names pid {pid} "
                               f"({info.get('command', '')}), which {'may not be' if started is None else 'is not'} "
                               "the one holding it now; stop the search where it runs (Ctrl+C)")
+    if info.get("sigterm_handled") is False and not _session_running(exp):
+        raise ExperimentError(f"pid {pid} ({info.get('command', '')}) is still starting its search (its checks, "
+                              "Ray's start), and a SIGTERM now would end that Python process outright: run hpsearch "
+                              "stop again once its trials run (hpsearch status names the running search then), or "
+                              "stop it where it runs (Ctrl+C)")
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -147,4 +155,13 @@ def stop_holder(exp: ExperimentDir) -> dict:
         raise ExperimentError(f"pid {pid}, which searches {exp.root}, is another user's: it cannot be "
                               "signalled from here") from None
     return info
+
+
+def _session_running(exp: ExperimentDir) -> bool:
+    """Whether the study's last session is under way: its search has begun, and takes a
+    SIGTERM as a Ctrl+C (``api._stop_signals_interrupt``)."""
+    from .experiment import read_sessions
+
+    last = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
+    return last.get("outcome") == "running"
 

@@ -274,9 +274,17 @@ def _study(tmp_path, shrunk):
 def test_hpsearch_stop_sends_the_studys_driver_a_sigterm_and_waits_until_it_lets_go(tmp_path):
     from conftest import run_cli, shrunk_example
 
+    from hpsearch.search.experiment import record_session
+
     exp = _study(tmp_path, shrunk_example(tmp_path))
     holder = _holding(exp.root)
     try:
+        # A Python process with no SIGTERM handler (this one, a notebook's kernel) is not sent
+        # one before its search runs: it would end outright, not stop as at a Ctrl+C.
+        early = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
+        assert early.returncode == 1 and "is still starting its search" in early.stderr, early.stderr
+        assert holder.poll() is None
+        record_session(exp, time.time(), None, "running")  # its search has begun
         stopped = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert f"asked pid {holder.pid} (-c) to stop, as Ctrl+C would" in stopped.stdout, stopped.stdout
