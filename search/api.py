@@ -413,14 +413,15 @@ def _has_a_result(exp: ExperimentDir, config: ExperimentConfig) -> bool:
     return TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space)).best_row() is not None
 
 
-def _naming_the_last_sessions_directory(error: ConfigError, exp: ExperimentDir) -> ConfigError:
+def _naming_the_last_sessions_directory(error: ConfigError, exp: ExperimentDir,
+                                        advice: str = "resume it from there") -> ConfigError:
     """A user package that does not import here, with the directory the study's last
     session ran from: its packages imported from there (the current directory)."""
     directory = next((s["directory"] for s in reversed(read_sessions(exp)) if s.get("directory")), None)
     if directory is None or directory == os.getcwd():
         return error
     return ConfigError([replace(problem, message=f"{problem.message}; this study's last session ran from "
-                                                 f"{directory}: resume it from there")
+                                                 f"{directory}: {advice}")
                         if "No module named" in problem.message else problem for problem in error.problems])
 
 

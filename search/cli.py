@@ -454,11 +454,15 @@ def cmd_stop(args) -> int:
     if is_uri(args.experiment_dir):
         raise ExperimentError("hpsearch stop needs the study's directory on the machine its search runs on, not "
                               "its URI")
-    exp = ExperimentDir.existing(Path(args.experiment_dir))
+    try:
+        exp = ExperimentDir.existing(Path(args.experiment_dir))
+    except ExperimentError as exc:  # a new search makes its directory once its checks and Ray's start are done
+        raise ExperimentError(f"{exc}; a search just started makes it once its checks and Ray's start are done: "
+                              "if one is starting, stop it in a moment") from None
     holder = stop_holder(exp)
-    print(f"asked pid {holder['pid']} ({holder.get('command', '')}) to stop, as Ctrl+C would: its running trials "
-          f"stop and keep their checkpoints, and the best trial so far is evaluated; hpsearch stop again stops it "
-          f"at once", flush=True)
+    print(f"asked pid {holder['pid']} ({holder.get('command', '')}) to stop, as Ctrl+C would (a first stop lets its "
+          f"running trials stop, keeping their checkpoints, and evaluates the best trial so far; a second stops it "
+          f"at once)", flush=True)
     if not args.wait:
         return 0
     try:

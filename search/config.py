@@ -665,8 +665,9 @@ class ExperimentConfig(StrictModel):
                                                  "categorical, choices: [...])")
                 for value in values:
                     if not any(same_choice(value, choice) for choice in choices):
+                        hint = _yaml_boolean_hint(value, choices)
                         raise FieldValueError(field, f"{value!r} is not one of {parent}'s choices {choices}: {key} "
-                                                     f"would never be sampled with it{_yaml_boolean_hint(value, choices)}")
+                                                     f"would never be sampled with it{hint}")
         for key, param in self.space.items():
             never = [parent for parent, allowed in self.needed_to_sample(key).items() if not allowed]
             if param.when and never:  # each holds alone, not together (audit 41: a KeyError in the preflight)

@@ -8,6 +8,7 @@ from typing import Any
 
 from .components import build_datamodule, build_model
 from .config import ExperimentConfig
+from .seeding import seeded_as_its_trial
 from .storage import Mirror
 from .trial import load_training_stack
 
@@ -26,9 +27,11 @@ def has_test_split(model, datamodule) -> bool:
 
 
 def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], checkpoint: str,
-                        study_uri: str | None = None) -> dict[str, float]:
+                        study_uri: str | None = None, seed: int | None = None) -> dict[str, float]:
     """Test metrics of ``checkpoint`` ({} when the model or data has no test split);
     ``study_uri``: fetch the checkpoint from the study's storage if it is not on this node.
+    ``seed``: the trial's training seed, which the classes are built with, as the trial
+    built them (``seeded_as_its_trial``).
 
     Runs under ``torch.inference_mode()``: no autograd state is kept, so evaluation is
     cheaper and can use larger batches than training.
@@ -51,7 +54,7 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     if study_uri is not None and not Path(checkpoint).is_file():
         mirror = Mirror.for_uri(study_uri)
         mirror.pull(str(Path(checkpoint).relative_to(mirror.local)))
-    with lightning_quieted():  # the driver may be the user's own Python session
+    with lightning_quieted(), seeded_as_its_trial(seed):  # the driver may be the user's own Python session
         device = trial_device(config.with_trainer_params(params), config.loader, config.resources)
         datamodule = build_datamodule(config, data_class, params, device.loader_options)
         model = build_model(config, model_class, params, datamodule)

@@ -37,7 +37,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         if _has_test_split(config):  # it can take a while: say what runs
             print(f"evaluating the best trial ({number}) on the test split", flush=True)
         try:
-            test_metrics = evaluate_on_cluster(config, params, str(checkpoint), mirror)
+            test_metrics = evaluate_on_cluster(config, params, str(checkpoint), mirror, seed=trained_seed(row))
             (exp.root / EVALUATION_ERROR).unlink(missing_ok=True)  # an earlier session's, now out of date
         except HpsearchError:
             raise
@@ -59,7 +59,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         "epochs": row.get("epochs"),
         # the epoch whose checkpoint scored the value, and was evaluated (a trial goes on after its best)
         "best_epoch": best_epoch,
-        "seed": row.get("seed") if row.get("seed") not in (None, "") else None,  # it trained with (seeding.py)
+        "seed": trained_seed(row),  # it trained with (seeding.py)
         # what it ran on and with (trials.csv's columns): config's trainer.precision is the
         # one asked for, which a machine without it replaces (16-mixed on CPU: bf16-mixed)
         "device": row.get("device") or None,
@@ -165,21 +165,29 @@ def resolved_config(config: ExperimentConfig, params: dict[str, Any]) -> dict[st
     return resolved
 
 
+def trained_seed(row: dict[str, Any]) -> int | None:
+    """The seed a trial trained with, as trials.csv records it (a resume that changed
+    ``search.seed`` left the trials started before with their own); None if unseeded."""
+    seed = row.get("seed")
+    return None if seed in (None, "") else int(seed)
+
+
 def evaluate_on_cluster(config: ExperimentConfig, params: dict[str, Any], checkpoint: str,
-                        mirror: Mirror | None = None) -> dict[str, float]:
+                        mirror: Mirror | None = None, seed: int | None = None) -> dict[str, float]:
     """The test evaluation: in the driver for CPU trials (it has torch loaded already, and a
     new worker process would cost seconds), as a Ray task with a trial's GPUs otherwise
-    (which fetches the checkpoint from URI storage if its node lacks it)."""
+    (which fetches the checkpoint from URI storage if its node lacks it). ``seed``: the
+    trial's training seed (``evaluate_checkpoint``)."""
     from .evaluation import evaluate_checkpoint
 
     # One rank's resources: a distributed trial's GPUs may be given per worker alone, and its
     # evaluation then ran on the driver's CPU.
     if config.resources.worker_gpus == 0:
-        return evaluate_checkpoint(config.model_dump(mode="json"), params, checkpoint)
+        return evaluate_checkpoint(config.model_dump(mode="json"), params, checkpoint, seed=seed)
     import ray
 
     task = ray.remote(num_cpus=config.resources.worker_cpus, num_gpus=config.resources.worker_gpus)(
         evaluate_checkpoint
     )
     return ray.get(task.remote(config.model_dump(mode="json"), params, checkpoint,
-                               mirror.uri if mirror is not None else None))
+                               mirror.uri if mirror is not None else None, seed))

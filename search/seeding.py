@@ -7,6 +7,9 @@ of seed s trained as trial k-1 of seed s+1) and sampled alike once one was resum
 from __future__ import annotations
 
 import hashlib
+import os
+from contextlib import contextmanager
+from typing import Iterator
 
 
 def resumed_seed(seed: int, trials_before: int) -> int:
@@ -29,3 +32,27 @@ def training_seed(seed: int | None, trial: int) -> int | None:
 def _drawn(text: str) -> int:
     digest = hashlib.sha256(text.encode()).digest()
     return int.from_bytes(digest[:4], "little")  # what numpy's generators take: below 2**32
+
+
+@contextmanager
+def seeded_as_its_trial(seed: int | None) -> Iterator[None]:
+    """Python's, NumPy's and torch's global generators seeded as trial ``seed`` seeded them
+    (``seed_everything``; nothing done for None, an unseeded study), and the caller's own
+    states and Lightning's seed variables put back after. Rebuilt so (the test evaluation,
+    ``load_trial``), a DataModule that splits its data with the global generator splits it
+    as its trial did: otherwise its test split held the trial's training samples."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.utilities.seed import isolate_rng
+
+    variables = {name: os.environ.get(name) for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+    with isolate_rng():
+        try:
+            if seed is not None:
+                pl.seed_everything(seed, workers=True, verbose=False)
+            yield
+        finally:
+            for name, value in variables.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

@@ -135,10 +135,11 @@ def stop_holder(exp: ExperimentDir) -> dict:
         raise ExperimentError(f"{exp.root} is being searched on {info['host']} (pid {info['pid']}): stop it "
                               f"there, with hpsearch stop, or kill -TERM {info['pid']}")
     pid = int(info["pid"])
-    started = info.get("process_started")
-    if started is None or _process_started(pid) != started:
-        # a pid with no start time to match (a driver from before it was written), or that
-        # names another process now: signalling it could stop the wrong one
+    started, now = info.get("process_started"), _process_started(pid)
+    # A pid whose start differs names another process now, and one with no start to match
+    # on a system that has them, a driver.json from before they were written: signalling it
+    # could stop the wrong process. Without /proc (macOS), the lock held and its pid are all.
+    if started != now and not (started is None and now is None and not Path("/proc/self/stat").exists()):
         raise ExperimentError(f"cannot tell which process holds {exp.root}: driver.json names pid {pid} "
                               f"({info.get('command', '')}), which {'may not be' if started is None else 'is not'} "
                               "the one holding it now; stop the search where it runs (Ctrl+C)")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
+from .errors import counted
 from .outcome import FINISHED_STATES
 
 STATE_HPARAM, EPOCHS_HPARAM = "state", "epochs"
@@ -338,10 +339,16 @@ class StudyRun:
     ones included, which are no candidates (``TrialsTable.best_row``). One event file per
     session, kept open; a driver killed mid-write costs at most that point."""
 
-    def __init__(self, tensorboard_dir: Path, metric: str) -> None:
+    def __init__(self, tensorboard_dir: Path, metric: str, best_before: dict[str, Any] | None = None) -> None:
+        """``best_before``: the best trial's row as the session starts, which an earlier
+        session named (its text is not written again until the best changes)."""
         self.directory, self.metric = tensorboard_dir / STUDY_RUN, metric
         self._writer = None
-        self._best_said: tuple | None = None  # the best trial and value last written as text
+        self._best_said = self._said(best_before) if best_before is not None else None
+
+    @staticmethod
+    def _said(best: dict[str, Any]) -> tuple[int, float]:
+        return int(best["trial"]), float(best["best"])
 
     def add(self, ended: int, best: dict[str, Any], params: dict[str, Any]) -> None:
         """After ``ended`` trials: ``best`` is the best trial's row (trials.csv's), ``params``
@@ -356,9 +363,10 @@ class StudyRun:
             self._writer = EventFileWriter(str(self.directory), filename_suffix=".study")
         value = float(best["best"])
         summary = Summary(value=[Summary.Value(tag=f"study/best_{self.metric}", simple_value=value)])
-        if (int(best["trial"]), value) != self._best_said:
-            self._best_said = (int(best["trial"]), value)
-            epochs = f" after {best['epochs']} epochs" if str(best.get("epochs") or "").strip() else ""
+        if self._said(best) != self._best_said:
+            self._best_said = self._said(best)
+            epochs = str(best.get("epochs") or "").strip()
+            epochs = f" after {counted(int(float(epochs)), 'epoch')}" if epochs else ""
             summary.value.extend(text_pb("study/best_trial", f"{run_name(int(best['trial']), params)}: "
                                                               f"{self.metric} = {value:.6g}{epochs}").value)
         self._writer.add_event(Event(wall_time=time.time(), step=ended, summary=summary))

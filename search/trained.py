@@ -20,7 +20,8 @@ from .errors import ConfigError, HpsearchError
 @dataclass
 class LoadedTrial:
     """A trial's model, with the weights of its best epoch and in eval mode, and the
-    DataModule as the trial built it (not set up: ``setup("test")`` before its loaders)."""
+    DataModule as the trial built it, set up for the test stage (as the study's test
+    evaluation set it up)."""
 
     model: Any  # the LightningModule
     datamodule: Any  # the LightningDataModule
@@ -39,11 +40,13 @@ def load_trial(experiment_dir: str | Path, trial: int | None = None, *, map_loca
     from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
     from .config_loading import load_config
     from .experiment import TRIAL_SETTINGS, trial_name
-    from .results import trained_with
+    from .results import trained_seed, trained_with
     from .searcher import existing_study
     from .storage import StudyHome
     from .trials_table import TrialsTable
 
+    if trial is not None and (isinstance(trial, bool) or not isinstance(trial, int)):
+        raise TypeError(f"trial is a trial's number, an int (got {trial!r})")
     exp, mirror = StudyHome.existing(experiment_dir)
     config = load_config(exp.config_file, stored=True)
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
@@ -61,7 +64,7 @@ def load_trial(experiment_dir: str | Path, trial: int | None = None, *, map_loca
     # read as a reader: a search may be running on the study, and its journal is its own
     # (repairing it here could cut the record that search is writing)
     params = dict(existing_study(exp.root, config.name, repair=False).trials[number].params)
-    model, datamodule = _built_with_weights(config, params, checkpoint, map_location, exp)
+    model, datamodule = _built_with_weights(config, params, checkpoint, map_location, exp, trained_seed(row))
     value = row.get("best")
     return LoadedTrial(model, datamodule, number, params, None if value in (None, "") else float(value), checkpoint)
 
@@ -85,27 +88,40 @@ def _check_loadable(checkpoint: Path, number: int, row: dict[str, Any], keep: in
     raise HpsearchError(f"trial {number} has no best.ckpt any more{removed}: {checkpoint}")
 
 
-def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_location: Any, exp):
-    """The trial's DataModule and model, built as its trial built them, the model holding
-    the checkpoint's weights (and each class the state it saved there), in eval mode."""
+def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_location: Any, exp,
+                        seed: int | None):
+    """The trial's DataModule, set up for the test stage, and its model holding the
+    checkpoint's weights (and each class the state it saved there), in eval mode. Both are
+    built, and the DataModule set up, from the trial's seed, as the study's test
+    evaluation does (``seeded_as_its_trial``): a DataModule that splits with the global
+    generator then gives the test split the evaluation scored. The model is made whole as
+    Lightning's own loading makes it: ``configure_model`` (where a model may build its
+    layers), then ``on_load_checkpoint``, then the weights."""
     import torch
+    from pytorch_lightning import LightningModule
+    from pytorch_lightning.utilities.model_helpers import is_overridden
 
     from .api import _naming_the_last_sessions_directory
     from .components import build_datamodule, build_model, check_components
     from .devices import trial_device
     from .lightning_trainer import lightning_quieted
+    from .seeding import seeded_as_its_trial
 
     try:
         model_class, data_class = check_components(config)
     except ConfigError as exc:  # a module of the user's that imports only where the search ran
-        raise _naming_the_last_sessions_directory(exc, exp) from None
+        raise _naming_the_last_sessions_directory(exc, exp, "run it from there") from None
     device = trial_device(config.with_trainer_params(params), config.loader, config.resources)
-    with lightning_quieted():
+    with lightning_quieted(), seeded_as_its_trial(seed):
         datamodule = build_datamodule(config, data_class, params, device.loader_options)
         model = build_model(config, model_class, params, datamodule)
-        state = torch.load(checkpoint, map_location=map_location, weights_only=False)
-        model.on_load_checkpoint(state)  # as Lightning's own loading calls it, before the weights
-        model.load_state_dict(state["state_dict"])
-        if type(datamodule).__qualname__ in state:
-            datamodule.load_state_dict(state[type(datamodule).__qualname__])
+        datamodule.prepare_data()  # as Lightning's test loop begins
+        datamodule.setup("test")
+    state = torch.load(checkpoint, map_location=map_location, weights_only=False)
+    if is_overridden("configure_model", model, LightningModule):
+        model.configure_model()
+    model.on_load_checkpoint(state)
+    model.load_state_dict(state["state_dict"])
+    if type(datamodule).__qualname__ in state:
+        datamodule.load_state_dict(state[type(datamodule).__qualname__])
     return model.eval(), datamodule

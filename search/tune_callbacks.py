@@ -365,7 +365,7 @@ class TensorBoardSessions(Callback):
 
         self.config, self.table, self.tensorboard_dir = config, table, tensorboard_dir
         self._columns: set[str] | None = None  # the metric names the study's columns cover, once known
-        self.study_run = StudyRun(tensorboard_dir, config.metric)
+        self.study_run = StudyRun(tensorboard_dir, config.metric, table.best_row())
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self._write(trial)

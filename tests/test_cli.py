@@ -1452,3 +1452,27 @@ def test_status_shows_the_top_trials_best_first_and_trials_in_the_states_asked(t
     pruned_top = shown(states=("PRUNED",), top=3)
     assert pruned_top == sorted((n for n in values if n % 3 == 1), key=lambda n: (-values[n], n))[:3]
     assert len(shown()) == 41  # the latest 40 and the best, as before
+
+
+def test_the_study_run_names_the_best_trial_once_per_change_across_sessions(tmp_path):
+    """Each session named the best again as it began (steps 5, 6 and 10 named one trial;
+    audit 43): a session starts knowing the best an earlier one named."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hpsearch.search.tensorboard_layout import StudyRun
+
+    first = {"trial": 2, "best": 0.5, "epochs": 1, "model.lr": 0.01}
+    better = {"trial": 7, "best": 0.75, "epochs": 3, "model.lr": 0.02}
+    for session in ([(1, first, {"model.lr": 0.01}), (2, first, {"model.lr": 0.01})],
+                    [(3, first, {"model.lr": 0.01}), (4, better, {"model.lr": 0.02})]):
+        run = StudyRun(tmp_path, "val_acc", None if session[0][0] == 1 else first)
+        for ended, best, params in session:
+            run.add(ended, best, params)
+        run.close()
+    accumulator = EventAccumulator(str(tmp_path / "study"), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    assert [(p.step, p.value) for p in accumulator.Scalars("study/best_val_acc")] == [(1, 0.5), (2, 0.5), (3, 0.5),
+                                                                                    (4, 0.75)]
+    said = [(t.step, t.tensor_proto.string_val[0].decode()) for t in accumulator.Tensors("study/best_trial")]
+    assert said == [(1, "trial_0002-lr=0.01: val_acc = 0.5 after 1 epoch"),
+                    (4, "trial_0007-lr=0.02: val_acc = 0.75 after 3 epochs")], said

@@ -197,7 +197,7 @@ def test_the_best_trial_is_evaluated_and_described_as_it_was_trained_after_a_res
     earlier_best.mkdir(parents=True)
     (earlier_best / "events.out.tfevents.1.host").write_bytes(b"")
     evaluated = []
-    monkeypatch.setattr(results, "evaluate_on_cluster", lambda config, params, checkpoint, mirror=None:
+    monkeypatch.setattr(results, "evaluate_on_cluster", lambda config, params, checkpoint, mirror=None, seed=None:
                         evaluated.append(config.trainer.precision) or {"test_acc": 0.5})
     import warnings
 
@@ -232,7 +232,7 @@ def test_a_ctrl_c_that_lightnings_teardown_failed_on_is_an_interrupt_not_a_faile
     shutil.copytree(exp_dir, copy)
     (copy / "best.json").unlink()
 
-    def interrupted_in_teardown(config, params, checkpoint, mirror=None):
+    def interrupted_in_teardown(config, params, checkpoint, mirror=None, seed=None):
         try:
             raise KeyboardInterrupt
         except KeyboardInterrupt:
@@ -257,7 +257,7 @@ def test_a_resume_evaluates_a_best_trial_that_best_json_does_not_name(finished_s
     other = next(r for r in rows_of(copy) if int(r["trial"]) != best["trial"] and r["best"])
     (copy / "best.json").write_text(json.dumps({**best, "trial": int(other["trial"]), "value": float(other["best"])}))
     evaluated = []
-    monkeypatch.setattr(results, "evaluate_on_cluster", lambda config, params, checkpoint, mirror=None:
+    monkeypatch.setattr(results, "evaluate_on_cluster", lambda config, params, checkpoint, mirror=None, seed=None:
                         evaluated.append(checkpoint) or {"test_acc": 0.5})
     result = api.resume(copy)
     assert result.evaluated_again and not result.already_complete and result.finished_before == len(rows_of(copy))

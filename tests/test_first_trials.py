@@ -37,7 +37,8 @@ def refusal(config) -> str:
                                   "(space.model.lr)"),
     ([{"model.lr": "0.01"}], {}, {}, "search.first_trials.0.model.lr: a number is needed, not the string '0.01'"),
     ([{"model.lr": [0.01]}], {}, {}, "search.first_trials.0.model.lr: is a list: a trial gives each parameter one"),
-    ([{"model.channels": 12}], {}, {}, "search.first_trials.0.model.channels: 12 is not one of the choices [8, 16, 32]"),
+    ([{"model.channels": 12}], {}, {},
+     "search.first_trials.0.model.channels: 12 is not one of the choices [8, 16, 32]"),
     ([{"data.batch_size": 64.0}], {}, {}, "search.first_trials.0.data.batch_size: a whole number is needed, not 64.0"),
     ([{"data.batch_size": 65}], {"data.batch_size": {"type": "int", "low": 32, "high": 256, "step": 2}}, {},
      "65 is not low (32) plus whole steps of 2"),
@@ -282,7 +283,8 @@ def test_a_search_runs_its_first_trials_first_and_a_resume_adds_new_ones(tmp_pat
     result = run_cli("resume", str(exp_dir), "--set", "search.first_trials=[{model.lr: 0.07}]", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "search.first_trials.0 will not run: the study holds 4 trials, all that search.num_trials (4) allows; " \
-           "resume with --set search.num_trials=5 and this search.first_trials to run it" in result.stderr, result.stderr
+           "resume with --set search.num_trials=5 and this search.first_trials to run it" in result.stderr, \
+        result.stderr
     assert len(read_rows(exp_dir / "trials.csv")) == 4
 
 

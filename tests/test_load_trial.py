@@ -39,6 +39,8 @@ def test_a_trial_without_a_checkpoint_to_load_is_said_why(finished_search, tmp_p
     exp_dir, config, _ = finished_search
     with pytest.raises(HpsearchError, match=r"has no trial 99 \(its trials: 0-5\)"):
         load_trial(exp_dir, trial=99)
+    with pytest.raises(TypeError, match=r"trial is a trial's number, an int \(got '3'\)"):
+        load_trial(exp_dir, trial="3")  # it said "has no trial 3 (its trials: 0-5)" (audit 43)
     removed = next(number for number in range(6) if not (exp_dir / "trials" / f"trial_{number:04d}" / "checkpoints"
                                                          / "best.ckpt").exists())
     with pytest.raises(HpsearchError, match=rf"trial {removed} has no best.ckpt any more \(search.keep_checkpoints "
@@ -58,3 +60,44 @@ def test_a_trial_without_a_checkpoint_to_load_is_said_why(finished_search, tmp_p
     assert load_trial(copy, trial=next(number for number in range(6) if number not in (best, removed) and (
         copy / "trials" / f"trial_{number:04d}" / "checkpoints" / "best.ckpt").is_file())).model is not None
     assert (copy / "optuna.journal.lock").is_symlink()
+
+
+def test_a_data_split_by_the_global_generator_is_the_trials_in_the_evaluation_and_in_load_trial(tmp_path,
+                                                                                                monkeypatch):
+    """SplitsWithTheGlobalRNG splits in setup with torch's global generator: unseeded, the
+    study's test evaluation and load_trial each drew another split than the trial trained
+    on, whose test samples held some of its training samples (audit 43); and a model that
+    builds its layers in configure_model took no weights (it has none before that hook)."""
+    import torch
+
+    from conftest import FIXTURES, run_cli, write_yaml
+
+    import hpsearch
+
+    shutil.copytree(FIXTURES / "userpkg", tmp_path / "userpkg")
+    splits = tmp_path / "splits.txt"
+    write_yaml(tmp_path / "exp.yaml", {
+        "name": "global-rng", "metric": "val_acc", "mode": "max", "storage": "runs",
+        "model": {"class_path": "userpkg.global_rng:LayersInConfigureModel"},
+        "data": {"class_path": "userpkg.global_rng:SplitsWithTheGlobalRNG", "init_args": {"record_to": str(splits)}},
+        "space": {"model.lr": {"type": "float", "low": 0.005, "high": 0.05, "log": True}},
+        "search": {"num_trials": 2, "sampler": "random", "seed": 3},
+        "scheduler": {"type": "none", "max_epochs": 2}})
+    result = run_cli("run", "exp.yaml", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    best = json.loads((tmp_path / "runs" / "global-rng" / "best.json").read_text())
+    records = [line.split() for line in splits.read_text().splitlines()]
+    [trained] = [digest for trial, stage, digest in records if trial == str(best["trial"])]
+    evaluated = [digest for trial, stage, digest in records if trial == "driver" and "TEST" in stage][-1]
+    assert evaluated == trained, records
+
+    monkeypatch.chdir(tmp_path)  # the user's classes import from where the search ran
+    loaded = hpsearch.load_trial("runs/global-rng")
+    assert splits.read_text().splitlines()[-1].split()[2] == trained
+    correct = seen = 0
+    with torch.inference_mode():
+        for images, labels in loaded.datamodule.test_dataloader():
+            correct += int((loaded.model(images).argmax(dim=1) == labels).sum())
+            seen += len(labels)
+    assert correct / seen == pytest.approx(best["test_metrics"]["test_acc"], abs=1e-6)
+

@@ -287,7 +287,7 @@ def test_hpsearch_stop_sends_the_studys_driver_a_sigterm_and_waits_until_it_lets
         record_session(exp, time.time(), None, "running")  # its search has begun
         stopped = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        assert f"asked pid {holder.pid} (-c) to stop, as Ctrl+C would" in stopped.stdout, stopped.stdout
+        assert f"asked pid {holder.pid} (-c) to stop, as Ctrl+C would (a first stop" in stopped.stdout, stopped.stdout
         assert f"stopped. Continue it with: hpsearch resume {exp.root}" in stopped.stdout, stopped.stdout
         assert holder.wait(timeout=10) == -signal.SIGTERM  # SIGTERM's own action: the holder had no handler
     finally:
@@ -305,21 +305,25 @@ def test_hpsearch_stop_signals_no_process_that_driver_json_cannot_vouch_for(tmp_
 
     from conftest import run_cli, shrunk_example
 
+    import subprocess
+
     exp = _study(tmp_path, shrunk_example(tmp_path))
     holder = _holding(exp.root)
+    bystander = subprocess.Popen(["sleep", "60"])  # a live process that is not the holder
     try:
         recorded = json.loads((exp.root / "driver.json").read_text())
         for changed, said in (({"host": "gpu-node-7"}, f"is being searched on gpu-node-7 (pid {holder.pid}): stop "
                                                        f"it there, with hpsearch stop, or kill -TERM {holder.pid}"),
-                              ({"pid": os.getpid()}, f"driver.json names pid {os.getpid()}"),
+                              ({"pid": bystander.pid}, f"driver.json names pid {bystander.pid}"),
                               ({"process_started": None}, "which may not be the one holding it now")):
             (exp.root / "driver.json").write_text(json.dumps({**recorded, **changed}))
             refused = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
             assert refused.returncode == 1 and said in refused.stderr, (changed, refused.stderr)
-            assert holder.poll() is None  # not signalled
+            assert holder.poll() is None and bystander.poll() is None  # neither signalled
         assert recorded["host"] == socket.gethostname()
     finally:
         holder.kill()
+        bystander.kill()
 
 
 def test_status_names_the_running_search_and_how_to_stop_it(tmp_path):
