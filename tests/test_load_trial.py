@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import pytest
 
@@ -92,7 +93,13 @@ def test_a_data_split_by_the_global_generator_is_the_trials_in_the_evaluation_an
     assert evaluated == trained, records
 
     monkeypatch.chdir(tmp_path)  # the user's classes import from where the search ran
-    loaded = hpsearch.load_trial("runs/global-rng")
+    for name in [name for name in sys.modules if name.partition(".")[0] == "userpkg"]:
+        monkeypatch.delitem(sys.modules, name)  # other tests' userpkg (tests/fixtures'), put back after
+    try:
+        loaded = hpsearch.load_trial("runs/global-rng")
+    finally:  # this copy's, which later tests would import in its place
+        for name in [name for name in sys.modules if name.partition(".")[0] == "userpkg"]:
+            del sys.modules[name]
     assert splits.read_text().splitlines()[-1].split()[2] == trained
     correct = seen = 0
     with torch.inference_mode():
