@@ -448,16 +448,19 @@ def cmd_stop(args) -> int:
 
     from .errors import ExperimentError, resume_command
     from .experiment import ExperimentDir
-    from .storage import is_uri
+    from .storage import is_uri, working_copy
     from .study_lock import is_held, stop_holder
 
-    if is_uri(args.experiment_dir):
-        raise ExperimentError("hpsearch stop needs the study's directory on the machine its search runs on, not "
-                              "its URI")
+    # A study in cloud storage is searched in its working copy on the driver's machine,
+    # whose lock is this machine's to ask only if the driver runs here; nothing is fetched
+    # (a fetch would write into the copy the search is using).
+    local = working_copy(args.experiment_dir) if is_uri(args.experiment_dir) else Path(args.experiment_dir)
     try:
-        exp = ExperimentDir.existing(Path(args.experiment_dir))
+        exp = ExperimentDir.existing(local)
     except ExperimentError as exc:  # a new search makes its directory once its checks and Ray's start are done
-        raise ExperimentError(f"{exc}; a search just started makes it once its checks and Ray's start are done: "
+        where = (f"no search of {args.experiment_dir} has run on this machine (its working copy {local} does not "
+                 f"exist)" if is_uri(args.experiment_dir) else str(exc))
+        raise ExperimentError(f"{where}; a search just started makes it once its checks and Ray's start are done: "
                               "if one is starting, stop it in a moment") from None
     holder = stop_holder(exp)
     print(f"asked pid {holder['pid']} ({holder.get('command', '')}) to stop, as Ctrl+C would (a first stop lets its "

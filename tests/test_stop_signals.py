@@ -351,3 +351,34 @@ def test_status_names_the_running_search_and_how_to_stop_it(tmp_path):
     print_status(exp, console)  # its driver gone: said so, and no word of stopping it
     said = console.export_text()
     assert "A search is running" not in said and "ended before its session did" in said, said
+
+
+def test_hpsearch_stop_by_the_studys_uri_on_the_drivers_machine(tmp_path):
+    """A study in cloud storage is searched in its working copy here: status names it by
+    its URI, and stop takes that (nothing fetched, which would write into the copy in use)."""
+    from conftest import run_cli, shrunk_example
+
+    from hpsearch.search.experiment import ExperimentDir, record_session, write_config
+    from hpsearch.search.storage import HOME_FILE, working_copy
+
+    uri, cache = "s3://bucket/exps/study", tmp_path / "cache"
+    env = {"HPSEARCH_CACHE": str(cache)}
+    nowhere = run_cli("stop", uri, cwd=tmp_path, timeout=60, env=env)
+    assert nowhere.returncode == 1 and f"no search of {uri} has run on this machine" in nowhere.stderr, nowhere.stderr
+    os.environ["HPSEARCH_CACHE"] = str(cache)
+    try:
+        local = working_copy(uri)
+    finally:
+        del os.environ["HPSEARCH_CACHE"]
+    exp = ExperimentDir.make(local)
+    write_config(exp, shrunk_example(tmp_path))
+    (local / HOME_FILE).write_text(uri + "\n")
+    record_session(exp, time.time(), None, "running")
+    holder = _holding(exp.root)
+    try:
+        stopped = run_cli("stop", uri, cwd=tmp_path, timeout=60, env=env)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert f"stopped. Continue it with: hpsearch resume {uri}" in stopped.stdout, stopped.stdout
+        assert holder.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        holder.kill()
