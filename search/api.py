@@ -577,14 +577,15 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
 
     started_at = time.time()
     close_killed_sessions(exp)
-    record_session(exp, started_at, None, "running", address=cluster_address(address))
+    rows_before = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
+    finished_before = _finished(rows_before)
+    record_session(exp, started_at, None, "running", address=cluster_address(address),
+                   finished_before=finished_before)
     keep_settings(exp.root, config, FROZEN_ON_RESUME)
     _queue_first_trials(exp, config)
     if mirror is not None:
         mirror.push_study_files()
     outcome, search_complete = "crashed", False
-    rows_before = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
-    finished_before = _finished(rows_before)
     ended_before = {str(row["trial"]) for row in rows_before if row.get("state") in FINISHED_STATES}
     held_before = _reservations()
 

@@ -224,12 +224,16 @@ def read_sessions(exp: ExperimentDir) -> list[dict[str, Any]]:
 
 
 def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None, outcome: str,
-                   search_complete: bool = False, address: str | None = None) -> None:
+                   search_complete: bool = False, address: str | None = None,
+                   finished_before: int | None = None) -> None:
     """Add or update (same ``started_at``) one session's entry in ``sessions.json``.
     ``search_complete``: its Tune run ended with every trial finished, so whatever stopped
     the session later (a Ctrl+C or a kill during the test evaluation) left only the
     evaluation to do. ``address``: the cluster it joined, kept from the session's first
-    entry on (status names it in the command that resumes a study whose driver died)."""
+    entry on (status names it in the command that resumes a study whose driver died).
+    ``finished_before``: the trials the study had finished as it began, kept the same
+    way (status estimates a running search's time left from the pace it has ended trials
+    since)."""
     sessions = read_sessions(exp)
     entry = next((s for s in sessions if s.get("started_at") == started_at), None)
     if entry is None:
@@ -241,6 +245,8 @@ def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None
                   "search_complete": search_complete})
     if address is not None:
         entry["address"] = address
+    if finished_before is not None:
+        entry["finished_before"] = finished_before
     write_json(exp.sessions_json, sessions)
 
 

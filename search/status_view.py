@@ -6,6 +6,7 @@ import json
 import re
 import socket
 import sys
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -18,10 +19,11 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import counted, resume_command
-from .outcome import SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
+from .outcome import FINISHED_STATES, SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
 from .experiment import STUDY_FILE, ExperimentDir, read_sessions
 from .storage import study_address
 from .study_lock import dead_holder, holder
+from .time_left import time_left
 from .trials_table import TrialsTable, best_first, has_value, read_rows
 
 if TYPE_CHECKING:
@@ -122,7 +124,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
             stop = f"`hpsearch stop {study_address(exp.root)}` stops it" if driver["host"] == socket.gethostname() \
                 else f"it runs on {driver['host']}: `hpsearch stop` stops it there"
             console.print(f"A search is running on the study: pid {driver['pid']} on {driver['host']}, since "
-                          f"{driver['since']}; {stop}.", markup=False, soft_wrap=True)
+                          f"{driver['since']}{_session_time_left(last_session, rows, config)}; {stop}.",
+                          markup=False, soft_wrap=True)
     if gone is not None:
         resume = resume_command(exp.root, last_session.get("address"))
         cluster = _cluster_gone(last_session.get("address"))
@@ -141,6 +144,18 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
     if test_error:
         console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "
                       f"`{resume_command(exp.root)}` evaluates it again.", markup=False, soft_wrap=True)
+
+
+def _session_time_left(session: dict[str, Any], rows: list[dict[str, Any]], config: dict[str, Any]) -> str:
+    """What the live summary of the running session says of its time left (``time_left``),
+    from sessions.json and trials.csv (which lags the search by a few seconds at most). A
+    grid's size is not counted here (its points may be fewer than num_trials): no estimate."""
+    search = config.get("search") or {}
+    if "finished_before" not in session or "num_trials" not in search or search.get("sampler") == "grid":
+        return ""
+    ended = sum(1 for row in rows if row.get("state") in FINISHED_STATES)
+    return time_left(time.time() - float(session["started_at"]), ended, int(session["finished_before"]),
+                     int(search["num_trials"]), search.get("time_budget_s"))
 
 
 def _journal_trial_states(journal: Path) -> list[int]:

@@ -25,6 +25,7 @@ from .experiment import atomic_write_text, trial_name
 from .outcome import (COMPLETE, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP,
                       PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
 from .searcher import RAY_TRIAL_ID, RETRY_OF
+from .time_left import time_left
 from .trial_watch import crash_account, crash_line
 from .trials_table import RESULT_TO_COLUMN, TrialsTable, best_first, has_value
 
@@ -756,8 +757,6 @@ class ProgressDisplay(Callback):
     """
 
     LOG_SUMMARY_EVERY_S = 30.0
-    # Trials this session ends before it estimates the time left: the first ones carry the start-up.
-    ENDED_BEFORE_AN_ESTIMATE = 2
 
     def __init__(self, table: TrialsTable, num_trials: int, exp, time_budget_s: float | None = None) -> None:
         self.table, self.num_trials, self.exp, self.time_budget_s = table, num_trials, exp, time_budget_s
@@ -798,18 +797,8 @@ class ProgressDisplay(Callback):
                 f"{counts.get('PRUNED', 0)} pruned · {counts.get('FAILED', 0)} failed · {best_text}")
 
     def _time_left(self, done: int) -> str:
-        """About how long the session has left: its trials left at the pace it has ended
-        trials so far (once it has ended a few, the first of which carry the start-up),
-        or what is left of its time budget, if that ends first."""
-        elapsed = time.monotonic() - self.started
-        ended_here = done - self._ended_before
-        estimate = (self.num_trials - done) * elapsed / ended_here \
-            if ended_here >= self.ENDED_BEFORE_AN_ESTIMATE and done < self.num_trials else None
-        if self.time_budget_s is not None and done < self.num_trials:
-            budget_left = max(0.0, self.time_budget_s - elapsed)
-            if estimate is None or budget_left < estimate:
-                return f" (time budget ends in {_duration(budget_left)})"
-        return f" (about {_duration(estimate)} left)" if estimate is not None else ""
+        return time_left(time.monotonic() - self.started, done, self._ended_before, self.num_trials,
+                         self.time_budget_s)
 
     def _render(self):
         from rich.panel import Panel
@@ -885,16 +874,6 @@ class ProgressDisplay(Callback):
         state = self.__dict__.copy()
         state["_live"] = state["console"] = None
         return state
-
-
-def _duration(seconds: float) -> str:
-    """``45s``, ``3m 05s``, ``2h 07m``: a time left as a person reads it, to the precision an estimate has."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
 
 
 class RaisedAtTheNextStep(Callback):

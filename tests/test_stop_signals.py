@@ -335,22 +335,25 @@ def test_status_names_the_running_search_and_how_to_stop_it(tmp_path):
     from hpsearch.search.experiment import record_session
     from hpsearch.search.status_view import print_status
 
-    exp = _study(tmp_path, shrunk_example(tmp_path))
-    record_session(exp, time.time(), None, "running")
+    exp = _study(tmp_path, shrunk_example(tmp_path))  # 4 trials
+    # begun 1,000 s ago with one trial finished; two more since: the fourth in about 500 s
+    record_session(exp, time.time() - 1000, None, "running", finished_before=1)
+    exp.trials_csv.write_text("trial,state,reason,best,epochs\n0,COMPLETE,,0.5,2\n1,PRUNED,,0.4,1\n"
+                              "2,COMPLETE,,0.6,2\n3,RUNNING,,,\n")
     holder = _holding(exp.root)
     try:
         console = Console(width=300, record=True)
         print_status(exp, console)
         said = console.export_text()
         assert f"A search is running on the study: pid {holder.pid} on " in said
-        assert f"`hpsearch stop {exp.root}` stops it." in said, said
+        assert " (about 8m 2" in said and f"`hpsearch stop {exp.root}` stops it." in said, said
     finally:
         holder.kill()
         holder.wait()
     console = Console(width=300, record=True)
     print_status(exp, console)  # its driver gone: said so, and no word of stopping it
     said = console.export_text()
-    assert "A search is running" not in said and "ended before its session did" in said, said
+    assert "A search is running" not in said and "is gone, so trial 3 is not running" in said, said
 
 
 def test_hpsearch_stop_by_the_studys_uri_on_the_drivers_machine(tmp_path):
