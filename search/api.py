@@ -38,7 +38,7 @@ from .outcome import (FINISHED_STATES, SESSION_COMPLETE, SESSION_FAILURES_IN_A_R
                       SESSION_RAY_LOST)
 from .ray_watch import RayLostWatch
 from .storage import Mirror, StudyHome, study_address
-from .study_lock import study_lock
+from .study_lock import GRACEFUL, sigterm_stops_gracefully, study_lock
 from .trials_table import read_rows
 
 # Changing these on resume would make the study's history meaningless.
@@ -551,8 +551,10 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
                             datamodule_worker_counts(config.data.init_args, config.space), data_class)
     if config.search.preflight if preflight is None else preflight:
         from .preflight import run_preflight
+        from .seeding import generators_kept
 
-        run_preflight(config, model_class, data_class)
+        with generators_kept():  # its batches in the caller's process: a Python session's generators stay
+            run_preflight(config, model_class, data_class)
 
 
 def _plan(config: ExperimentConfig, local: bool) -> int:
@@ -602,7 +604,8 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
               file=sys.stderr, flush=True)
 
     try:
-        with _stop_signals_interrupt() as tune_ended, RayLostWatch(ray_lost) as watch:
+        with _stop_signals_interrupt() as tune_ended, sigterm_stops_gracefully(exp), \
+                RayLostWatch(ray_lost) as watch:
             wrapped = [RaisedAtTheNextStep(callback) for callback in callbacks]
             ended = run_session(config, exp, verbose, concurrency, wrapped, mirror, local_environment)
             tune_ended()
@@ -802,7 +805,11 @@ def _stop_signals_interrupt():
     # Ray Tune installs its own SIGINT and SIGUSR1 handlers and leaves them: after a
     # search, a notebook's or REPL's next Ctrl+C only set an event on the finished Tuner.
     previous = {signum: signal.getsignal(signum) for signum in _TUNE_SIGNALS}
-    previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+    def as_ctrl_c(signum, frame) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    setattr(as_ctrl_c, GRACEFUL, True)  # hpsearch stop may send it (study_lock.sigterm_stops_gracefully)
+    previous_term = signal.signal(signal.SIGTERM, as_ctrl_c)
     if previous[signal.SIGINT] == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     ours = signal.getsignal(signal.SIGINT) or signal.default_int_handler  # None: set outside Python

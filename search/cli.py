@@ -304,6 +304,8 @@ def _stop_signals_act_as_ctrl_c() -> None:
     hang-up at any time killed it outright, leaving its trials RUNNING (audit 24). After
     a hang-up the terminal is gone, and writing to it would fail: the console's output goes
     to /dev/null from then on (a file or pipe it was sent to keeps it)."""
+    from .study_lock import GRACEFUL
+
     terminal = [fd for fd in (1, 2) if os.isatty(fd)]  # asked now: a hung-up terminal no longer says
 
     def as_ctrl_c(signum, frame) -> None:
@@ -319,6 +321,7 @@ def _stop_signals_act_as_ctrl_c() -> None:
             raise KeyboardInterrupt
         handler(signal.SIGINT, frame)  # as a Ctrl+C is handled now: hpsearch's, Ray Tune's or Python's own
 
+    setattr(as_ctrl_c, GRACEFUL, True)  # hpsearch stop may send it (study_lock)
     signal.signal(signal.SIGTERM, as_ctrl_c)
     # A command started with nohup has hang-ups ignored, to outlive its terminal: so it
     # does (audit 32; it stopped the search at the logout nohup is for).

@@ -23,9 +23,9 @@ from ray.tune.search import Searcher
 
 from .config import ExperimentConfig
 from .experiment import STUDY_FILE
-from .outcome import (COMPLETE, EPOCH, FAILED, KNOWN_EPOCHS, PRUNED, STOP_REASON, TRIAL_NUMBER, PruneLog, best_of,
-                      classify)
-from .seeding import resumed_seed
+from .outcome import (COMPLETE, EPOCH, FAILED, KNOWN_EPOCHS, PRUNED, STOP_REASON, TRAINING_SEED, TRIAL_NUMBER,
+                      PruneLog, best_of, classify)
+from .seeding import resumed_seed, training_seed
 from .space import grid_values, is_sampled, to_distributions, trial_limit
 
 RAY_TRIAL_ID = "ray_trial_id"
@@ -321,11 +321,16 @@ class OptunaSearcher(Searcher):
             trial = study.ask()
             self._sample(trial)
             trial.set_user_attr(RAY_TRIAL_ID, trial_id)
+            trial.set_user_attr(TRAINING_SEED, training_seed(self.config.search.seed, trial.number))
             self._numbers[trial_id] = trial.number
         frozen = study.get_trials(deepcopy=False)[self._numbers[trial_id]]
         # A resumed trial sends again the epochs its checkpoint holds beyond these
         known = max(frozen.intermediate_values, default=0)
-        return {"params": dict(frozen.params), TRIAL_NUMBER: frozen.number,
+        # A trial handed out before it was recorded (a study from before 2026-12-07) keeps the
+        # seed the study's seed gives it now, as it did.
+        seed = frozen.user_attrs[TRAINING_SEED] if TRAINING_SEED in frozen.user_attrs else \
+            training_seed(self.config.search.seed, frozen.number)
+        return {"params": dict(frozen.params), TRIAL_NUMBER: frozen.number, TRAINING_SEED: seed,
                 KNOWN_EPOCHS: min(known, self._epochs_recorded.get(frozen.number, known)),
                 **({RETRY_OF: frozen.user_attrs[RETRY_OF]} if RETRY_OF in frozen.user_attrs else {})}
 

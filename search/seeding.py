@@ -35,24 +35,45 @@ def _drawn(text: str) -> int:
 
 
 @contextmanager
-def seeded_as_its_trial(seed: int | None) -> Iterator[None]:
-    """Python's, NumPy's and torch's global generators seeded as trial ``seed`` seeded them
-    (``seed_everything``; nothing done for None, an unseeded study), and the caller's own
-    states and Lightning's seed variables put back after. Rebuilt so (the test evaluation,
-    ``load_trial``), a DataModule that splits its data with the global generator splits it
-    as its trial did: otherwise its test split held the trial's training samples."""
-    import pytorch_lightning as pl
+def generators_kept() -> Iterator[None]:
+    """Python's, NumPy's and torch's global generators, and Lightning's seed variables, as
+    they were before, once this is left: work done for the caller (the preflight's batches,
+    a test evaluation, ``load_trial``) does not move its generators. torch's CUDA
+    generators too, where the process has started CUDA: asking for their state starts it,
+    which a driver without CUDA work (a CPU study, a notebook) must not (audit 44)."""
+    import random
+
+    import numpy
+
+    # taken before torch and Lightning are imported, which may be their first import here
+    python_state, numpy_state = random.getstate(), numpy.random.get_state()
+    import torch
     from pytorch_lightning.utilities.seed import isolate_rng
 
     variables = {name: os.environ.get(name) for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
-    with isolate_rng():
-        try:
-            if seed is not None:
-                pl.seed_everything(seed, workers=True, verbose=False)
+    try:
+        with isolate_rng(include_cuda=torch.cuda.is_initialized()):
             yield
-        finally:
-            for name, value in variables.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    finally:
+        random.setstate(python_state)
+        numpy.random.set_state(numpy_state)
+        for name, value in variables.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def seeded_as_its_trial(seed: int | None) -> Iterator[None]:
+    """The global generators seeded as trial ``seed`` seeded them (``seed_everything``;
+    nothing done for None, an unseeded study), and the caller's own put back after
+    (``generators_kept``). Rebuilt so (the test evaluation, ``load_trial``), a DataModule
+    that splits its data with the global generator splits it as its trial did: otherwise
+    its test split held the trial's training samples."""
+    import pytorch_lightning as pl
+
+    with generators_kept():
+        if seed is not None:
+            pl.seed_everything(seed, workers=True, verbose=False)
+        yield

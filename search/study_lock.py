@@ -40,9 +40,9 @@ def study_lock(exp: ExperimentDir) -> Iterator[None]:
         write_json(exp.root / HOLDER_FILE, {
             "pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(sys.argv), "process_started": _process_started(os.getpid()),
-            # the command line's SIGTERM stops it as a Ctrl+C from its first moment; a Python
-            # process without a handler of its own takes it so only once its trials run
-            "sigterm_handled": callable(signal.getsignal(signal.SIGTERM)),
+            # the command line takes SIGTERM as a Ctrl+C from its first moment; a Python
+            # process (hpsearch.run) only while its trials run (``sigterm_stops_gracefully``)
+            "sigterm_graceful": stops_gracefully(signal.getsignal(signal.SIGTERM)),
         })
         yield
     finally:
@@ -143,11 +143,12 @@ def stop_holder(exp: ExperimentDir) -> dict:
         raise ExperimentError(f"cannot tell which process holds {exp.root}: driver.json names pid {pid} "
                               f"({info.get('command', '')}), which {'may not be' if started is None else 'is not'} "
                               "the one holding it now; stop the search where it runs (Ctrl+C)")
-    if info.get("sigterm_handled") is False and not _session_running(exp):
-        raise ExperimentError(f"pid {pid} ({info.get('command', '')}) is still starting its search (its checks, "
-                              "Ray's start), and a SIGTERM now would end that Python process outright: run hpsearch "
-                              "stop again once its trials run (hpsearch status names the running search then), or "
-                              "stop it where it runs (Ctrl+C)")
+    if info.get("sigterm_graceful") is False:
+        raise ExperimentError(f"pid {pid} ({info.get('command', '')}) does not take a SIGTERM as a Ctrl+C now: a "
+                              "Python process (hpsearch.run or resume) does so only while its trials run, not while "
+                              "its search starts or its best trial is evaluated, and a SIGTERM would end it outright "
+                              "(a notebook's kernel): run hpsearch stop again in a moment, or stop it where it runs "
+                              "(Ctrl+C)")
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -158,11 +159,30 @@ def stop_holder(exp: ExperimentDir) -> dict:
     return info
 
 
-def _session_running(exp: ExperimentDir) -> bool:
-    """Whether the study's last session is under way: its search has begun, and takes a
-    SIGTERM as a Ctrl+C (``api._stop_signals_interrupt``)."""
-    from .experiment import read_sessions
+# Marks a SIGTERM handler of hpsearch's that stops a search as a Ctrl+C does (the command
+# line's, and the search's own while its trials run): ``hpsearch stop`` signals only then.
+GRACEFUL = "hpsearch_stops_gracefully"
 
-    last = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
-    return last.get("outcome") == "running"
 
+def stops_gracefully(handler: object) -> bool:
+    """Whether ``handler`` (a SIGTERM handler) is one of hpsearch's that stops a search as a
+    Ctrl+C does."""
+    return bool(getattr(handler, GRACEFUL, False))
+
+
+@contextmanager
+def sigterm_stops_gracefully(exp: ExperimentDir) -> Iterator[None]:
+    """While the search's own SIGTERM handler is in place (``api._stop_signals_interrupt``,
+    in a Python process whose SIGTERM otherwise ends it): ``driver.json`` says so, for
+    ``hpsearch stop``. It stopped a notebook's search by ending its kernel, before the
+    trials ran, or while a resume only evaluated the best trial (audits 43, 44)."""
+    info = holder(exp)
+    change = info is not None and info.get("sigterm_graceful") is False \
+        and stops_gracefully(signal.getsignal(signal.SIGTERM))
+    if change:
+        write_json(exp.root / HOLDER_FILE, {**info, "sigterm_graceful": True})
+    try:
+        yield
+    finally:
+        if change:
+            write_json(exp.root / HOLDER_FILE, {**info, "sigterm_graceful": False})

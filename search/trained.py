@@ -37,6 +37,15 @@ def load_trial(experiment_dir: str | Path, trial: int | None = None, *, map_loca
     user's classes are imported as ``run`` imports them (from the current directory): run
     it from where the search ran. Raises ``HpsearchError`` for a trial that has no
     checkpoint to load (not started, or its ``best.ckpt`` removed by ``keep_checkpoints``)."""
+    if trial is not None and (isinstance(trial, bool) or not isinstance(trial, int)):
+        raise TypeError(f"trial is a trial's number, an int (got {trial!r})")
+    from .seeding import generators_kept
+
+    with generators_kept():  # the caller's generators as they were: the imports below move them too
+        return _loaded(experiment_dir, trial, map_location)
+
+
+def _loaded(experiment_dir: str | Path, trial: int | None, map_location: Any) -> LoadedTrial:
     from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
     from .config_loading import load_config
     from .experiment import TRIAL_SETTINGS, trial_name
@@ -45,8 +54,6 @@ def load_trial(experiment_dir: str | Path, trial: int | None = None, *, map_loca
     from .storage import StudyHome
     from .trials_table import TrialsTable
 
-    if trial is not None and (isinstance(trial, bool) or not isinstance(trial, int)):
-        raise TypeError(f"trial is a trial's number, an int (got {trial!r})")
     exp, mirror = StudyHome.existing(experiment_dir)
     config = load_config(exp.config_file, stored=True)
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
@@ -97,31 +104,33 @@ def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_lo
     generator then gives the test split the evaluation scored. The model is made whole as
     Lightning's own loading makes it: ``configure_model`` (where a model may build its
     layers), then ``on_load_checkpoint``, then the weights."""
-    import torch
-    from pytorch_lightning import LightningModule
-    from pytorch_lightning.utilities.model_helpers import is_overridden
-
-    from .api import _naming_the_last_sessions_directory
-    from .components import build_datamodule, build_model, check_components
-    from .devices import trial_device
-    from .lightning_trainer import lightning_quieted
     from .seeding import seeded_as_its_trial
 
-    try:
-        model_class, data_class = check_components(config)
-    except ConfigError as exc:  # a module of the user's that imports only where the search ran
-        raise _naming_the_last_sessions_directory(exc, exp, "run it from there") from None
-    device = trial_device(config.with_trainer_params(params), config.loader, config.resources)
-    with lightning_quieted(), seeded_as_its_trial(seed):
-        datamodule = build_datamodule(config, data_class, params, device.loader_options)
-        model = build_model(config, model_class, params, datamodule)
-        datamodule.prepare_data()  # as Lightning's test loop begins
-        datamodule.setup("test")
-    state = torch.load(checkpoint, map_location=map_location, weights_only=False)
-    if is_overridden("configure_model", model, LightningModule):
-        model.configure_model()
-    model.on_load_checkpoint(state)
-    model.load_state_dict(state["state_dict"])
-    if type(datamodule).__qualname__ in state:
-        datamodule.load_state_dict(state[type(datamodule).__qualname__])
+    with seeded_as_its_trial(seed):  # all of it: imports and printing move the generators too
+        import torch
+        from pytorch_lightning import LightningModule
+        from pytorch_lightning.utilities.model_helpers import is_overridden
+
+        from .api import _naming_the_last_sessions_directory
+        from .components import build_datamodule, build_model, check_components
+        from .devices import trial_device
+        from .lightning_trainer import lightning_quieted
+
+        try:
+            model_class, data_class = check_components(config)
+        except ConfigError as exc:  # a module of the user's that imports only where the search ran
+            raise _naming_the_last_sessions_directory(exc, exp, "run it from there") from None
+        device = trial_device(config.with_trainer_params(params), config.loader, config.resources)
+        with lightning_quieted():
+            datamodule = build_datamodule(config, data_class, params, device.loader_options)
+            model = build_model(config, model_class, params, datamodule)
+            datamodule.prepare_data()  # as Lightning's test loop begins
+            datamodule.setup("test")
+        state = torch.load(checkpoint, map_location=map_location, weights_only=False)
+        if is_overridden("configure_model", model, LightningModule):
+            model.configure_model()
+        model.on_load_checkpoint(state)
+        model.load_state_dict(state["state_dict"])
+        if type(datamodule).__qualname__ in state:
+            datamodule.load_state_dict(state[type(datamodule).__qualname__])
     return model.eval(), datamodule

@@ -26,7 +26,8 @@ from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_na
 from .checkpoints import latest_good_checkpoint, resumed_at
 from .gc_pause import collector_paused
 from .seeding import training_seed
-from .outcome import EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RANK_NODES, RESTORED, TRIAL_NUMBER
+from .outcome import (EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RANK_NODES, RESTORED, TRAINING_SEED,
+                      TRIAL_NUMBER)
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
 from .trial_output import output_kept
@@ -154,7 +155,11 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
 
         torch.set_num_threads(max(1, int(config.resources.worker_cpus)))
         sharing = use_sharing_strategy(config.loader)
-        seed = training_seed(config.search.seed, number)
+        # fixed when the trial was first handed out (``searcher``): a resume that changed
+        # search.seed re-seeded a paused trial, whose data a global-generator split then
+        # split anew (audit 44); a config without it (a caller of its own) draws it here
+        seed = trial_config[TRAINING_SEED] if TRAINING_SEED in trial_config else \
+            training_seed(config.search.seed, number)
         if seed is not None:
             # Each trial's weights and shuffling are reproducible, and differ between trials;
             # every rank of a trial starts from the same weights.

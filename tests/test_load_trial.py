@@ -95,11 +95,19 @@ def test_a_data_split_by_the_global_generator_is_the_trials_in_the_evaluation_an
     monkeypatch.chdir(tmp_path)  # the user's classes import from where the search ran
     for name in [name for name in sys.modules if name.partition(".")[0] == "userpkg"]:
         monkeypatch.delitem(sys.modules, name)  # other tests' userpkg (tests/fixtures'), put back after
+    import random
+
+    import numpy
+
+    random.seed(1), numpy.random.seed(1), torch.manual_seed(1)  # the caller's own generators
+    before = (random.getstate(), numpy.random.get_state()[1].tolist(), torch.get_rng_state())
     try:
         loaded = hpsearch.load_trial("runs/global-rng")
     finally:  # this copy's, which later tests would import in its place
         for name in [name for name in sys.modules if name.partition(".")[0] == "userpkg"]:
             del sys.modules[name]
+    after = (random.getstate(), numpy.random.get_state()[1].tolist(), torch.get_rng_state())
+    assert before[:2] == after[:2] and torch.equal(before[2], after[2])  # as they were (audit 44)
     assert splits.read_text().splitlines()[-1].split()[2] == trained
     correct = seen = 0
     with torch.inference_mode():

@@ -313,3 +313,20 @@ def test_a_finished_grids_failed_points_run_again_as_trials_beyond_it(tmp_path, 
     assert [(t.number, t.state.name) for t in trials[6:]] == [(6, "COMPLETE"), (7, "COMPLETE")]
     assert (trials[6].params, trials[7].params) == (trials[1].params, trials[4].params)
     assert run_failed_again(open_study(tmp_path, config.name, config.mode)) == {}  # each has run since
+
+
+def test_a_started_trial_keeps_its_training_seed_when_a_resume_changes_the_studys_seed(example_config, tmp_path):
+    """trials.csv kept a paused trial's seed, and the resume's warning said it kept it, but
+    the trial was seeded again from the new search.seed: a DataModule that splits with the
+    global generator trained its later epochs on another split (audit 44)."""
+    from hpsearch.search.outcome import TRAINING_SEED
+    from hpsearch.search.seeding import training_seed
+
+    example_config["search"]["seed"] = 3
+    first = OptunaSearcher(load_config(example_config), tmp_path, PruneLog())
+    assert first.suggest("a")[TRAINING_SEED] == training_seed(3, 0)  # then the session stops, trial 0 running
+    example_config["search"]["seed"] = 4
+    resumed = OptunaSearcher(load_config(example_config), tmp_path, PruneLog())
+    paused, new = resumed.suggest("b"), resumed.suggest("c")
+    assert (paused[TRIAL_NUMBER], paused[TRAINING_SEED]) == (0, training_seed(3, 0))
+    assert (new[TRIAL_NUMBER], new[TRAINING_SEED]) == (1, training_seed(4, 1))

@@ -249,13 +249,18 @@ def test_a_sigterm_during_rays_start_that_a_users_handler_only_notes_leaves_the_
     assert "OUTCOME complete [15]" in out.stdout, (out.returncode, out.stdout, out.stderr[-3000:])
 
 
-def _holding(exp_root, seconds: float = 60):
-    """A process that holds the study as a search's driver does (``study_lock``), and says so."""
+def _holding(exp_root, seconds: float = 60, graceful: bool = False):
+    """A process that holds the study as a search's driver does (``study_lock``), and says so;
+    ``graceful``: with a SIGTERM handler of hpsearch's kind (the command line's), which ends
+    it with 130 as a Ctrl+C would end the command."""
     import subprocess
     import sys
 
-    code = ("import sys, time; from hpsearch.search.experiment import ExperimentDir; "
-            "from hpsearch.search.study_lock import study_lock\n"
+    code = ("import signal, sys, time; from hpsearch.search.experiment import ExperimentDir; "
+            "from hpsearch.search.study_lock import GRACEFUL, study_lock\n"
+            "def stop(signum, frame): sys.exit(130)\n"
+            "setattr(stop, GRACEFUL, True)\n"
+            f"{'signal.signal(signal.SIGTERM, stop)' if graceful else ''}\n"
             f"with study_lock(ExperimentDir.existing({str(exp_root)!r})):\n"
             f"    print('held', flush=True); time.sleep({seconds})")
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -274,26 +279,62 @@ def _study(tmp_path, shrunk):
 def test_hpsearch_stop_sends_the_studys_driver_a_sigterm_and_waits_until_it_lets_go(tmp_path):
     from conftest import run_cli, shrunk_example
 
-    from hpsearch.search.experiment import record_session
-
     exp = _study(tmp_path, shrunk_example(tmp_path))
+    # A Python process whose SIGTERM is not hpsearch's Ctrl+C (a notebook's kernel, before its
+    # trials run or while its best trial is evaluated) is not sent one: it would end outright.
     holder = _holding(exp.root)
     try:
-        # A Python process with no SIGTERM handler (this one, a notebook's kernel) is not sent
-        # one before its search runs: it would end outright, not stop as at a Ctrl+C.
-        early = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
-        assert early.returncode == 1 and "is still starting its search" in early.stderr, early.stderr
+        refused = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
+        assert refused.returncode == 1 and "does not take a SIGTERM as a Ctrl+C now" in refused.stderr, \
+            refused.stderr
         assert holder.poll() is None
-        record_session(exp, time.time(), None, "running")  # its search has begun
+    finally:
+        holder.kill()
+        holder.wait()
+    holder = _holding(exp.root, graceful=True)  # the command line's, from its first moment
+    try:
         stopped = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert f"asked pid {holder.pid} (-c) to stop, as Ctrl+C would (a first stop" in stopped.stdout, stopped.stdout
         assert f"stopped. Continue it with: hpsearch resume {exp.root}" in stopped.stdout, stopped.stdout
-        assert holder.wait(timeout=10) == -signal.SIGTERM  # SIGTERM's own action: the holder had no handler
+        assert holder.wait(timeout=10) == 130
     finally:
         holder.kill()
     nothing = run_cli("stop", str(exp.root), cwd=tmp_path, timeout=60)
     assert nothing.returncode == 1 and f"error: no search holds {exp.root}: nothing to stop" in nothing.stderr
+
+
+def test_driver_json_says_a_python_search_takes_sigterm_as_ctrl_c_only_while_its_handler_is_in_place(tmp_path):
+    """hpsearch.run in a Python process: its own handler is in place around the trials only
+    (``api._stop_signals_interrupt``); a resume that only evaluates the best trial, and
+    every moment before the trials, has none, and ``stop`` there ended the process (audit 44)."""
+    import json
+
+    from conftest import shrunk_example
+
+    from hpsearch.search.study_lock import GRACEFUL, sigterm_stops_gracefully, study_lock
+
+    def graceful() -> bool:
+        return json.loads((exp.root / "driver.json").read_text())["sigterm_graceful"]
+
+    def as_ctrl_c(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    exp = _study(tmp_path, shrunk_example(tmp_path))
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with study_lock(exp):
+            assert graceful() is False
+            setattr(as_ctrl_c, GRACEFUL, True)
+            signal.signal(signal.SIGTERM, as_ctrl_c)
+            with sigterm_stops_gracefully(exp):
+                assert graceful() is True
+            assert graceful() is False
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a user's own: not hpsearch's
+            with sigterm_stops_gracefully(exp):
+                assert graceful() is False
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_hpsearch_stop_signals_no_process_that_driver_json_cannot_vouch_for(tmp_path):
@@ -377,11 +418,11 @@ def test_hpsearch_stop_by_the_studys_uri_on_the_drivers_machine(tmp_path):
     write_config(exp, shrunk_example(tmp_path))
     (local / HOME_FILE).write_text(uri + "\n")
     record_session(exp, time.time(), None, "running")
-    holder = _holding(exp.root)
+    holder = _holding(exp.root, graceful=True)
     try:
         stopped = run_cli("stop", uri, cwd=tmp_path, timeout=60, env=env)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert f"stopped. Continue it with: hpsearch resume {uri}" in stopped.stdout, stopped.stdout
-        assert holder.wait(timeout=10) == -signal.SIGTERM
+        assert holder.wait(timeout=10) == 130
     finally:
         holder.kill()

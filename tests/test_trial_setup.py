@@ -1069,22 +1069,29 @@ def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_recorded_i
 import json
 from ray import tune
 from hpsearch.search import trial as trial_module
-from hpsearch.search.outcome import TRIAL_NUMBER
+from hpsearch.search.outcome import TRAINING_SEED, TRIAL_NUMBER
 
 import os
 reports = []
 tune.report = reports.append
 for number, code in enumerate(("4", "0")):
     os.environ["EXIT_CODE"] = code
+    seed = {TRAINING_SEED: 12345} if number == 0 else {}  # trial 0's fixed when first handed out
     trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64,
-                                         "trainer.gradient_clip_val": 0.5}, TRIAL_NUMBER: number},
+                                         "trainer.gradient_clip_val": 0.5}, TRIAL_NUMBER: number, **seed},
                              experiment=json.load(open("experiment.json")), experiment_dir="study")
     print("REPORT", json.dumps(reports[-1], default=str))
+    print("SEEDED", os.environ.get("PL_GLOBAL_SEED"))
 """)
     done = subprocess.run([sys.executable, "one_trial.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr  # the worker lives on, for the next trial
     lasts = [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert len(lasts) == 2, done.stdout + done.stderr  # the second trial ended too, and the worker lived on
+    # a trial trains with the seed its config carries, else the one the study's seed gives it
+    from hpsearch.search.seeding import training_seed
+
+    seeded = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("SEEDED ")]
+    assert seeded == ["12345", str(training_seed(config.search.seed, 1))], done.stdout
     for code, last in zip((4, 0), lasts):
         assert last[FINISHED] and last[FAILURE].startswith(f"SystemExit({code}): sys.exit() called at "), last
         assert "exiting_model.py:5" in last[FAILURE] and "not retried" in last[FAILURE], last
