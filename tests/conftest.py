@@ -102,6 +102,20 @@ def write_yaml(path: Path, data: dict) -> Path:
     return path
 
 
+def preflight_refusal(experiment: dict):
+    """The one problem the preflight finds with the experiment (a dict)."""
+    from hpsearch.search.components import check_components
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.errors import ConfigError
+    from hpsearch.search.preflight import run_preflight
+
+    config = load_config(experiment)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    return problem
+
+
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """The real ``hpsearch`` command in a subprocess, as a user would run it."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

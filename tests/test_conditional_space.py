@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import preflight_refusal
 from hpsearch.search.components import check_components
 from hpsearch.search.config_loading import load_config
 from hpsearch.search.errors import ConfigError
@@ -16,15 +17,6 @@ from hpsearch.search.space import check_sampler, sampled_only, with_value
 
 OPTIMIZER = {"type": "categorical", "choices": ["adamw", "sgd"]}
 MOMENTUM = {"type": "float", "low": 0.5, "high": 0.99, "when": {"model.optimizer": "sgd"}}
-
-
-def preflight_refusal(example_config):
-    """The one problem the preflight finds with the experiment."""
-    config = load_config(example_config)
-    with pytest.raises(ConfigError) as caught:
-        run_preflight(config, *check_components(config))
-    [problem] = caught.value.problems
-    return problem
 
 
 def conditional(example_config, **space):

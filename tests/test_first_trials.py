@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import preflight_refusal
 from hpsearch.search.components import check_components
 from hpsearch.search.config_loading import load_config
 from hpsearch.search.errors import ConfigError
@@ -210,10 +211,7 @@ def test_the_preflight_refuses_a_first_trial_a_constructor_refuses(example_confi
     example_config["model"] = {"class_path": "userpkg.conditional:WideNeedsSmallSteps", "init_args": {}}
     with_first_trials(example_config, {"model.channels": 32, "model.lr": 0.001},
                       {"model.channels": 32, "model.lr": 0.05})
-    config = load_config(example_config)
-    with pytest.raises(ConfigError) as caught:
-        run_preflight(config, *check_components(config))
-    [problem] = caught.value.problems
+    problem = preflight_refusal(example_config)
     assert problem.field == "search.first_trials.1" and problem.message == (
         "its values are in the space, but WideNeedsSmallSteps(...) raised ValueError: 32 channels diverge at lr "
         "0.05"), problem
@@ -231,10 +229,7 @@ def test_the_preflight_builds_a_first_trials_data_values_too(example_config, mon
     with_first_trials(example_config, {"data.batch_size": 64, "data.val_fraction": 0.4},
                       {"data.batch_size": 128, "data.val_fraction": 0.4},
                       **{"data.val_fraction": {"type": "float", "low": 0.1, "high": 0.4}})
-    config = load_config(example_config)
-    with pytest.raises(ConfigError) as caught:
-        run_preflight(config, *check_components(config))
-    [problem] = caught.value.problems
+    problem = preflight_refusal(example_config)
     assert problem.field == "search.first_trials.1" and problem.message == (
         "its values are in the space, but SmallBatchesForLargeValidation(...) raised ValueError: batch_size 128 with "
         "val_fraction 0.4 leaves too few batches"), problem

@@ -12,11 +12,21 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
+def accuracy_on_test_split(loaded) -> float:
+    """The loaded model's accuracy over its DataModule's test split, by hand (no Lightning)."""
+    import torch
+
+    correct = seen = 0
+    with torch.inference_mode():
+        for images, labels in loaded.datamodule.test_dataloader():
+            correct += int((loaded.model(images).argmax(dim=1) == labels).sum())
+            seen += len(labels)
+    return correct / seen
+
+
 def test_the_best_trials_model_scores_on_the_test_split_what_its_evaluation_did(finished_search):
     """The study's evaluation ran Lightning's test loop on best.ckpt; the loaded model,
     run by hand over the test split, gets the same accuracy, so it holds those weights."""
-    import torch
-
     import hpsearch
 
     exp_dir, _, _ = finished_search
@@ -26,12 +36,7 @@ def test_the_best_trials_model_scores_on_the_test_split_what_its_evaluation_did(
     assert not loaded.model.training and loaded.checkpoint.name == "best.ckpt"
     assert loaded.model.hparams["lr"] == best["params"]["model.lr"]  # built with its sampled values
     loaded.datamodule.setup("test")
-    correct = seen = 0
-    with torch.inference_mode():
-        for images, labels in loaded.datamodule.test_dataloader():
-            correct += int((loaded.model(images).argmax(dim=1) == labels).sum())
-            seen += len(labels)
-    assert correct / seen == pytest.approx(best["test_metrics"]["test_acc"], abs=1e-6)
+    assert accuracy_on_test_split(loaded) == pytest.approx(best["test_metrics"]["test_acc"], abs=1e-6)
 
 
 def test_a_trial_without_a_checkpoint_to_load_is_said_why(finished_search, tmp_path):
@@ -109,10 +114,5 @@ def test_a_data_split_by_the_global_generator_is_the_trials_in_the_evaluation_an
     after = (random.getstate(), numpy.random.get_state()[1].tolist(), torch.get_rng_state())
     assert before[:2] == after[:2] and torch.equal(before[2], after[2])  # as they were (audit 44)
     assert splits.read_text().splitlines()[-1].split()[2] == trained
-    correct = seen = 0
-    with torch.inference_mode():
-        for images, labels in loaded.datamodule.test_dataloader():
-            correct += int((loaded.model(images).argmax(dim=1) == labels).sum())
-            seen += len(labels)
-    assert correct / seen == pytest.approx(best["test_metrics"]["test_acc"], abs=1e-6)
+    assert accuracy_on_test_split(loaded) == pytest.approx(best["test_metrics"]["test_acc"], abs=1e-6)
 
