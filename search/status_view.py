@@ -40,9 +40,9 @@ TELEMETRY_COLUMNS = {"s/epoch": "epoch_time_s", "start-up s": "startup_s"}  # ti
 OPTIONAL_COLUMNS = ("start-up s", "s/epoch")
 SHOWN_TRIALS = 40  # status's rows, past which only the latest, the running or paused, and the best are shown
 STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan", "PAUSED": "magenta"}
-# Why the best trial named is not a pruned one that scored better (``TrialsTable.best_row``).
 WAITING = 4  # Optuna's TrialState.WAITING, as its journal records it (read without importing Optuna)
 _TRIAL_STATE_RECORD = re.compile(r'"op_code":\s*[46]\s*[,}]')  # CREATE_TRIAL, SET_TRIAL_STATE_VALUES
+# Why the best trial named is not a pruned one that scored better (``TrialsTable.best_row``).
 PRUNED_NOT_CANDIDATES = ("a pruned trial is the best only when none completed (Optuna's rule: its value is from "
                          "an epoch before ASHA judged it)")
 
