@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import counted, resume_command
-from .outcome import FINISHED_STATES, SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
+from .outcome import SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
 from .experiment import STUDY_FILE, ExperimentDir, read_sessions
 from .storage import study_address
 from .study_lock import dead_holder, holder
@@ -124,7 +124,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
             stop = f"`hpsearch stop {study_address(exp.root)}` stops it" if driver["host"] == socket.gethostname() \
                 else f"it runs on {driver['host']}: `hpsearch stop` stops it there"
             console.print(f"A search is running on the study: pid {driver['pid']} on {driver['host']}, since "
-                          f"{driver['since']}{_session_time_left(last_session, rows, config)}; {stop}.",
+                          f"{driver['since']}{_session_time_left(last_session, table.ended(), config)}; {stop}.",
                           markup=False, soft_wrap=True)
     if gone is not None:
         resume = resume_command(exp.root, last_session.get("address"))
@@ -146,14 +146,14 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
                       f"`{resume_command(exp.root)}` evaluates it again.", markup=False, soft_wrap=True)
 
 
-def _session_time_left(session: dict[str, Any], rows: list[dict[str, Any]], config: dict[str, Any]) -> str:
+def _session_time_left(session: dict[str, Any], ended: int, config: dict[str, Any]) -> str:
     """What the live summary of the running session says of its time left (``time_left``),
-    from sessions.json and trials.csv (which lags the search by a few seconds at most). A
-    grid's size is not counted here (its points may be fewer than num_trials): no estimate."""
+    from sessions.json and the trials ended in trials.csv (which lags the search by a few
+    seconds at most). A grid's size is not counted here (its points may be fewer than
+    num_trials): no estimate."""
     search = config.get("search") or {}
     if "finished_before" not in session or "num_trials" not in search or search.get("sampler") == "grid":
         return ""
-    ended = sum(1 for row in rows if row.get("state") in FINISHED_STATES)
     return time_left(time.time() - float(session["started_at"]), ended, int(session["finished_before"]),
                      int(search["num_trials"]), search.get("time_budget_s"))
 

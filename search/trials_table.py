@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .experiment import atomic_write_text
-from .outcome import PAUSED, RUNNING, best_of
+from .outcome import FINISHED_STATES, PAUSED, RUNNING, best_of
 
 FIXED_COLUMNS = ("trial", "state", "reason", "best", "last", "epochs")
 TELEMETRY_COLUMNS = (
@@ -152,6 +152,10 @@ class TrialsTable:
         for row in self.rows.values():
             counts[row["state"]] = counts.get(row["state"], 0) + 1
         return counts
+
+    def ended(self) -> int:
+        """How many trials have ended (complete, pruned or failed)."""
+        return sum(1 for row in self.rows.values() if row.get("state") in FINISHED_STATES)
 
     def pause_running(self, reason: str) -> int:
         """Mark the trials a session left running as PAUSED, saying why; how many were.

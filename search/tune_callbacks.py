@@ -398,7 +398,7 @@ class TensorBoardSessions(Callback):
         best = self.table.best_row()
         if best is None:
             return
-        ended = sum(self.table.counts().get(state, 0) for state in FINISHED_STATES)
+        ended = self.table.ended()
         try:  # by the values its run is named with: its row's, a trial of an earlier session's too
             self.study_run.add(ended, best, {key: best[key] for key in self.config.space
                                              if best.get(key) not in (None, "")})
@@ -770,7 +770,7 @@ class ProgressDisplay(Callback):
     def setup(self, **info) -> None:
         from rich.console import Console
 
-        self._ended_before = self._ended()
+        self._ended_before = self.table.ended()
 
         self.console = Console(stderr=True)
         # Said at once: in a log, the next line may come only when the first trial ends.
@@ -783,13 +783,9 @@ class ProgressDisplay(Callback):
             self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
             self._live.start()
 
-    def _ended(self) -> int:
-        counts = self.table.counts()
-        return sum(counts.get(state, 0) for state in FINISHED_STATES)
-
     def summary(self) -> str:
         counts = self.table.counts()
-        done = self._ended()
+        done = self.table.ended()
         best = self.table.best_row()
         best_text = f"best {self.table.metric}={best['best']:.4g} (trial {best['trial']})" if best else "no result yet"
         return (f"[{time.monotonic() - self.started:6.1f}s] {done}/{self.num_trials} done{self._time_left(done)} · "
@@ -858,7 +854,7 @@ class ProgressDisplay(Callback):
             self._refresh()
         else:
             now = time.monotonic()
-            last = self._ended() >= self.num_trials
+            last = self.table.ended() >= self.num_trials
             if now - self._summary_said_at >= self.LOG_SUMMARY_EVERY_S or last:
                 self._summary_said_at = now
                 line += f"\n  {self.summary()}"
