@@ -144,20 +144,36 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> list[tu
     users expect of ``{"search": {"num_trials": 3}}``: replacing the section would drop
     the file's other settings unseen. A search-space parameter is the exception: a new
     definition replaces the old one whole (its keys depend on its type), and ``null``
-    removes it (one file then serves a model without that argument).
+    removes it (one file then serves a model without that argument). A number reaches
+    into a list by place (``search.first_trials.1.model.lr``); the next place adds an
+    item, and a value given for a whole item replaces it.
     """
     *parents, last = split_field(dotted_key)
     node, created = tree, []
     for index, key in enumerate(parents):
-        child = node.get(key)
-        if not isinstance(child, dict):
-            if child is not None:
-                raise ConfigError.single(dotted_key, f"--set cannot descend into {'.'.join(parents[:index + 1])!r}, "
-                                                     "which is not a mapping")
-            child = node[key] = {}
-            created.append(tuple(parents[:index + 1]))
+        path = tuple(parents[:index + 1])
+        if isinstance(node, list):
+            place = _place_in(node, key, dotted_key, path[:-1])
+            if place == len(node):
+                node.append({})
+                created.append(path)
+            child = node[place]
+        else:
+            child = node.get(key)
+            if child is None:
+                child = node[key] = [] if _starts_a_list(parents, index) else {}
+                created.append(path)
+        if not isinstance(child, (dict, list)):
+            raise ConfigError.single(dotted_key, f"--set cannot descend into {'.'.join(path)!r}, "
+                                                 "which is not a mapping or a list")
         node = child
     path = (*parents, last)
+    if isinstance(node, list):
+        place = _place_in(node, last, dotted_key, tuple(parents))
+        if place == len(node):
+            node.append(None)
+        node[place] = copy.deepcopy(value)  # an item is replaced whole, as a parameter is
+        return [*created, path, *_leaf_paths(value, path)]
     if value is None and _is_space_parameter(path):
         if node.pop(last, None) is None:
             raise ConfigError.single(dotted_key, f"the space has no parameter {last!r} to remove "
@@ -165,6 +181,20 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> list[tu
         return created
     node[last] = _merged(node.get(last), value, path)
     return [*created, path, *_leaf_paths(value, path)]
+
+
+def _place_in(items: list[Any], key: str, dotted_key: str, path: tuple[str, ...]) -> int:
+    """The place ``key`` names in the list at ``path``: one of its items, or the next (a new one)."""
+    if key.isdigit() and int(key) <= len(items):
+        return int(key)
+    field = ".".join(path)
+    held = f"its items are {field}.0 to {field}.{len(items) - 1}, and " if items else "it is empty; "
+    raise ConfigError.single(dotted_key, f"{field} is a list: {held}{field}.{len(items)} adds one")
+
+
+def _starts_a_list(parents: list[str], index: int) -> bool:
+    """Whether a key the tree lacks is a list's: the key after it is place 0."""
+    return index + 1 < len(parents) and parents[index + 1] == "0"
 
 
 def _lines_replaced(lines: LineMap, raw: dict[str, Any], paths: list[tuple[str, ...]]) -> LineMap:
@@ -177,6 +207,7 @@ def _lines_replaced(lines: LineMap, raw: dict[str, Any], paths: list[tuple[str, 
             node = node.get(key) if isinstance(node, dict) else None
         return node
 
+    # (an item of a list is not a dict here, so one replaced whole counts as replaced)
     replaced = [path for path in paths if not isinstance(value_at(path), dict) or _is_space_parameter(path)]
     return {path: line for path, line in lines.items()
             if not any(len(path) > len(whole) and path[:len(whole)] == whole for whole in replaced)}

@@ -111,6 +111,53 @@ def test_a_refusal_names_the_line_of_the_first_trial_or_the_option_that_gave_it(
     assert (problem.field, problem.line, problem.source) == ("search.first_trials.0.model.lr", None, "--set"), problem
 
 
+def test_set_reaches_into_one_first_trial_adds_one_or_replaces_one(example_config, tmp_path):
+    """``--set search.first_trials.1.model.lr=0.05`` changes one value of one item; the next
+    place adds an item; a whole item given replaces it. It used to replace the whole list."""
+    from conftest import write_yaml
+
+    path = write_yaml(tmp_path / "exp.yaml", with_first_trials(example_config, {"model.lr": 0.01},
+                                                               {"model.lr": 0.02, "model.channels": 8}))
+    config = load_config(path, ["search.first_trials.1.model.lr=0.05", "search.first_trials.2.model.lr=0.07"])
+    assert config.search.first_trials == [{"model.lr": 0.01}, {"model.lr": 0.05, "model.channels": 8},
+                                          {"model.lr": 0.07}]
+    config = load_config(path, ["search.first_trials.1={model.channels: 16}"])
+    assert config.search.first_trials == [{"model.lr": 0.01}, {"model.channels": 16}]
+    # a list the file lacks starts at place 0
+    example_config["search"].pop("first_trials")
+    config = load_config(example_config, {"search.first_trials.0.model.lr": 0.03})
+    assert config.search.first_trials == [{"model.lr": 0.03}]
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["search.first_trials.3.model.lr=0.05"])
+    assert str(caught.value.problems[0]) == (
+        "search.first_trials.3.model.lr: search.first_trials is a list: its items are search.first_trials.0 to "
+        "search.first_trials.1, and search.first_trials.2 adds one"), caught.value.problems
+
+
+def test_an_error_in_a_first_trial_set_by_the_command_line_blames_it_and_the_others_keep_their_lines(
+        example_config, tmp_path):
+    from conftest import write_yaml
+
+    path = write_yaml(tmp_path / "exp.yaml", with_first_trials(example_config, {"model.lr": 0.5},
+                                                               {"model.lr": 0.02, "model.channels": 8}))
+    lines = path.read_text().splitlines()
+
+    def problem(*overrides):
+        with pytest.raises(ConfigError) as caught:
+            load_config(path, list(overrides))
+        [problem] = caught.value.problems
+        return problem.field, problem.line and lines[problem.line - 1].strip(), problem.source
+
+    # item 0's value, in the file, keeps its line; item 1's, set here, is the option's
+    assert problem("search.first_trials.1.model.channels=12") == (
+        "search.first_trials.0.model.lr", "- model.lr: 0.5", str(path))
+    assert problem("search.first_trials.0.model.lr=0.01", "search.first_trials.1.model.lr=0.9") == (
+        "search.first_trials.1.model.lr", None, "--set")
+    # an item replaced whole: its file line, now another item's value, is not named
+    assert problem("search.first_trials.0.model.lr=0.01", "search.first_trials.1={model.channels: 12}") == (
+        "search.first_trials.1.model.channels", None, "--set")
+
+
 def test_set_reaches_into_a_condition(example_config):
     """``--set space.model.momentum.when.model.optimizer=adamw``: the condition's key holds a dot."""
     config = load_config(with_first_trials(example_config), ["space.model.momentum.when.model.optimizer=adamw"])
