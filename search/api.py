@@ -377,7 +377,8 @@ def _first_trials_that_fit(study, config: ExperimentConfig) -> list[int]:
 def _queue_first_trials(exp: ExperimentDir, config: ExperimentConfig) -> None:
     """Queue the trials of ``search.first_trials`` that the study does not have yet
     (``searcher.queue_first_trials``), saying which trial runs which."""
-    from .searcher import FIRST_TRIAL, open_study, queue_first_trials
+    from .outcome import FIRST_TRIAL
+    from .searcher import open_study, queue_first_trials
 
     study = open_study(exp.root, config.name, config.mode)
     queued = queue_first_trials(study, config)

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--state", action="append", type=str.upper, metavar="STATE", dest="states",
                         choices=["COMPLETE", "PRUNED", "FAILED", "RUNNING", "PAUSED"],
                         help="only trials in this state: complete, pruned, failed, running or paused (repeatable)")
+    status.add_argument("--trial", type=_trial_number, metavar="N",
+                        help="trial N in full: its values, its metric at each epoch, its time, where it ran, its "
+                             "files, the end of its traceback, how to load it")
 
     stop = commands.add_parser("stop", help="stop the search running on a study, as Ctrl+C would (it can be "
                                             "resumed)")
@@ -108,6 +111,16 @@ def _count(text: str) -> int:
     if count < 1:
         raise argparse.ArgumentTypeError(f"{count} is not a count of trials (1 or more)")
     return count
+
+
+def _trial_number(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a trial number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{number} is not a trial number (0 or more)")
+    return number
 
 
 def _port(text: str) -> int:
@@ -436,8 +449,19 @@ def _report(result) -> int:
 
 
 def cmd_status(args) -> int:
-    from .status_view import print_status
+    from .status_view import print_status, table_console
 
+    if args.trial is not None:
+        chosen = [option for option, given in (("--all", args.every_trial), ("--top", args.top is not None),
+                                                ("--state", bool(args.states))) if given]
+        if chosen:  # a usage error, as argparse's: status 2
+            print(f"hpsearch status: error: --trial shows one trial; {' and '.join(chosen)} choose"
+                  f"{'s' if len(chosen) == 1 else ''} the rows of the table of all", file=sys.stderr)
+            return 2
+        from .trial_view import print_trial
+
+        print_trial(_experiment(args.experiment_dir), args.trial, table_console())
+        return 0
     print_status(_experiment(args.experiment_dir), every_trial=args.every_trial, top=args.top,
                  states=tuple(args.states or ()))
     return 0

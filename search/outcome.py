@@ -34,6 +34,7 @@ KNOWN_EPOCHS = "hps_known_epochs"  # in a trial's config: the epochs the study h
 # In a trial's config, and the study's record of the trial: the seed it trains with, fixed
 # when first handed out (a resume that changes search.seed leaves started trials theirs).
 TRAINING_SEED = "hps_training_seed"
+FIRST_TRIAL = "hps_first_trial"  # a trial's: the values of search.first_trials it was queued with
 FAILURE = "hps_failure"  # set by a trial that ended on a fault a retry cannot fix (NaN, OOM)
 GIVE_UP = "hps_give_up"  # set in a trial's config by RetryPolicy when its retries are spent
 PLACEMENT_GROUP = "hps_placement_group"  # a distributed trial's ranks' reservation (see FreeRankReservations)

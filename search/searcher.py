@@ -23,8 +23,8 @@ from ray.tune.search import Searcher
 
 from .config import ExperimentConfig
 from .experiment import STUDY_FILE
-from .outcome import (COMPLETE, EPOCH, FAILED, KNOWN_EPOCHS, PRUNED, STOP_REASON, TRAINING_SEED, TRIAL_NUMBER,
-                      PruneLog, best_of, classify)
+from .outcome import (COMPLETE, EPOCH, FAILED, FIRST_TRIAL, KNOWN_EPOCHS, PRUNED, STOP_REASON, TRAINING_SEED,
+                      TRIAL_NUMBER, PruneLog, best_of, classify)
 from .seeding import resumed_seed, training_seed
 from .space import grid_values, is_sampled, to_distributions, trial_limit
 
@@ -32,7 +32,6 @@ RAY_TRIAL_ID = "ray_trial_id"
 SETTINGS = "hps_settings"  # the study's: what it was searched with, that a resume may not change
 RETRY_OF = "hps_retry_of"  # a trial's: the failed trial whose configuration it runs again (resume --retry-failed)
 GRID_SEED = "hps_grid_seed"  # the study's: the seed its grid was shuffled with, kept across resumes
-FIRST_TRIAL = "hps_first_trial"  # a trial's: the values of search.first_trials it was queued with
 
 
 def repair_journal(path: Path) -> int:

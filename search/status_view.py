@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import socket
 import sys
 import time
@@ -19,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import counted, resume_command
+from .journal_reader import WAITING, trial_states
 from .outcome import SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
 from .experiment import STUDY_FILE, ExperimentDir, read_sessions
 from .storage import study_address
@@ -27,8 +27,6 @@ from .time_left import time_left
 from .trials_table import TrialsTable, best_first, has_value, read_rows
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from .study_summary import StudySummary
 
 REASON_WIDTH = 20  # the least width of status's "why it stopped" column
@@ -40,8 +38,6 @@ TELEMETRY_COLUMNS = {"s/epoch": "epoch_time_s", "start-up s": "startup_s"}  # ti
 OPTIONAL_COLUMNS = ("start-up s", "s/epoch")
 SHOWN_TRIALS = 40  # status's rows, past which only the latest, the running or paused, and the best are shown
 STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNING": "cyan", "PAUSED": "magenta"}
-WAITING = 4  # Optuna's TrialState.WAITING, as its journal records it (read without importing Optuna)
-_TRIAL_STATE_RECORD = re.compile(r'"op_code":\s*[46]\s*[,}]')  # CREATE_TRIAL, SET_TRIAL_STATE_VALUES
 # Why the best trial named is not a pruned one that scored better (``TrialsTable.best_row``).
 PRUNED_NOT_CANDIDATES = ("a pruned trial is the best only when none completed (Optuna's rule: its value is from "
                          "an epoch before ASHA judged it)")
@@ -67,7 +63,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     table = _table_of(rows, metric, config["mode"], params)
     best = table.best_row()
-    queued_and_not = _journal_trial_states(exp.root / STUDY_FILE)
+    queued_and_not = trial_states(exp.root / STUDY_FILE)
     if rows:
         # the metric's column holds each trial's best epoch's value, not its last (audit 28)
         # the directory's name: a study run again from the same file is the file's name and a date (audit 39)
@@ -156,29 +152,6 @@ def _session_time_left(session: dict[str, Any], ended: int, config: dict[str, An
         return ""
     return time_left(time.time() - float(session["started_at"]), ended, int(session["finished_before"]),
                      int(search["num_trials"]), search.get("time_budget_s"))
-
-
-def _journal_trial_states(journal: Path) -> list[int]:
-    """Each trial's state as Optuna's journal records it, by ``TrialState``'s value (4 is
-    WAITING: queued, not yet handed out), read without Optuna from its CREATE_TRIAL (op
-    4) and SET_TRIAL_STATE_VALUES (op 6) records; the study is the journal's only one, so
-    a trial's id is its place. A line cut short by a kill is skipped."""
-    states: list[int] = []
-    if not journal.is_file():
-        return states
-    with journal.open() as lines:
-        for line in lines:
-            if not _TRIAL_STATE_RECORD.search(line):
-                continue  # most records are values and attributes: not parsed
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("op_code") == 4:
-                states.append(int(record.get("state", 0)))
-            elif record.get("op_code") == 6 and 0 <= int(record.get("trial_id", -1)) < len(states):
-                states[int(record["trial_id"])] = int(record.get("state", 0))
-    return states
 
 
 def _table_of(rows: list[dict[str, Any]], metric: str, mode: str, params: list[str]) -> TrialsTable:

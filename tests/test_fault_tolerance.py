@@ -230,6 +230,19 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     saved = Path(re.search(r"\(traceback: (\S+)\)", bug["reason"]).group(1))
     assert saved.parent.name == "trial_0006" and "raise TypeError" in saved.read_text()
     assert "trial 6: retrying" not in output and "trial 6: FAILED (TypeError: injected bug" in output, output
+    # status --trial: one trial in full, with the end of its traceback, and each epoch's value as the study has it
+    code, shown = finish(start("status", str(exp_dir), "--trial", "6", cwd=tmp_path), timeout=60)
+    assert code == 0 and shown.startswith("trial 6 of faults: FAILED, TypeError: injected bug"), shown
+    assert f"{saved}, its last 15 lines:" in shown and "    raise TypeError(" in shown, shown
+    code, shown = finish(start("status", str(exp_dir), "--trial", "1", cwd=tmp_path), timeout=60)
+    values = study(exp_dir, "faults").trials[1].intermediate_values
+    assert code == 0 and "by epoch: " + "  ".join(f"{epoch}: {value:.4g}" for epoch, value in sorted(values.items())) \
+        in shown and sorted(values) == [1, 2, 3], shown
+    assert "2 tries" in shown and "resumed from a checkpoint" in shown and "load it" in shown, shown
+    heavy = subprocess.run([sys.executable, "-c", "import sys; from hpsearch.search.cli import main; main(sys.argv[1:]); "
+                            "print(*(m for m in ('torch', 'ray', 'optuna', 'numpy') if m in sys.modules))",
+                            "status", str(exp_dir), "--trial", "1"], capture_output=True, text=True, cwd=tmp_path)
+    assert heavy.stdout.splitlines()[-1] == "", heavy.stdout + heavy.stderr  # read without the heavy stack
     # A process killed at every try (as by the out-of-memory killer) on a node that stays
     # up is the trial's own fault: it was taken for a node loss and retried forever.
     # Each try uses one of max_retries: a kill at the same point need not happen again.

@@ -1,0 +1,180 @@
+"""``hpsearch status EXP --trial N``: one trial in full, for finding out why it failed or
+what it did, without opening its files one by one: its values, its metric epoch by epoch,
+how its time went, where it ran, its files, the end of its traceback, and how to load it.
+
+Reads the study's files only (trials.csv, the Optuna journal through ``journal_reader``,
+the trial's folder), so it imports neither torch, Ray nor Optuna, like the rest of ``status``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from .errors import ExperimentError, counted
+from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, trial_name
+from .journal_reader import one_trial
+from .outcome import FIRST_TRIAL
+from .storage import study_address
+from .trials_table import read_rows
+
+TRACEBACK_LINES = 15  # the end of a failed trial's traceback shown; error.txt has it all
+LABEL_WIDTH = 12
+# (label, trials.csv column) of the last epoch's time, as the speed telemetry reports it
+_EPOCH_TIMES = (("training", "train_s"), ("validation", "val_s"), ("waiting for data", "data_wait_s"),
+                ("checkpoints", "checkpoint_s"), ("reporting", "report_s"))
+
+
+def print_trial(exp: ExperimentDir, number: int, console: Console) -> None:
+    """Everything the study holds of trial ``number``, one topic a line."""
+    config = exp.stored_config()
+    rows = {int(row["trial"]): row for row in read_rows(exp.trials_csv)} if exp.trials_csv.is_file() else {}
+    record = one_trial(exp.root / STUDY_FILE, number, FIRST_TRIAL)
+    row = rows.get(number)
+    if row is None:
+        if record.get("queued"):
+            raise ExperimentError(f"trial {number} is queued in the study and has not started; "
+                                  f"`hpsearch resume {study_address(exp.root)}` runs it")
+        held = f"its trials: {min(rows)}-{max(rows)}" if rows else "it has no trial yet"
+        raise ExperimentError(f"{exp.root} has no trial {number} ({held})")
+
+    def line(label: str, text: str) -> None:
+        console.print(f"{label:<{LABEL_WIDTH}}{text}", markup=False, soft_wrap=True)
+
+    metric, best = config["metric"], exp.stored_best() or {}
+    the_best = " (the study's best trial)" if best.get("trial") == number else ""
+    console.print(f"trial {number} of {exp.root.name}{the_best}: {_state(row)}", markup=False, soft_wrap=True)
+    line("values", ", ".join(_value(key, row.get(key), spec) for key, spec in config["space"].items()))
+    given = record.get(FIRST_TRIAL)
+    if given is not None or row.get("retry_of") not in (None, ""):
+        line("", "given by search.first_trials" if given is not None else
+             f"trial {row['retry_of']}'s values, run again (resume --retry-failed)")
+    line(metric, _metric(row, record["values"], config["mode"]))
+    if the_best and (best.get("test_metrics") or best.get("test_error")):
+        line("test", ", ".join(f"{key} = {_number(value)}" for key, value in (best.get("test_metrics") or {}).items())
+             or f"its evaluation failed: {best['test_error']}")
+    line("time", _times(row))
+    line("ran on", _where(row))
+    if row.get("seed") not in (None, ""):
+        line("seed", f"{row['seed']} (what it trained with; hpsearch.load_trial builds it from this seed too)")
+    folder = exp.trial_dir(trial_name(number))
+    line("folder", f"{folder}{_files(folder)}")
+    runs = sorted(p.name for p in exp.tensorboard_dir.glob(f"{trial_name(number)}*") if p.is_dir())
+    if runs:
+        line("TensorBoard", f"run {runs[0]} (hpsearch tensorboard {study_address(exp.root)})")
+    if (folder / "checkpoints" / "best.ckpt").exists():
+        line("load it", f"hpsearch.load_trial({str(study_address(exp.root))!r}, {number})")
+    traceback = _traceback(folder)
+    if traceback is not None:
+        path, lines = traceback
+        shown = lines[-TRACEBACK_LINES:]
+        cut = f", its last {len(shown)} lines" if len(shown) < len(lines) else ""
+        console.print(f"\n{path}{cut}:", markup=False, soft_wrap=True)
+        for text in shown:
+            console.print(f"  {text}", markup=False, soft_wrap=True, highlight=False)
+
+
+def _state(row: dict[str, Any]) -> str:
+    """The state, why, and the error of its last try when that is not the reason itself."""
+    text = f"{row.get('state', '?')}, {row.get('reason') or 'no reason recorded'}"
+    error = row.get("error")
+    if error and error != row.get("reason"):
+        text += f" (its last fault: {error})"
+    tries = row.get("attempts")
+    if isinstance(tries, int) and tries > 1:
+        text += f"; {tries} tries"
+    if row.get("node_losses"):
+        text += f", {counted(row['node_losses'], 'node')} lost under it"
+    if row.get("notes"):
+        text += f"; {row['notes']}"
+    return text
+
+
+def _value(key: str, value: Any, spec: dict[str, Any]) -> str:
+    if value in (None, "") and spec.get("when"):
+        condition = " and ".join(f"{name}={choices}" for name, choices in spec["when"].items())
+        return f"{key} not sampled (only when {condition})"
+    return f"{key} = {value!r}" if isinstance(value, float) else f"{key} = {value}"
+
+
+def _metric(row: dict[str, Any], values: dict[int, Any], mode: str) -> str:
+    """Its best value and the epoch of it, its last, and each epoch's (the journal's record
+    of its reports)."""
+    if not values and row.get("best") in (None, ""):
+        return "no value reported"
+    scored = {epoch: value for epoch, value in values.items() if isinstance(value, (int, float)) and value == value}
+    at = ""
+    if scored:
+        best_epoch = (max if mode == "max" else min)(sorted(scored), key=scored.__getitem__)
+        at = f" at epoch {best_epoch}"
+    text = f"best {_number(row.get('best'))}{at} ({mode}), last {_number(row.get('last'))}, " \
+           f"after {counted(row.get('epochs') or len(values), 'epoch')}"
+    if values:
+        text += "; by epoch: " + "  ".join(f"{epoch}: {_number(values[epoch])}" for epoch in sorted(values))
+    return text
+
+
+def _times(row: dict[str, Any]) -> str:
+    """Its last epoch's time and where it went (the speed telemetry), its start-up and its
+    compute in all."""
+    epoch = row.get("epoch_time_s")
+    if not isinstance(epoch, (int, float)):
+        return "no epoch ended"
+    parts = [f"{label} {_seconds(row[column])}" for label, column in _EPOCH_TIMES
+             if isinstance(row.get(column), (int, float))]
+    text = f"its last epoch {_seconds(epoch)} ({', '.join(parts)})"
+    if isinstance(row.get("startup_s"), (int, float)):
+        text += f"; start-up {_seconds(row['startup_s'])}"
+    if isinstance(row.get("compute_s"), (int, float)):
+        text += f"; {_seconds(row['compute_s'])} of compute in all"
+    if row.get("data_starved") is True:
+        text += "; data-starved (its DataLoader could not keep up)"
+    return text
+
+
+def _where(row: dict[str, Any]) -> str:
+    """Its device, precision and processes, its DataLoader's settings and its node: what
+    the trial recorded of them (a trial that failed while it was built recorded less)."""
+    if row.get("device") in (None, ""):
+        return "not recorded (it ended before its first epoch)"
+    ranks = row.get("world_size")
+    parts = [str(row["device"]), f"precision {row.get('precision')}",
+             f"{ranks} processes ({row.get('strategy')})" if isinstance(ranks, int) and ranks > 1 else "1 process"]
+    if row.get("num_workers") not in (None, ""):
+        parts.append(f"{counted(row['num_workers'], 'loader worker')}, pin_memory {row.get('pin_memory')}")
+    if row.get("node_id"):
+        parts.append(f"node {row.get('node_ip', '')} {str(row['node_id'])[:8]}")
+    if row.get("resumed") is True:
+        parts.append("resumed from a checkpoint")
+    return ", ".join(parts)
+
+
+def _files(folder: Path) -> str:
+    """The files a user looks for in a trial's folder, those it has."""
+    names = [TRIAL_TRACEBACK, "output.log", "experiment.json", "checkpoints/best.ckpt"]
+    present = [name for name in names if (folder / name).exists()]
+    present += sorted(p.name for p in folder.glob("error-rank*.txt")) + sorted(p.name for p in folder.glob("crash*.txt"))
+    return f" ({', '.join(present)})" if present else " (empty)" if folder.is_dir() else " (not there)"
+
+
+def _traceback(folder: Path) -> tuple[Path, list[str]] | None:
+    """The trial's traceback (a rank's, for a distributed trial whose ranks wrote their own)."""
+    for path in [folder / TRIAL_TRACEBACK, *sorted(folder.glob("error-rank*.txt"))]:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        lines = text.rstrip().splitlines()
+        if lines:
+            return path, lines
+    return None
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g} s"
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else "-" if value in (None, "") else str(value)
