@@ -458,9 +458,11 @@ def cmd_status(args) -> int:
             print(f"hpsearch status: error: --trial shows one trial; {' and '.join(chosen)} choose"
                   f"{'s' if len(chosen) == 1 else ''} the rows of the table of all", file=sys.stderr)
             return 2
+        from .storage import StudyHome
         from .trial_view import print_trial
 
-        print_trial(_experiment(args.experiment_dir), args.trial, table_console())
+        exp, mirror = StudyHome.existing(args.experiment_dir)
+        print_trial(exp, args.trial, table_console(), mirror)
         return 0
     print_status(_experiment(args.experiment_dir), every_trial=args.every_trial, top=args.top,
                  states=tuple(args.states or ()))

@@ -9,7 +9,7 @@ the trial's folder), so it imports neither torch, Ray nor Optuna, like the rest 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -17,9 +17,13 @@ from .errors import ExperimentError, counted
 from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, trial_name
 from .journal_reader import one_trial
 from .outcome import FIRST_TRIAL
-from .storage import study_address
+from .storage import join_uri, study_address
 from .trials_table import read_rows
 
+if TYPE_CHECKING:
+    from .storage import Mirror
+
+SHOWN_FILES = (TRIAL_TRACEBACK, "output.log", "experiment.json")  # in a trial's folder, named when there
 TRACEBACK_LINES = 15  # the end of a failed trial's traceback shown; error.txt has it all
 LABEL_WIDTH = 12
 # (label, trials.csv column) of the last epoch's time, as the speed telemetry reports it
@@ -27,8 +31,10 @@ _EPOCH_TIMES = (("training", "train_s"), ("validation", "val_s"), ("waiting for 
                 ("checkpoints", "checkpoint_s"), ("reporting", "report_s"))
 
 
-def print_trial(exp: ExperimentDir, number: int, console: Console) -> None:
-    """Everything the study holds of trial ``number``, one topic a line."""
+def print_trial(exp: ExperimentDir, number: int, console: Console, mirror: Mirror | None = None) -> None:
+    """Everything the study holds of trial ``number``, one topic a line. ``mirror``: the
+    study's storage, for a study in cloud storage, whose trial files are pulled first
+    (``trial_files``; its checkpoints stay there)."""
     config = exp.stored_config()
     rows = {int(row["trial"]): row for row in read_rows(exp.trials_csv)} if exp.trials_csv.is_file() else {}
     record = one_trial(exp.root / STUDY_FILE, number, FIRST_TRIAL)
@@ -60,11 +66,15 @@ def print_trial(exp: ExperimentDir, number: int, console: Console) -> None:
     if row.get("seed") not in (None, ""):
         line("seed", f"{row['seed']} (what it trained with; hpsearch.load_trial builds it from this seed too)")
     folder = exp.trial_dir(trial_name(number))
-    line("folder", f"{folder}{_files(folder)}")
+    if mirror is not None:
+        mirror.pull(*trial_files(number, row))
+    shown = join_uri(mirror.uri, f"trials/{trial_name(number)}") if mirror is not None else folder
+    line("folder", f"{shown}{_files(folder)}")
     runs = sorted(p.name for p in exp.tensorboard_dir.glob(f"{trial_name(number)}*") if p.is_dir())
     if runs:
         line("TensorBoard", f"run {runs[0]} (hpsearch tensorboard {study_address(exp.root)})")
-    if (folder / "checkpoints" / "best.ckpt").exists():
+    checkpoint = f"trials/{trial_name(number)}/checkpoints/best.ckpt"
+    if (exp.root / checkpoint).exists() or (mirror is not None and mirror.exists(checkpoint)):
         line("load it", f"hpsearch.load_trial({str(study_address(exp.root))!r}, {number})")
     traceback = _traceback(folder)
     if traceback is not None:
@@ -74,6 +84,14 @@ def print_trial(exp: ExperimentDir, number: int, console: Console) -> None:
         console.print(f"\n{path}{cut}:", markup=False, soft_wrap=True)
         for text in shown:
             console.print(f"  {text}", markup=False, soft_wrap=True, highlight=False)
+
+
+def trial_files(number: int, row: dict[str, Any]) -> list[str]:
+    """The files of a trial's folder that ``print_trial`` reads or names, relative to the
+    study: each rank's traceback of a distributed trial among them."""
+    ranks = row.get("world_size") if isinstance(row.get("world_size"), int) else 1
+    names = [*SHOWN_FILES, "crash.txt", *(f"error-rank{rank}.txt" for rank in range(ranks) if ranks > 1)]
+    return [f"trials/{trial_name(number)}/{name}" for name in names]
 
 
 def _state(row: dict[str, Any]) -> str:
@@ -153,8 +171,7 @@ def _where(row: dict[str, Any]) -> str:
 
 def _files(folder: Path) -> str:
     """The files a user looks for in a trial's folder, those it has."""
-    names = [TRIAL_TRACEBACK, "output.log", "experiment.json", "checkpoints/best.ckpt"]
-    present = [name for name in names if (folder / name).exists()]
+    present = [name for name in (*SHOWN_FILES, "checkpoints/best.ckpt") if (folder / name).exists()]
     present += sorted(p.name for p in folder.glob("error-rank*.txt")) + sorted(p.name for p in folder.glob("crash*.txt"))
     return f" ({', '.join(present)})" if present else " (empty)" if folder.is_dir() else " (not there)"
 

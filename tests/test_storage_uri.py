@@ -220,4 +220,13 @@ def test_a_study_in_s3_survives_its_machine_and_resumes_from_a_fresh_process(s3_
     status = run_cli("status", uri, cwd=tmp_path, timeout=60,
                      env={**s3_server, "HPSEARCH_CACHE": str(tmp_path / "laptop")})
     assert status.returncode == 0 and status.stdout.count("COMPLETE") >= 4, status.stdout + status.stderr
+    # one trial in full from the URI: its folder in storage, loadable from there; its checkpoints not fetched
+    resumed = next(int(r["trial"]) for r in table if r["resumed"] == "True")
+    shown = run_cli("status", uri, "--trial", str(resumed), cwd=tmp_path, timeout=60,
+                    env={**s3_server, "HPSEARCH_CACHE": str(tmp_path / "laptop")})
+    assert shown.returncode == 0 and f"folder      {uri}/trials/trial_{resumed:04d} (" in shown.stdout, \
+        shown.stdout + shown.stderr
+    assert "experiment.json" in shown.stdout and "resumed from a checkpoint" in shown.stdout, shown.stdout
+    assert f"hpsearch.load_trial({uri!r}, {resumed})" in shown.stdout, shown.stdout
+    assert not list((tmp_path / "laptop").rglob("*.ckpt"))
     assert not Path(cache_a).exists()
