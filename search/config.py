@@ -350,6 +350,10 @@ class SearchConfig(StrictModel):
             return []
         for index, point in enumerate(points if isinstance(points, list) else []):
             for key, value in (point.items() if isinstance(point, dict) else ()):
+                if isinstance(value, dict) and value:  # {model: {lr: 0.001}}: its keys are the space's, dotted
+                    example = next(iter(value))
+                    raise FieldValueError(f"{index}.{key}", f"is a mapping: name each parameter by its whole "
+                                                            f"dotted key, as the space does ({key}.{example}: ...)")
                 if not isinstance(value, (type(None), bool, int, float, str)):
                     raise FieldValueError(f"{index}.{key}", f"is a {type(value).__name__}: a trial gives each "
                                                             "parameter one value (null, true/false, a number or a "

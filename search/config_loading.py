@@ -55,7 +55,7 @@ def load_config(
     # strings from the command line's --set (or the same syntax given to the API).
     overrides_label = "overrides" if isinstance(overrides, Mapping) else SET
     for key, value in parse_overrides(overrides).items():
-        paths = apply_override(raw, key, value)
+        paths = apply_override(raw, key, value, overrides_label)
         lines = _lines_replaced(lines, raw, paths)
         for path in paths:
             lines[path] = overrides_label
@@ -136,7 +136,7 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, A
     return parsed
 
 
-def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> list[tuple[str, ...]]:
+def apply_override(tree: dict[str, Any], dotted_key: str, value: Any, source: str = SET) -> list[tuple[str, ...]]:
     """Set ``dotted_key`` in ``tree``; return the paths it set, for blaming errors on it.
 
     ``space.model.lr.high`` reaches ``tree["space"]["model.lr"]["high"]`` (space keys
@@ -146,14 +146,16 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> list[tu
     definition replaces the old one whole (its keys depend on its type), and ``null``
     removes it (one file then serves a model without that argument). A number reaches
     into a list by place (``search.first_trials.1.model.lr``); the next place adds an
-    item, and a value given for a whole item replaces it.
+    item, and a value given for a whole item replaces it. ``null`` for a first trial's
+    parameter takes it out of the trial, which then samples it. ``source`` names the
+    override in errors (``--set``, or the API's ``overrides``).
     """
     *parents, last = split_field(dotted_key)
     node, created = tree, []
     for index, key in enumerate(parents):
         path = tuple(parents[:index + 1])
         if isinstance(node, list):
-            place = _place_in(node, key, dotted_key, path[:-1])
+            place = _place_in(node, key, dotted_key, path[:-1], source)
             if place == len(node):
                 node.append({})
                 created.append(path)
@@ -164,12 +166,12 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> list[tu
                 child = node[key] = [] if _starts_a_list(parents, index) else {}
                 created.append(path)
         if not isinstance(child, (dict, list)):
-            raise ConfigError.single(dotted_key, f"--set cannot descend into {'.'.join(path)!r}, "
-                                                 "which is not a mapping or a list")
+            raise ConfigError.single(dotted_key, f"cannot descend into {'.'.join(path)!r}, which is not a "
+                                                 "mapping or a list", source=source)
         node = child
     path = (*parents, last)
     if isinstance(node, list):
-        place = _place_in(node, last, dotted_key, tuple(parents))
+        place = _place_in(node, last, dotted_key, tuple(parents), source)
         if place == len(node):
             node.append(None)
         node[place] = copy.deepcopy(value)  # an item is replaced whole, as a parameter is
@@ -177,24 +179,28 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any) -> list[tu
     if value is None and _is_space_parameter(path):
         if node.pop(last, None) is None:
             raise ConfigError.single(dotted_key, f"the space has no parameter {last!r} to remove "
-                                                 f"(it has {', '.join(map(repr, node)) or 'none'})")
+                                                 f"(it has {', '.join(map(repr, node)) or 'none'})", source=source)
+        return created
+    if value is None and path[:2] == ("search", "first_trials") and len(path) == 4:
+        node.pop(last, None)  # sampled, as a parameter the trial leaves out
         return created
     node[last] = _merged(node.get(last), value, path)
     return [*created, path, *_leaf_paths(value, path)]
 
 
-def _place_in(items: list[Any], key: str, dotted_key: str, path: tuple[str, ...]) -> int:
+def _place_in(items: list[Any], key: str, dotted_key: str, path: tuple[str, ...], source: str) -> int:
     """The place ``key`` names in the list at ``path``: one of its items, or the next (a new one)."""
     if key.isdigit() and int(key) <= len(items):
         return int(key)
     field = ".".join(path)
-    held = f"its items are {field}.0 to {field}.{len(items) - 1}, and " if items else "it is empty; "
-    raise ConfigError.single(dotted_key, f"{field} is a list: {held}{field}.{len(items)} adds one")
+    held = ("it is empty; " if not items else f"its item is {field}.0, and " if len(items) == 1 else
+            f"its items are {field}.0 to {field}.{len(items) - 1}, and ")
+    raise ConfigError.single(dotted_key, f"{field} is a list: {held}{field}.{len(items)} adds one", source=source)
 
 
 def _starts_a_list(parents: list[str], index: int) -> bool:
-    """Whether a key the tree lacks is a list's: the key after it is place 0."""
-    return index + 1 < len(parents) and parents[index + 1] == "0"
+    """Whether a key the tree lacks is a list's: the key after it is a place."""
+    return index + 1 < len(parents) and parents[index + 1].isdigit()
 
 
 def _lines_replaced(lines: LineMap, raw: dict[str, Any], paths: list[tuple[str, ...]]) -> LineMap:

@@ -38,6 +38,8 @@ def refusal(config) -> str:
                                   "(space.model.lr)"),
     ([{"model.lr": "0.01"}], {}, {}, "search.first_trials.0.model.lr: a number is needed, not the string '0.01'"),
     ([{"model.lr": [0.01]}], {}, {}, "search.first_trials.0.model.lr: is a list: a trial gives each parameter one"),
+    ([{"model": {"lr": 0.01}}], {}, {}, "search.first_trials.0.model: is a mapping: name each parameter by its whole "
+                                        "dotted key, as the space does (model.lr: ...)"),
     ([{"model.channels": 12}], {}, {},
      "search.first_trials.0.model.channels: 12 is not one of the choices [8, 16, 32]"),
     ([{"data.batch_size": 64.0}], {}, {}, "search.first_trials.0.data.batch_size: a whole number is needed, not 64.0"),
@@ -130,8 +132,15 @@ def test_set_reaches_into_one_first_trial_adds_one_or_replaces_one(example_confi
     with pytest.raises(ConfigError) as caught:
         load_config(path, ["search.first_trials.3.model.lr=0.05"])
     assert str(caught.value.problems[0]) == (
-        "search.first_trials.3.model.lr: search.first_trials is a list: its items are search.first_trials.0 to "
-        "search.first_trials.1, and search.first_trials.2 adds one"), caught.value.problems
+        "search.first_trials.3.model.lr (--set): search.first_trials is a list: its items are search.first_trials.0 "
+        "to search.first_trials.1, and search.first_trials.2 adds one"), caught.value.problems
+    with pytest.raises(ConfigError) as caught:  # a list the file lacks, reached past its start (audit 45)
+        load_config(example_config, {"search.first_trials.1.model.lr": 0.05})
+    assert str(caught.value.problems[0]) == ("search.first_trials.1.model.lr (overrides): search.first_trials is a "
+                                             "list: it is empty; search.first_trials.0 adds one")
+    # null takes a value out of a first trial, which then samples it (audit 45: it was refused as a choice)
+    config = load_config(path, ["search.first_trials.1.model.channels=null"])
+    assert config.search.first_trials == [{"model.lr": 0.01}, {"model.lr": 0.02}]
 
 
 def test_an_error_in_a_first_trial_set_by_the_command_line_blames_it_and_the_others_keep_their_lines(
