@@ -442,6 +442,8 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
             ("model",) if config.params_for("model", point) else ()
         refusal = _classes_refuse(config, sections, sampled_only(config, {**values, **point}), *classes,
                                   built_with=f"search.first_trials.{index}") if sections else None
+        if refusal is None:  # a known point, trained as its trial will train it (audit 45: an optimizer's refusal)
+            refusal = _first_trial_fails_training(config, point, values, params, classes)
         if refusal is _OUT_OF_TIME:
             unchecked.append("search.first_trials")
             break
@@ -455,6 +457,27 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
 
 
 _OUT_OF_TIME = "out of time"  # a refusal _classes_refuse could not judge: the preflight's budget was spent
+
+
+def _first_trial_fails_training(config: ExperimentConfig, point: dict[str, Any], values: dict[str, Any],
+                                params: dict[str, Any], classes: tuple) -> str | None:
+    """Why a first trial's values, which its constructors take, fail the preflight's batches
+    (``_a_few_batches``: configure_optimizers, a scheduler, a step), the sentence's end
+    after "but"; None if they pass, ``_OUT_OF_TIME`` past the budget's deadline. A sampled
+    value is tried at the range's ends only by its constructor; a first trial is certain to
+    run, so it is trained too."""
+    model_class, data_class, model, datamodule, loader, deadline = classes
+    if time.perf_counter() > deadline:
+        return _OUT_OF_TIME
+    trial_params = sampled_only(config, {**values, **point})
+    pair = _classes_for(config, trial_params, params, model, datamodule, model_class, data_class, loader)
+    if pair is None:
+        return None  # a constructor refuses them: said by _classes_refuse
+    try:
+        _a_few_batches(config, trial_params, *pair, model_class, data_class, blame="search.first_trials")
+    except ConfigError as exc:
+        return "; ".join(problem.message for problem in exc.problems)
+    return None
 
 
 def _classes_refuse(config: ExperimentConfig, sections: tuple[str, ...], variant: dict[str, Any],

@@ -291,6 +291,25 @@ def test_the_preflight_builds_a_first_trials_data_values_too(example_config, mon
         "val_fraction 0.4 leaves too few batches"), problem
 
 
+def test_the_preflight_trains_a_first_trial_whose_optimizer_refuses_its_values(example_config, monkeypatch):
+    """PlateauScheduled's scheduler, made in configure_optimizers, refuses a factor of 2.0,
+    which its constructor takes: a first trial that gives it would fail for certain, and
+    passed the checks, which trained only the preflight's own values (audit 45)."""
+    from conftest import FIXTURES
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["model"] = {"class_path": "userpkg.conditional:PlateauScheduled", "init_args": {}}
+    with_first_trials(example_config, {"model.factor": 0.5}, {"model.factor": 2.0, "model.lr": 0.01},
+                      **{"model.factor": {"type": "categorical", "choices": [0.5, 2.0]}})
+    problem = preflight_refusal(example_config)
+    assert problem.field == "search.first_trials.1" and problem.message.startswith(
+        "its values are in the space, but the set-up before the first batch failed: ValueError: Factor should be "
+        "< 1.0."), problem
+    assert "model.factor=2.0" in problem.message and "model.lr=0.01" in problem.message, problem
+    example_config["search"]["first_trials"].pop()
+    assert "val_acc" in run_preflight(load_config(example_config), *check_components(load_config(example_config)))
+
+
 def test_check_says_how_many_trials_run_given_values_first(example_config):
     from hpsearch.search.cli import _given_first
 
