@@ -318,7 +318,9 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
     line = _line_of(tuple(loc), lines)
     as_yaml = written_as_yaml(line, origin)
     if error["type"] == "extra_forbidden":
-        message = "unknown key (check the spelling; see the README for the allowed keys)"
+        meant = meant_key(loc)
+        message = (f"unknown key; did you mean {meant}?" if meant else
+                   "unknown key (check the spelling; see the README for the allowed keys)")
     elif error["type"] == "missing":
         message = "required key is missing"
     elif error["type"] == "union_tag_invalid":
@@ -350,6 +352,39 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
     if isinstance(line, str):
         return Problem(".".join(loc), message, None, line)
     return Problem(".".join(loc), message, line, origin if line else None)
+
+
+# Lightning's Trainer arguments that hpsearch takes elsewhere, as users write them under trainer
+TRAINER_ARGUMENTS_ELSEWHERE = {
+    "max_epochs": "scheduler.max_epochs", "max_time": "search.time_budget_s",
+    "devices": "resources.gpus_per_worker or resources.workers_per_trial",
+    "num_nodes": "resources.workers_per_trial", "accelerator": "resources.gpus_per_worker (0: the CPU)",
+    "gradient_clip": "trainer.gradient_clip_val", "callbacks": "your LightningModule's configure_callbacks()",
+}
+
+
+def meant_key(loc: list[str]) -> str | None:
+    """The known key an unknown one was probably meant to be: a close spelling in its
+    section (``max_concurent``), the same name in another section (``trainer.max_epochs``
+    is ``scheduler.max_epochs``), or where hpsearch takes a Lightning Trainer argument."""
+    import difflib
+
+    from pydantic import BaseModel
+
+    sections = {name: field.annotation for name, field in ExperimentConfig.model_fields.items()}
+    known = {(name,): None for name in sections}
+    known.update({(name, inner): None for name, model in sections.items()
+                  if isinstance(model, type) and issubclass(model, BaseModel) for inner in model.model_fields})
+    *parent, key = loc
+    if tuple(parent) == ("trainer",) and key in TRAINER_ARGUMENTS_ELSEWHERE:
+        return TRAINER_ARGUMENTS_ELSEWHERE[key]
+    beside = [path[-1] for path in known if list(path[:-1]) == parent]
+    close = difflib.get_close_matches(key, beside, n=1, cutoff=0.75)
+    containing = [name for name in beside if len(key) > 3 and key in name]  # patience: early_stopping_patience
+    if close or len(containing) == 1:
+        return ".".join([*parent, (close or containing)[0]])
+    elsewhere = [".".join(path) for path in known if path[-1] == key and list(path[:-1]) != parent]
+    return elsewhere[0] if len(elsewhere) == 1 else None
 
 
 def _not_a_number(given: str | bool, as_yaml: bool = True) -> str:

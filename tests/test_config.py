@@ -45,8 +45,18 @@ def _delete(path: str):
 
 
 BAD_SCHEMA = [
-    ("unknown top-level key", _set("epochs", 3), "epochs", "unknown key"),
-    ("unknown nested key", _set("search/num_trails", 3), "search.num_trails", "unknown key"),
+    ("unknown top-level key", _set("epochs", 3), "epochs", "unknown key (check the spelling"),
+    # a key misspelled, or put where Lightning's Trainer takes it: the one meant is named (audit 45)
+    ("unknown nested key", _set("search/num_trails", 3), "search.num_trails",
+     "unknown key; did you mean search.num_trials?"),
+    ("a section's key a part of a name", _set("trainer/patience", 3), "trainer.patience",
+     "unknown key; did you mean trainer.early_stopping_patience?"),
+    ("a key of another section", _set("trainer/max_epochs", 3), "trainer.max_epochs",
+     "unknown key; did you mean scheduler.max_epochs?"),
+    ("a Trainer argument hpsearch takes elsewhere", _set("trainer/devices", 2), "trainer.devices",
+     "unknown key; did you mean resources.gpus_per_worker or resources.workers_per_trial?"),
+    ("a top-level key in a section", _set("search/metric", "val_acc"), "search.metric",
+     "unknown key; did you mean metric?"),
     ("low > high", _set("space/model.lr", {"type": "float", "low": 0.1, "high": 0.01}), "space.model.lr", "low (0.1) must be <= high"),
     ("log with low <= 0", _set("space/model.lr", {"type": "float", "low": 0.0, "high": 0.1, "log": True}), "space.model.lr", "low > 0"),
     ("int log with low 0", _set("space/data.batch_size", {"type": "int", "low": 0, "high": 8, "log": True}), "space.data.batch_size", "low > 0"),
