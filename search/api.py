@@ -345,15 +345,21 @@ def _keep_checkpoints_now(exp: ExperimentDir, config: ExperimentConfig, mirror: 
 def _run_failed_again(study) -> None:
     """Queue the failed trials' configurations to run again (``searcher.run_failed_again``),
     saying which; those queued by an earlier resume and not yet run included."""
-    from .searcher import run_failed_again
+    from .searcher import failed_configurations_run_since, run_failed_again
 
+    since = failed_configurations_run_since(study)
     queued = run_failed_again(study)
     if queued:
         pairs = ", ".join(f"{failed} as {new}" for failed, new in sorted(queued.items()))
         print(f"running again the configurations of {counted(len(queued), 'failed trial')} (trial {pairs}); "
               f"the failed trials stay in the study as they ended", flush=True)
-    else:
-        print("no failed trial to run again: every failed trial's configuration has run since", flush=True)
+    elif not since:
+        print("no failed trial to run again", flush=True)
+    run_since = {failed: later for failed, later in since.items() if failed not in queued}
+    if run_since:  # (audit 45: they were left without a word)
+        pairs = ", ".join(f"{failed} as {later}" for failed, later in sorted(run_since.items()))
+        print(f"not running again {counted(len(run_since), 'failed trial')} whose configuration a later trial has "
+              f"(trial {pairs})", flush=True)
 
 
 def _first_trials_that_fit(study, config: ExperimentConfig) -> list[int]:

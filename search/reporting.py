@@ -389,7 +389,8 @@ class TuneReporter(pl.Callback):
         if value is not None and self.metric not in logged_since(trainer, self._before_validation) \
                 and trainer.global_rank == 0:
             raise MetricNotLoggedError(
-                f"metric {self.metric!r} was not logged in epoch {trainer.current_epoch + 1}'s validation: its value "
+                f"metric {self.metric!r} was not logged in epoch {trainer.current_epoch + 1}'s validation "
+                f"(current_epoch {trainer.current_epoch} in your code): its value "
                 f"there was an earlier one, from training or an earlier validation. Log it with "
                 f"self.log({self.metric!r}, ...) at every validation (validation_step or on_validation_epoch_end).")
 

@@ -148,6 +148,15 @@ def run_failed_again(study: optuna.Study) -> dict[int, int]:
     return {t.user_attrs[RETRY_OF]: t.number for t in queued if RETRY_OF in t.user_attrs}
 
 
+def failed_configurations_run_since(study: optuna.Study) -> dict[int, int]:
+    """Each failed trial whose configuration a later trial has (sampled again, or queued to
+    run again): that trial's number by the failed one's. ``run_failed_again`` leaves these."""
+    trials = study.get_trials(deepcopy=False)
+    latest = {_configuration(t): t.number for t in trials}
+    return {t.number: latest[_configuration(t)] for t in trials
+            if t.state == TrialState.FAIL and latest[_configuration(t)] != t.number}
+
+
 def first_trials_to_queue(study: optuna.Study | None, config: ExperimentConfig) -> tuple[list[int], list[int]]:
     """The places in ``search.first_trials`` of the trials the study has not been given yet
     (a resume may add some), split into those that fit under ``num_trials`` and those

@@ -294,7 +294,7 @@ def test_a_finished_grids_failed_points_run_again_as_trials_beyond_it(tmp_path, 
     """A grid's failed point was never run again: once the cause was fixed, the grid could
     only be searched anew (audit 27). resume --retry-failed queues each failed trial's
     configuration once, as a trial beyond the grid's size, which the grid's sampler leaves be."""
-    from hpsearch.search.searcher import run_failed_again
+    from hpsearch.search.searcher import failed_configurations_run_since, run_failed_again
 
     config = grid_config(example_config, 6)
     searcher = OptunaSearcher(config, tmp_path, PruneLog())
@@ -313,6 +313,7 @@ def test_a_finished_grids_failed_points_run_again_as_trials_beyond_it(tmp_path, 
     assert [(t.number, t.state.name) for t in trials[6:]] == [(6, "COMPLETE"), (7, "COMPLETE")]
     assert (trials[6].params, trials[7].params) == (trials[1].params, trials[4].params)
     assert run_failed_again(open_study(tmp_path, config.name, config.mode)) == {}  # each has run since
+    assert failed_configurations_run_since(open_study(tmp_path, config.name, config.mode)) == {1: 6, 4: 7}
 
 
 def test_a_started_trial_keeps_its_training_seed_when_a_resume_changes_the_studys_seed(example_config, tmp_path):

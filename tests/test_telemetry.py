@@ -314,7 +314,8 @@ def test_a_search_metric_missing_from_one_epochs_validation_fails_the_trial(tmp_
     from hpsearch.search.reporting import MetricNotLoggedError
 
     data = SlowLoadingData(item_seconds=0.0)
-    with pytest.raises(MetricNotLoggedError, match="'val_acc' was not logged in epoch 2's validation"):
+    missing = r"'val_acc' was not logged in epoch 2's validation \(current_epoch 1 in your code\)"
+    with pytest.raises(MetricNotLoggedError, match=missing):
         reports_of(tmp_path / "every-other", mlp_for(data, ValidatesAccuracyEveryOtherEpoch), data)
     with pytest.raises(MetricNotLoggedError, match="'step_loss' was not logged in epoch 1's validation"):
         reports_of(tmp_path / "training-only", mlp_for(data, LogsEachStep), data, metric="step_loss")
