@@ -214,7 +214,26 @@ def _tune_callbacks(callbacks: Iterable[Any]) -> list[Any]:
 def _run_config(source, overrides, name: str | None, storage: str | None) -> ExperimentConfig:
     """The validated config of a new study: the file, ``overrides``, then ``name``/``storage``."""
     options = {key: value for key, value in (("name", name), ("storage", storage)) if value is not None}
-    return load_config(source, overrides, options)
+    config = load_config(source, overrides, options)
+    if (usual := usual_mode(config.metric)) not in (None, config.mode):
+        # a study's mode cannot change on resume: a wrong one is said before it starts (audit 45)
+        warn_user(f"mode: {config.mode} searches for the {'highest' if config.mode == 'max' else 'lowest'} "
+                  f"{config.metric}, which is usually {'minimized' if usual == 'min' else 'maximized'}; set mode: "
+                  f"{usual} unless that is meant")
+    return config
+
+
+# Words in a metric's name that say which way it is better, as names are usually written
+MINIMIZED_WORDS = {"loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "wer", "cer"}
+MAXIMIZED_WORDS = {"acc", "accuracy", "f1", "auc", "auroc", "precision", "recall", "iou", "dice", "bleu", "map"}
+
+
+def usual_mode(metric: str) -> str | None:
+    """"min" or "max" where the metric's name says which way it is better (``val_loss``,
+    ``val/acc``), else None."""
+    words = set(re.split(r"[^a-z0-9]+", metric.lower()))
+    minimized, maximized = bool(words & MINIMIZED_WORDS), bool(words & MAXIMIZED_WORDS)
+    return "min" if minimized and not maximized else "max" if maximized and not minimized else None
 
 
 def resume(

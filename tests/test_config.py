@@ -730,3 +730,23 @@ def test_init_args_too_deep_for_experiment_yaml_are_refused_naming_the_argument(
     example_config["model"]["init_args"]["extra"] = nested(100)
     kept = load_config(example_config).model_dump(mode="json")
     assert load_yaml(dump_yaml(kept), stored=True)["model"]["init_args"]["extra"] == nested(100)
+
+
+@pytest.mark.parametrize("metric, mode, warned", [
+    ("val_loss", "max", "mode: max searches for the highest val_loss, which is usually minimized; set mode: min"),
+    ("val/acc", "min", "mode: min searches for the lowest val/acc, which is usually maximized; set mode: max"),
+    ("val_loss", "min", None), ("val_acc", "max", None), ("val_score", "min", None),
+])
+def test_a_mode_against_the_metrics_name_is_warned_of_before_the_study_starts(example_config, metric, mode, warned):
+    """``mode: max`` with ``val_loss`` kept the worst trials, and a study's mode cannot
+    change on resume (audit 45)."""
+    import warnings
+
+    from hpsearch.search.api import _run_config
+
+    example_config.update(metric=metric, mode=mode)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run_config(example_config, {}, None, None)
+    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert said == ([f"{warned} unless that is meant"] if warned else []), said
