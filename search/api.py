@@ -63,6 +63,12 @@ class SearchResult:
     finished_before: int = 0  # trials the study had finished when this session began
     stop_reason: str = ""  # why a session that failures stopped ended, and the failures' errors
 
+    def __post_init__(self) -> None:
+        # trials.csv's empty cell is None here: no value (a conditional parameter the trial
+        # did not sample, a telemetry figure it never reported), which '' hid from Python's
+        # comparisons until they raised TypeError (audit 45)
+        self.trials = [{key: None if value == "" else value for key, value in trial.items()} for trial in self.trials]
+
     @property
     def complete(self) -> bool:
         """The study has all its trials."""

@@ -240,3 +240,18 @@ def test_a_stop_for_failures_names_the_commonest_errors_once_each():
         "search stopped: 5 trials in a row failed (failure.max_consecutive_failures), as a fault every trial meets "
         "makes them, or one of much of the space. This session's failures: OSError: disk (3 trials; traceback: "
         "/s/trial_0000/error.txt); MemoryError (1 trial); and 1 other error")
+
+
+def test_the_python_apis_trials_hold_none_where_a_cell_is_empty(tmp_path):
+    """A conditional parameter a trial did not sample was '' in ``result.trials``, and
+    ``trial["model.dropout"] > 0.1`` raised TypeError (audit 45)."""
+    from hpsearch.search.api import SearchResult
+
+    t = table()
+    del t.rows[2]["model.lr"]  # not sampled in trial 2
+    t.save(tmp_path / "trials.csv")
+    rows = read_rows(tmp_path / "trials.csv")
+    assert rows[2]["model.lr"] == "" and rows[3]["best"] == ""  # the file's empty cells
+    trials = SearchResult(tmp_path, "complete", None, rows).trials
+    assert (trials[2]["model.lr"], trials[3]["best"], trials[0]["model.lr"]) == (None, None, 0.01)
+    assert not [key for trial in trials for key, value in trial.items() if value == ""]
