@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 from weakref import proxy
 
@@ -44,6 +45,13 @@ class _OwnStateKey(ModelCheckpoint):
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         state_from_plain_key(checkpoint, self.state_key, self._plain_state_key())
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # The folder is the trial's own: its earlier attempts' checkpoints are there on purpose,
+        # and Lightning's warning of them began every resumed trial's output.log (audit 45).
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_moved_to(state_dict, self.dirpath))

@@ -207,6 +207,23 @@ def test_a_best_epoch_no_epoch_file_was_written_for_is_written_at_the_epochs_end
     assert not list(tmp_path.glob("*.partial"))
 
 
+def test_a_trials_own_checkpoint_folder_holding_its_earlier_checkpoints_is_not_warned_of(tmp_path):
+    """Lightning's "Checkpoint directory ... exists and is not empty" began every resumed
+    trial's output.log: the folder is the trial's own, and holds its checkpoints on purpose."""
+    import warnings
+
+    from hpsearch.search.checkpoint_callbacks import BestCheckpoint
+
+    (tmp_path / "epoch-0000.ckpt").write_bytes(b"an earlier attempt's")
+    best = BestCheckpoint(dirpath=tmp_path, filename="best", monitor="score", mode="max")
+    trainer = pl.Trainer(callbacks=[best], logger=False, enable_progress_bar=False, enable_model_summary=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        best.setup(trainer, None, "fit")
+    assert not [str(w.message) for w in caught if "exists and is not empty" in str(w.message)]
+    assert best.dirpath == str(tmp_path)
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
 def test_sharded_strategies_write_best_themselves(strategy):
     """Their checkpoints are directories of shards, which ``replace_with_copy`` cannot copy."""
