@@ -73,6 +73,10 @@ def resolve_class(section: str, class_path: str) -> type:
         hint = (f" (looked for in the current directory {os.getcwd()} and the installed packages: run hpsearch "
                 f"from the folder that holds {top!r}, or add that folder to PYTHONPATH)"
                 if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] == "lightning":
+            hint = ("; hpsearch runs pytorch_lightning, not the 'lightning' package: import from pytorch_lightning "
+                    "(import pytorch_lightning as pl; lightning.pytorch's classes are pl's), as the two cannot be "
+                    "mixed")  # (audit 45)
         raise ConfigError.single(field, f"cannot import module {module_name!r}: {exc}{hint}") from None
     except Exception as exc:  # the user's module raised while importing
         raise ConfigError.single(field, f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None

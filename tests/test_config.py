@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import inspect
 import os
 import sys
@@ -225,6 +226,22 @@ def test_a_model_built_on_the_lightning_package_is_told_to_use_pytorch_lightning
     assert problem.field == "model.class_path"
     assert "lightning.pytorch.core.module.LightningModule" in problem.message
     assert "import LightningModule from pytorch_lightning" in problem.message
+
+
+def test_a_module_importing_the_lightning_package_is_told_to_use_pytorch_lightning(monkeypatch, tmp_path):
+    """Where the 'lightning' package is not installed (as here), such a model failed with
+    only "No module named 'lightning'" (audit 45)."""
+    pytest.importorskip("pytorch_lightning")
+    if importlib.util.find_spec("lightning") is not None:
+        pytest.skip("the 'lightning' package is installed here")
+    (tmp_path / "users_lightning_models.py").write_text("import lightning as L\n\nclass Net(L.LightningModule):\n"
+                                                       "    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as caught:
+        check_components(load_config(mutated(_set("model/class_path", "users_lightning_models:Net"))))
+    [problem] = caught.value.problems
+    assert problem.field == "model.class_path" and "No module named 'lightning'; hpsearch runs pytorch_lightning, " \
+        "not the 'lightning' package: import from pytorch_lightning" in problem.message, problem
 
 
 def test_the_example_is_valid_and_its_classes_resolve(example_config):
