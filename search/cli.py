@@ -382,12 +382,30 @@ def cmd_check(args) -> int:
     else:
         room = "the cluster's room for them is checked when the search starts"
     print(f"ok: {config.name}: {config.model.class_path} on {config.data.class_path}, "
-          f"{len(config.space)} searched parameters ({', '.join(_said_with_condition(config)) or 'none'}), "
+          f"{counted(len(config.space), 'searched parameter')} ({', '.join(_said_with_condition(config)) or 'none'}), "
           f"{config.metric} ({config.mode}) logged at validation\n"
           f"  {counted(trial_limit(config), 'trial')}{_given_first(config)}, {config.search.max_concurrent} at a time, "
           f"each {trial}; {room}\n"
+          f"{_what_the_preflight_trained(config)}"
           f"  the study would go to {home}")
     return 0
+
+
+def _what_the_preflight_trained(config) -> str:
+    """Which values the preflight trained with: the other values of the space were given to
+    the constructors only, so one that fails later (in configure_optimizers, a step) fails
+    its trials, and ``ok`` does not say otherwise (audit 45)."""
+    if not config.search.preflight:
+        return "  the preflight is off (search.preflight: false): nothing was trained\n"
+    from .preflight import representative_params
+    from .space import sampled_only
+
+    values = ", ".join(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value:.4g}"
+                       if isinstance(value, float) else f"{key}={value}"
+                       for key, value in sampled_only(config, representative_params(config)).items())
+    first = " and each first trial's values" if config.search.first_trials else ""
+    return (f"  trained two steps with {values or 'no searched values'}{first}; the space's other values were given "
+            f"to the constructors only\n")
 
 
 def cmd_resume(args) -> int:
