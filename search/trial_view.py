@@ -172,7 +172,7 @@ def _where(row: dict[str, Any]) -> str:
 def _files(folder: Path) -> str:
     """The files a user looks for in a trial's folder, those it has."""
     present = [name for name in (*SHOWN_FILES, "checkpoints/best.ckpt") if (folder / name).exists()]
-    present += sorted(p.name for p in folder.glob("error-rank*.txt")) + sorted(p.name for p in folder.glob("crash*.txt"))
+    present += sorted(path.name for pattern in ("error-rank*.txt", "crash*.txt") for path in folder.glob(pattern))
     return f" ({', '.join(present)})" if present else " (empty)" if folder.is_dir() else " (not there)"
 
 
