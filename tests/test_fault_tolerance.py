@@ -239,8 +239,9 @@ def test_trial_faults_retry_fail_or_stop_as_each_deserves(tmp_path):
     assert code == 0 and "by epoch: " + "  ".join(f"{epoch}: {value:.4g}" for epoch, value in sorted(values.items())) \
         in shown and sorted(values) == [1, 2, 3], shown
     assert "2 tries" in shown and "resumed from a checkpoint" in shown and "load it" in shown, shown
+    modules = "('torch', 'ray', 'optuna', 'numpy')"
     heavy = subprocess.run([sys.executable, "-c", "import sys; from hpsearch.search.cli import main; "
-                            "main(sys.argv[1:]); print(*(m for m in ('torch', 'ray', 'optuna', 'numpy') if m in sys.modules))",
+                            f"main(sys.argv[1:]); print(*(m for m in {modules} if m in sys.modules))",
                             "status", str(exp_dir), "--trial", "1"], capture_output=True, text=True, cwd=tmp_path)
     assert heavy.stdout.splitlines()[-1] == "", heavy.stdout + heavy.stderr  # read without the heavy stack
     # A process killed at every try (as by the out-of-memory killer) on a node that stays
