@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from .errors import ExperimentError, counted
-from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, trial_name
+from .errors import ExperimentError, counted, resume_command
+from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, read_sessions, trial_name
 from .journal_reader import one_trial
 from .outcome import FIRST_TRIAL
 from .storage import join_uri, study_address
+from .study_lock import dead_holder
+from .trial_watch import CRASH_FILE
 from .trials_table import read_rows
 
 if TYPE_CHECKING:
@@ -40,9 +42,14 @@ def print_trial(exp: ExperimentDir, number: int, console: Console, mirror: Mirro
     record = one_trial(exp.root / STUDY_FILE, number, FIRST_TRIAL)
     row = rows.get(number)
     if row is None:
+        running = _a_search_runs(exp)
         if record.get("queued"):
-            raise ExperimentError(f"trial {number} is queued in the study and has not started; "
-                                  f"`hpsearch resume {study_address(exp.root)}` runs it")
+            runs_it = "the search running on it runs it" if running else \
+                f"`{resume_command(exp.root)}` runs it"
+            raise ExperimentError(f"trial {number} is queued in the study and has not started; {runs_it}")
+        if "queued" in record:  # handed out, and its row not written yet (audit 46)
+            raise ExperimentError(f"trial {number} is starting: the study has it, trials.csv not yet"
+                                  + ("; ask again in a moment" if running else ""))
         held = f"its trials: {min(rows)}-{max(rows)}" if rows else "it has no trial yet"
         raise ExperimentError(f"{exp.root} has no trial {number} ({held})")
 
@@ -68,13 +75,14 @@ def print_trial(exp: ExperimentDir, number: int, console: Console, mirror: Mirro
     folder = exp.trial_dir(trial_name(number))
     if mirror is not None:
         mirror.pull(*trial_files(number, row))
+    checkpoint = f"trials/{trial_name(number)}/checkpoints/best.ckpt"
+    kept = (exp.root / checkpoint).exists() or (mirror is not None and mirror.exists(checkpoint))
     shown = join_uri(mirror.uri, f"trials/{trial_name(number)}") if mirror is not None else folder
-    line("folder", f"{shown}{_files(folder)}")
+    line("folder", f"{shown}{_files(folder, kept)}")
     runs = sorted(p.name for p in exp.tensorboard_dir.glob(f"{trial_name(number)}*") if p.is_dir())
     if runs:
         line("TensorBoard", f"run {runs[0]} (hpsearch tensorboard {study_address(exp.root)})")
-    checkpoint = f"trials/{trial_name(number)}/checkpoints/best.ckpt"
-    if (exp.root / checkpoint).exists() or (mirror is not None and mirror.exists(checkpoint)):
+    if kept:
         line("load it", f"hpsearch.load_trial({str(study_address(exp.root))!r}, {number})")
     traceback = _traceback(folder)
     if traceback is not None:
@@ -90,7 +98,9 @@ def trial_files(number: int, row: dict[str, Any]) -> list[str]:
     """The files of a trial's folder that ``print_trial`` reads or names, relative to the
     study: each rank's traceback of a distributed trial among them."""
     ranks = row.get("world_size") if isinstance(row.get("world_size"), int) else 1
-    names = [*SHOWN_FILES, "crash.txt", *(f"error-rank{rank}.txt" for rank in range(ranks) if ranks > 1)]
+    names = [*SHOWN_FILES, CRASH_FILE]
+    if ranks > 1:  # rank 0's crash account is crash.txt (trial_watch.crash_file)
+        names += [f"error-rank{rank}.txt" for rank in range(ranks)] + [f"crash-rank{rank}.txt" for rank in range(1, ranks)]
     return [f"trials/{trial_name(number)}/{name}" for name in names]
 
 
@@ -119,19 +129,26 @@ def _value(key: str, value: Any, spec: dict[str, Any]) -> str:
 
 def _metric(row: dict[str, Any], values: dict[int, Any], mode: str) -> str:
     """Its best value and the epoch of it, its last, and each epoch's (the journal's record
-    of its reports)."""
-    if not values and row.get("best") in (None, ""):
-        return "no value reported"
+    of its reports; trials.csv's best and last lag it while the trial runs, audit 46)."""
     scored = {epoch: value for epoch, value in values.items() if isinstance(value, (int, float)) and value == value}
-    at = ""
+    if not scored and row.get("best") in (None, ""):
+        return "no value reported"
+    best, last, at = row.get("best"), row.get("last"), ""
     if scored:
         best_epoch = (max if mode == "max" else min)(sorted(scored), key=scored.__getitem__)
-        at = f" at epoch {best_epoch}"
-    text = f"best {_number(row.get('best'))}{at} ({mode}), last {_number(row.get('last'))}, " \
-           f"after {counted(row.get('epochs') or len(values), 'epoch')}"
+        best, last, at = scored[best_epoch], values[max(values)], f" at epoch {best_epoch}"
+    epochs = max(row.get("epochs") or 0, max(values, default=0))
+    text = f"best {_number(best)}{at} ({mode}), last {_number(last)}, after {counted(epochs, 'epoch')}"
     if values:
         text += "; by epoch: " + "  ".join(f"{epoch}: {_number(values[epoch])}" for epoch in sorted(values))
     return text
+
+
+def _a_search_runs(exp: ExperimentDir) -> bool:
+    """Whether a search is running on the study, as ``status`` tells it: its last session
+    is still running and its driver is not known to be gone."""
+    last = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
+    return last.get("outcome") == "running" and dead_holder(exp) is None
 
 
 def _times(row: dict[str, Any]) -> str:
@@ -169,16 +186,19 @@ def _where(row: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _files(folder: Path) -> str:
+def _files(folder: Path, checkpoint_kept: bool) -> str:
     """The files a user looks for in a trial's folder, those it has."""
-    present = [name for name in (*SHOWN_FILES, "checkpoints/best.ckpt") if (folder / name).exists()]
+    present = [name for name in SHOWN_FILES if (folder / name).exists()]
+    present += ["checkpoints/best.ckpt"] if checkpoint_kept else []
     present += sorted(path.name for pattern in ("error-rank*.txt", "crash*.txt") for path in folder.glob(pattern))
     return f" ({', '.join(present)})" if present else " (empty)" if folder.is_dir() else " (not there)"
 
 
 def _traceback(folder: Path) -> tuple[Path, list[str]] | None:
-    """The trial's traceback (a rank's, for a distributed trial whose ranks wrote their own)."""
-    for path in [folder / TRIAL_TRACEBACK, *sorted(folder.glob("error-rank*.txt"))]:
+    """The trial's traceback (a rank's, for a distributed trial whose ranks wrote their own),
+    else its process's own account of a native crash (faulthandler's, ``trial_watch``)."""
+    for path in [folder / TRIAL_TRACEBACK, *sorted(folder.glob("error-rank*.txt")), folder / CRASH_FILE,
+                 *sorted(folder.glob("crash-rank*.txt"))]:
         try:
             text = path.read_text(errors="replace")
         except OSError:

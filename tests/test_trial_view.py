@@ -3,6 +3,8 @@ the view of a real search's trials is checked in test_fault_tolerance."""
 
 from __future__ import annotations
 
+import io
+
 from hpsearch.search.config_loading import load_config
 from hpsearch.search.experiment import STUDY_FILE
 from hpsearch.search.outcome import PruneLog
@@ -30,3 +32,53 @@ def test_the_journal_gives_each_epochs_value_and_whether_a_trial_is_queued_or_a_
     assert one_trial(journal, 1, FIRST_TRIAL) == {"values": {1: 0.5, 2: 0.7}, "queued": False, FIRST_TRIAL: None}
     assert one_trial(journal, 2, FIRST_TRIAL) == {"values": {}}  # no such trial
     assert one_trial(tmp_path / "none.journal", 0, FIRST_TRIAL) == {"values": {}}
+
+
+def test_a_trial_handed_out_or_queued_without_a_row_is_said_so_and_who_runs_it(example_config, tmp_path):
+    """Before its row is written, a handed-out trial was "no trial 0 (it has no trial yet)",
+    and a queued one was told to be run by a resume while a search ran on the study
+    (audit 46)."""
+    import time
+
+    import pytest
+    from rich.console import Console
+
+    from hpsearch.search.errors import ExperimentError
+    from hpsearch.search.experiment import ExperimentDir, record_session, write_config
+    from hpsearch.search.study_lock import study_lock
+    from hpsearch.search.trial_view import print_trial
+
+    example_config["search"]["first_trials"] = [{"model.lr": 0.002}, {"model.lr": 0.003}]
+    config = load_config(example_config)
+    exp = ExperimentDir.create(str(tmp_path), config.name)
+    write_config(exp, config.model_dump(mode="json"))
+    queue_first_trials(open_study(exp.root, config.name, config.mode), config)
+    OptunaSearcher(config, exp.root, PruneLog()).suggest("a")  # trial 0 handed out; 1 still queued
+
+    def said(number: int) -> str:
+        with pytest.raises(ExperimentError) as caught:
+            print_trial(exp, number, Console())
+        return str(caught.value)
+
+    assert said(0) == "trial 0 is starting: the study has it, trials.csv not yet"
+    assert said(1) == f"trial 1 is queued in the study and has not started; `hpsearch resume {exp.root}` runs it"
+    with study_lock(exp):  # as a search holds it, with its session running
+        record_session(exp, time.time(), None, "running")
+        assert said(0) == "trial 0 is starting: the study has it, trials.csv not yet; ask again in a moment"
+        assert said(1) == "trial 1 is queued in the study and has not started; the search running on it runs it"
+    assert said(2) == f"{exp.root} has no trial 2 (it has no trial yet)"
+    # Running, its row written before its reports reached trials.csv: the journal's values are its best and last
+    from hpsearch.search.trials_table import TrialsTable
+
+    searcher = OptunaSearcher(config, exp.root, PruneLog())
+    assert searcher.suggest("b")["hps_trial_number"] == 0  # trial 0 again, which its session left running
+    for epoch, value in enumerate([0.5, 0.75, 0.7], start=1):
+        searcher.on_trial_result("b", {"val_acc": value, "epoch": epoch})
+    table = TrialsTable(config.metric, config.mode, list(config.space))
+    table.row(0).update(state="RUNNING", reason="")
+    table.save(exp.trials_csv)
+    console = Console(file=io.StringIO(), width=300)
+    print_trial(exp, 0, console)
+    shown = console.file.getvalue()
+    assert "best 0.75 at epoch 2 (max), last 0.7, after 3 epochs; by epoch: 1: 0.5  2: 0.75  3: 0.7" in shown, shown
+    assert "given by search.first_trials" in shown, shown
