@@ -146,8 +146,8 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any, source: st
     definition replaces the old one whole (its keys depend on its type), and ``null``
     removes it (one file then serves a model without that argument). A number reaches
     into a list by place (``search.first_trials.1.model.lr``); the next place adds an
-    item, and a value given for a whole item replaces it. ``null`` for a first trial's
-    parameter takes it out of the trial, which then samples it. ``source`` names the
+    item, a value given for a whole item replaces it, and ``null`` takes the item out. ``null``
+    for a first trial's parameter takes it out of the trial, which then samples it. ``source`` names the
     override in errors (``--set``, or the API's ``overrides``).
     """
     *parents, last = split_field(dotted_key)
@@ -163,7 +163,7 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any, source: st
         else:
             child = node.get(key)
             if child is None:
-                child = node[key] = [] if _starts_a_list(parents, index) else {}
+                child = node[key] = [] if _starts_a_list(path, [*parents, last][index + 1]) else {}
                 created.append(path)
         if not isinstance(child, (dict, list)):
             raise ConfigError.single(dotted_key, f"cannot descend into {'.'.join(path)!r}, which is not a "
@@ -172,6 +172,9 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any, source: st
     path = (*parents, last)
     if isinstance(node, list):
         place = _place_in(node, last, dotted_key, tuple(parents), source)
+        if value is None and place < len(node):  # the item is taken out; those after it move up a place
+            del node[place]
+            return [*created, tuple(parents)]
         if place == len(node):
             node.append(None)
         node[place] = copy.deepcopy(value)  # an item is replaced whole, as a parameter is
@@ -198,9 +201,10 @@ def _place_in(items: list[Any], key: str, dotted_key: str, path: tuple[str, ...]
     raise ConfigError.single(dotted_key, f"{field} is a list: {held}{field}.{len(items)} adds one", source=source)
 
 
-def _starts_a_list(parents: list[str], index: int) -> bool:
-    """Whether a key the tree lacks is a list's: the key after it is a place."""
-    return index + 1 < len(parents) and parents[index + 1].isdigit()
+def _starts_a_list(path: tuple[str, ...], next_key: str) -> bool:
+    """Whether a key the tree lacks is a list's: the key after it is a place, or the schema
+    has a list there (so a place that is no number is said to be one)."""
+    return next_key.isdigit() or path == ("search", "first_trials")
 
 
 def _lines_replaced(lines: LineMap, raw: dict[str, Any], paths: list[tuple[str, ...]]) -> LineMap:

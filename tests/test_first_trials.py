@@ -125,19 +125,26 @@ def test_set_reaches_into_one_first_trial_adds_one_or_replaces_one(example_confi
                                           {"model.lr": 0.07}]
     config = load_config(path, ["search.first_trials.1={model.channels: 16}"])
     assert config.search.first_trials == [{"model.lr": 0.01}, {"model.channels": 16}]
-    # a list the file lacks starts at place 0
+    assert load_config(path, ["search.first_trials.0=null"]).search.first_trials == [  # taken out
+        {"model.lr": 0.02, "model.channels": 8}]
+    # a list the file lacks starts at place 0, reached into or given whole (audit 46: a dict was made)
     example_config["search"].pop("first_trials")
     config = load_config(example_config, {"search.first_trials.0.model.lr": 0.03})
     assert config.search.first_trials == [{"model.lr": 0.03}]
+    config = load_config(example_config, ["search.first_trials.0={model.lr: 0.03}",
+                                          "search.first_trials.1.model.lr=0.04"])
+    assert config.search.first_trials == [{"model.lr": 0.03}, {"model.lr": 0.04}]
+    assert load_config(example_config, ["model.init_args.sizes.0=32"]).model.init_args["sizes"] == [32]
     with pytest.raises(ConfigError) as caught:
         load_config(path, ["search.first_trials.3.model.lr=0.05"])
     assert str(caught.value.problems[0]) == (
         "search.first_trials.3.model.lr (--set): search.first_trials is a list: its items are search.first_trials.0 "
         "to search.first_trials.1, and search.first_trials.2 adds one"), caught.value.problems
-    with pytest.raises(ConfigError) as caught:  # a list the file lacks, reached past its start (audit 45)
-        load_config(example_config, {"search.first_trials.1.model.lr": 0.05})
-    assert str(caught.value.problems[0]) == ("search.first_trials.1.model.lr (overrides): search.first_trials is a "
-                                             "list: it is empty; search.first_trials.0 adds one")
+    for place in ("1", "x"):  # a list the file lacks, reached past its start (audit 45) or by a name (audit 46)
+        with pytest.raises(ConfigError) as caught:
+            load_config(example_config, {f"search.first_trials.{place}.model.lr": 0.05})
+        assert str(caught.value.problems[0]) == (f"search.first_trials.{place}.model.lr (overrides): search."
+                                                 "first_trials is a list: it is empty; search.first_trials.0 adds one")
     # null takes a value out of a first trial, which then samples it (audit 45: it was refused as a choice)
     config = load_config(path, ["search.first_trials.1.model.channels=null"])
     assert config.search.first_trials == [{"model.lr": 0.01}, {"model.lr": 0.02}]
