@@ -380,7 +380,8 @@ def _run_failed_again(study) -> None:
               f"the failed trials stay in the study as they ended", flush=True)
     elif not since:
         print("no failed trial to run again", flush=True)
-    run_since = {failed: later for failed, later in since.items() if failed not in queued}
+    # (not those whose later trial failed too: that one runs again, as said above; audit 46)
+    run_since = {failed: later for failed, later in since.items() if failed not in queued and later not in queued}
     if run_since:  # (audit 45: they were left without a word)
         pairs = ", ".join(f"{failed} as {later}" for failed, later in sorted(run_since.items()))
         print(f"not running again {counted(len(run_since), 'failed trial')} whose configuration a later trial has "

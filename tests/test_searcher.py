@@ -316,6 +316,35 @@ def test_a_finished_grids_failed_points_run_again_as_trials_beyond_it(tmp_path, 
     assert failed_configurations_run_since(open_study(tmp_path, config.name, config.mode)) == {1: 6, 4: 7}
 
 
+def test_retry_failed_names_the_failed_trials_it_leaves_and_not_those_whose_retry_failed_too(
+        tmp_path, example_config, capsys):
+    """A second --retry-failed after the retries failed again said it ran them again and, in
+    the next line, that the first failures' configurations were not run again (audit 46); a
+    failure whose configuration a later trial ran was left without a word (audit 45)."""
+    from hpsearch.search.api import _run_failed_again
+
+    config = grid_config(example_config, 6)
+    searcher = OptunaSearcher(config, tmp_path, PruneLog())
+    for trial_id in "abcdef":
+        searcher.suggest(trial_id)
+        searcher.on_trial_complete(trial_id, None, error=trial_id in "be")  # trials 1 and 4 failed
+    _run_failed_again(open_study(tmp_path, config.name, config.mode))
+    assert capsys.readouterr().out == ("running again the configurations of 2 failed trials (trial 1 as 6, 4 as 7); "
+                                       "the failed trials stay in the study as they ended\n")
+    again = OptunaSearcher(config, tmp_path, PruneLog())
+    for trial_id in "gh":  # and fail again
+        again.suggest(trial_id)
+        again.on_trial_complete(trial_id, None, error=True)
+    _run_failed_again(open_study(tmp_path, config.name, config.mode))
+    assert capsys.readouterr().out == ("running again the configurations of 2 failed trials (trial 6 as 8, 7 as 9); "
+                                       "the failed trials stay in the study as they ended\n")
+    last = OptunaSearcher(config, tmp_path, PruneLog())
+    run_trials(last, "ij")  # they pass
+    _run_failed_again(open_study(tmp_path, config.name, config.mode))
+    assert capsys.readouterr().out == ("not running again 4 failed trials whose configuration a later trial has "
+                                       "(trial 1 as 8, 4 as 9, 6 as 8, 7 as 9)\n")
+
+
 def test_a_started_trial_keeps_its_training_seed_when_a_resume_changes_the_studys_seed(example_config, tmp_path):
     """trials.csv kept a paused trial's seed, and the resume's warning said it kept it, but
     the trial was seeded again from the new search.seed: a DataModule that splits with the
