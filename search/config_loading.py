@@ -361,10 +361,12 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
 # Lightning's Trainer arguments that hpsearch takes elsewhere, as users write them under trainer
 TRAINER_ARGUMENTS_ELSEWHERE = {
     "max_epochs": "scheduler.max_epochs", "max_time": "search.time_budget_s",
-    "devices": "resources.gpus_per_worker or resources.workers_per_trial",
-    "num_nodes": "resources.workers_per_trial", "accelerator": "resources.gpus_per_worker (0: the CPU)",
+    "devices": "resources.gpus_per_trial (or, for DDP, resources.workers_per_trial)",
+    "num_nodes": "resources.workers_per_trial", "accelerator": "resources.gpus_per_trial (0: the CPU)",
     "gradient_clip": "trainer.gradient_clip_val", "callbacks": "your LightningModule's configure_callbacks()",
 }
+# The sections of settings, whose keys are sometimes put in one another (or at the top)
+SETTINGS_SECTIONS = ("search", "scheduler", "trainer", "loader", "resources", "failure")
 
 
 def meant_key(loc: list[str]) -> str | None:
@@ -380,14 +382,19 @@ def meant_key(loc: list[str]) -> str | None:
     known.update({(name, inner): None for name, model in sections.items()
                   if isinstance(model, type) and issubclass(model, BaseModel) for inner in model.model_fields})
     *parent, key = loc
-    if tuple(parent) == ("trainer",) and key in TRAINER_ARGUMENTS_ELSEWHERE:
-        return TRAINER_ARGUMENTS_ELSEWHERE[key]
+    if tuple(parent) == ("trainer",):
+        lightning = difflib.get_close_matches(key, TRAINER_ARGUMENTS_ELSEWHERE, n=1, cutoff=0.85)
+        if lightning:  # max_epoch too
+            return TRAINER_ARGUMENTS_ELSEWHERE[lightning[0]]
     beside = [path[-1] for path in known if list(path[:-1]) == parent]
     close = difflib.get_close_matches(key, beside, n=1, cutoff=0.75)
     containing = [name for name in beside if len(key) > 3 and key in name]  # patience: early_stopping_patience
     if close or len(containing) == 1:
         return ".".join([*parent, (close or containing)[0]])
-    elsewhere = [".".join(path) for path in known if path[-1] == key and list(path[:-1]) != parent]
+    if parent and (len(parent) > 1 or parent[0] not in SETTINGS_SECTIONS):
+        return None  # inside a space parameter or a class's section: no other section's key goes there (audit 46)
+    elsewhere = [".".join(path) for path in known if path[-1] == key and list(path[:-1]) != parent
+                 and (len(path) == 1 or path[0] in SETTINGS_SECTIONS)]
     return elsewhere[0] if len(elsewhere) == 1 else None
 
 
