@@ -403,7 +403,8 @@ def _what_the_preflight_trained(config) -> str:
     values = ", ".join(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value:.4g}"
                        if isinstance(value, float) else f"{key}={value}"
                        for key, value in sampled_only(config, representative_params(config)).items())
-    first = " and each first trial's values" if config.search.first_trials else ""
+    first = (", and with each first trial's values unless a warning above says its time ran out"
+             if config.search.first_trials else "")
     return (f"  trained two steps with {values or 'no searched values'}{first}; the space's other values were given "
             f"to the constructors only\n")
 

@@ -760,6 +760,7 @@ def test_init_args_too_deep_for_experiment_yaml_are_refused_naming_the_argument(
     ("val_loss", "max", "mode: max searches for the highest val_loss, which is usually minimized; set mode: min"),
     ("val/acc", "min", "mode: min searches for the lowest val/acc, which is usually maximized; set mode: max"),
     ("val_loss", "min", None), ("val_acc", "max", None), ("val_score", "min", None),
+    ("val_neg_loss", "max", None), ("val_1-acc", "min", None),  # turned around (audit 46)
 ])
 def test_a_mode_against_the_metrics_name_is_warned_of_before_the_study_starts(example_config, metric, mode, warned):
     """``mode: max`` with ``val_loss`` kept the worst trials, and a study's mode cannot
