@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from .components import build_datamodule, build_model, raised_at, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
-from .devices import loader_options, resolve_precision
+from .devices import loader_in_use, loader_options, resolve_precision
 from .errors import ConfigError, warn_user
 from .lightning_trainer import ctrl_c_interrupts, lightning_quieted
 from .space import sampled_only, with_value
@@ -201,6 +201,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.batches["limit_train_batches"] = _length(trainer.train_dataloader)
+            self.loader_workers = loader_in_use(trainer.train_dataloader)["hps_num_workers"]
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.phase = f"training batch {batch_idx + 1}"
@@ -252,7 +253,22 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
                                                      f"{exc}{_relative_path_note(exc)}{_at(exc)}"
                                                      f"{'; it ran' + searched if searched else ''}")]) from None
     _limits_leave_batches(config, settings, params, watch.batches)
+    if blame is None:  # the preflight's own values, once
+        _warn_of_loader_workers_of_its_own(config, data_class, getattr(watch, "loader_workers", 0))
     return watch.logged, watch.in_training
+
+
+def _warn_of_loader_workers_of_its_own(config: ExperimentConfig, data_class: type, workers: int) -> None:
+    """The preflight gives the DataModule no loader workers (``num_workers=0``): any its
+    training DataLoader starts are its own choice, which hpsearch's ``loader`` does not size
+    to the trial. More than the CPUs a trial worker holds share them with training, unseen
+    (audit 45; a number given in init_args or searched is warned of by ``loader_setting_warnings``)."""
+    cpus = config.resources.worker_cpus
+    given = "num_workers" in config.data.init_args or "data.num_workers" in config.space
+    if workers > cpus and not given:
+        warn_user(f"{data_class.__name__}'s training DataLoader starts {workers} loader processes of its own, which "
+                  f"share the {cpus:g} CPU(s) each trial worker holds with its training: give its constructor a "
+                  f"num_workers argument for its DataLoaders, which hpsearch sizes to the trial (loader.num_workers)")
 
 
 def _length(loaders: Any) -> int | None:

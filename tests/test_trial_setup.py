@@ -150,6 +150,26 @@ def test_trials_csv_gets_what_the_training_dataloaders_use_not_hpsearchs_options
     assert loader_in_use(iter([1, 2])) == {}  # not a DataLoader: nothing to say
 
 
+def test_a_datamodules_own_loader_workers_beyond_a_trials_cpus_are_warned_of(example_config, monkeypatch):
+    """A DataLoader that fixes its own num_workers takes nothing hpsearch sizes to the trial:
+    more workers than its CPUs shared them with training, unseen (audit 45)."""
+    from hpsearch.search.components import check_components
+    from hpsearch.search.preflight import run_preflight
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["data"] = {"class_path": "userpkg.conditional:OwnLoaderWorkers", "init_args": {}}
+    for cpus, warned in ((1, True), (2, False)):
+        config = load_config(example_config, [f"resources.cpus_per_trial={cpus}"])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run_preflight(config, *check_components(config))
+        said = [str(w.message) for w in caught if "loader processes of its own" in str(w.message)]
+        assert said == (["OwnLoaderWorkers's training DataLoader starts 2 loader processes of its own, which share "
+                         "the 1 CPU(s) each trial worker holds with its training: give its constructor a num_workers "
+                         "argument for its DataLoaders, which hpsearch sizes to the trial (loader.num_workers)"]
+                        if warned else []), said
+
+
 def test_loader_settings_that_cannot_act_are_warned_of(example_config, monkeypatch):
     from hpsearch.search.components import check_components
     from hpsearch.search.devices import loader_setting_warnings
