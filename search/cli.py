@@ -51,12 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("experiment_dir")
     status.add_argument("--all", action="store_true", dest="every_trial",
                         help="every trial (past 40 only the latest, those running or paused, and the best)")
-    status.add_argument("--top", type=_count, metavar="N",
+    status.add_argument("--top", type=_whole_number(1, "a count of trials"), metavar="N",
                         help="the N trials of the best values of the metric, best first")
     status.add_argument("--state", action="append", type=str.upper, metavar="STATE", dest="states",
                         choices=["COMPLETE", "PRUNED", "FAILED", "RUNNING", "PAUSED"],
                         help="only trials in this state: complete, pruned, failed, running or paused (repeatable)")
-    status.add_argument("--trial", type=_trial_number, metavar="N",
+    status.add_argument("--trial", type=_whole_number(0, "a trial number"), metavar="N",
                         help="trial N in full: its values, its metric at each epoch, its time, where it ran, its "
                              "files, the end of its traceback, how to load it")
 
@@ -103,24 +103,18 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
                         help="show what the trials print (your code's output too), with Ray's and Lightning's")
 
 
-def _count(text: str) -> int:
-    try:
-        count = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"{count} is not a count of trials (1 or more)")
-    return count
+def _whole_number(least: int, what: str):
+    """An argparse type: a whole number of at least ``least``, called ``what`` in its errors."""
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if number < least:
+            raise argparse.ArgumentTypeError(f"{number} is not {what} ({least} or more)")
+        return number
 
-
-def _trial_number(text: str) -> int:
-    try:
-        number = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a trial number") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{number} is not a trial number (0 or more)")
-    return number
+    return parse
 
 
 def _port(text: str) -> int:
