@@ -391,16 +391,12 @@ def _what_the_preflight_trained(config) -> str:
     its trials, and ``ok`` does not say otherwise (audit 45)."""
     if not config.search.preflight:
         return "  the preflight is off (search.preflight: false): nothing was trained\n"
-    from .preflight import representative_params
-    from .space import sampled_only
+    from .preflight import trained_with
 
-    values = ", ".join(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value:.4g}"
-                       if isinstance(value, float) else f"{key}={value}"
-                       for key, value in sampled_only(config, representative_params(config)).items())
     first = (", and with each first trial's values unless a warning above says its time ran out"
              if config.search.first_trials else "")
-    return (f"  trained two steps with {values or 'no searched values'}{first}; the space's other values were given "
-            f"to the constructors only\n")
+    return (f"  trained two steps{trained_with(config) or ' with no searched values'}{first}; the space's other "
+            f"values were given to the constructors only\n")
 
 
 def cmd_resume(args) -> int:

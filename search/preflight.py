@@ -48,6 +48,12 @@ def representative_params(config: ExperimentConfig) -> dict[str, Any]:
     return values
 
 
+def trained_with(config: ExperimentConfig) -> str:
+    """The searched values the preflight trains with, as its errors show them
+    (`` with the searched values model.lr=0.00316228, ...``; empty with none searched)."""
+    return _searched(config, sampled_only(config, representative_params(config)))
+
+
 def run_preflight(config: ExperimentConfig, model_class: type, data_class: type) -> list[str]:
     """Train one step and validate one batch; return the metrics the model logged at
     validation. Raises ``ConfigError``."""

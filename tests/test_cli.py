@@ -91,8 +91,8 @@ def test_check_validates_as_run_does_with_no_ray_and_no_directory(tmp_path):
     assert f"ok: {config['name']}: cnn on digits, 1 searched parameter (model.lr), val_acc (max) logged at " \
            f"validation" in out.stdout, out.stdout
     # which values it trained with: the others went to the constructors only (audit 45: ok implied all had run)
-    assert "\n  trained two steps with model.lr=0.01; the space's other values were given to the constructors " \
-           "only\n" in out.stdout, out.stdout
+    assert "\n  trained two steps with the searched values model.lr=0.01; the space's other values were given to " \
+           "the constructors only\n" in out.stdout, out.stdout
     # Without --address, run starts a Ray here: check says how many trials this machine holds.
     assert re.search(r"this machine \(\d+ CPUs, 0 GPUs\) holds \d+ at a time", out.stdout), out.stdout
     assert "the search ends after 3 trials" in out.stderr and "\n  3 trials, 2 at a time" in out.stdout, out
