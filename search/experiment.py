@@ -223,6 +223,11 @@ def read_sessions(exp: ExperimentDir) -> list[dict[str, Any]]:
         return []
 
 
+def latest_session(exp: ExperimentDir) -> dict[str, Any]:
+    """The study's latest session in ``sessions.json`` (by its start), or {} before any."""
+    return max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
+
+
 def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None, outcome: str,
                    search_complete: bool = False, address: str | None = None,
                    finished_before: int | None = None) -> None:

@@ -20,7 +20,7 @@ from rich.text import Text
 from .errors import counted, resume_command
 from .journal_reader import WAITING, trial_states
 from .outcome import SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
-from .experiment import STUDY_FILE, ExperimentDir, read_sessions
+from .experiment import STUDY_FILE, ExperimentDir, latest_session
 from .storage import study_address
 from .study_lock import dead_holder, holder
 from .time_left import time_left
@@ -100,7 +100,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
                       f"`{resume_command(exp.root)}` runs {'it' if queued == 1 else 'them'}.", markup=False,
                       soft_wrap=True)
     running = [str(row["trial"]) for row in rows if row.get("state") == "RUNNING"]
-    last_session = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
+    last_session = latest_session(exp)
     # A session still "running" whose driver is gone was killed (before any trial had a
     # row, say, or during the test evaluation): say so even with no trial left RUNNING.
     which, them = (f"trial {running[0]} is", "it") if len(running) == 1 else (

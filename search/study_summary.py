@@ -13,7 +13,7 @@ from typing import Any
 
 from .config import SchedulerConfig
 from .config_loading import flat_settings
-from .experiment import ExperimentDir, distinct_labels, read_sessions
+from .experiment import ExperimentDir, distinct_labels, latest_session, read_sessions
 from .outcome import FINISHED_STATES, PAUSED, RUNNING
 from .study_lock import dead_holder
 from .trials_table import TrialsTable, read_rows
@@ -86,7 +86,7 @@ def summarize(exp: ExperimentDir) -> StudySummary:
 def _search_running(exp: ExperimentDir) -> bool:
     """The report and ``compare`` of a study being searched said that its search had ended
     before evaluating the best trial, and that ``resume`` would (the lock refuses it)."""
-    last = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
+    last = latest_session(exp)
     return last.get("outcome") == "running" and dead_holder(exp) is None
 
 

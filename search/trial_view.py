@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from .errors import ExperimentError, counted, resume_command
-from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, read_sessions, trial_name
+from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, latest_session, trial_name
 from .journal_reader import one_trial
 from .outcome import FIRST_TRIAL
 from .storage import join_uri, study_address
@@ -147,7 +147,7 @@ def _metric(row: dict[str, Any], values: dict[int, Any], mode: str) -> str:
 def _a_search_runs(exp: ExperimentDir) -> bool:
     """Whether a search is running on the study, as ``status`` tells it: its last session
     is still running and its driver is not known to be gone."""
-    last = max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
+    last = latest_session(exp)
     return last.get("outcome") == "running" and dead_holder(exp) is None
 
 
