@@ -207,7 +207,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.batches["limit_train_batches"] = _length(trainer.train_dataloader)
-            self.loader_workers = loader_in_use(trainer.train_dataloader)["hps_num_workers"]
+            self.loader_workers = loader_in_use(trainer.train_dataloader).get("hps_num_workers", 0)
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.phase = f"training batch {batch_idx + 1}"

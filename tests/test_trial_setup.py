@@ -168,6 +168,10 @@ def test_a_datamodules_own_loader_workers_beyond_a_trials_cpus_are_warned_of(exa
                          "the 1 CPU(s) each trial worker holds with its training: give its constructor a num_workers "
                          "argument for its DataLoaders, which hpsearch sizes to the trial (loader.num_workers)"]
                         if warned else []), said
+    # training batches that are no DataLoader (an iterable, which Lightning takes) have no workers to count
+    example_config["data"] = {"class_path": "userpkg.conditional:BatchesOfItsOwn", "init_args": {}}
+    config = load_config(example_config, ["resources.cpus_per_trial=1"])
+    assert "val_acc" in run_preflight(config, *check_components(config))
 
 
 def test_loader_settings_that_cannot_act_are_warned_of(example_config, monkeypatch):
