@@ -54,7 +54,10 @@ def load_config(
     # A mapping comes from the Python API (run/check/resume's ``overrides``), key=value
     # strings from the command line's --set (or the same syntax given to the API).
     overrides_label = "overrides" if isinstance(overrides, Mapping) else SET
-    for key, value in parse_overrides(overrides).items():
+    for key, value in parse_overrides(overrides):
+        if value is None and _is_first_trial(split_field(key)):
+            lines = _first_trial_taken_out(raw, lines, key, overrides_label)
+            continue
         paths = apply_override(raw, key, value, overrides_label)
         lines = _lines_replaced(lines, raw, paths)
         for path in paths:
@@ -120,17 +123,19 @@ def _collect_lines(node: yaml.Node, prefix: tuple[str, ...], lines: LineMap, ori
             _collect_lines(item_node, path, lines, origin)
 
 
-def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
-    """``["a.b=1"]`` or ``{"a.b": 1}`` to a dict; values are parsed as YAML scalars."""
+def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``["a.b=1"]`` or ``{"a.b": 1}`` to (key, value) pairs in the order given, a key given
+    twice twice (taking a first trial out moves the later ones: the order matters, audit 47);
+    values are parsed as YAML scalars."""
     if isinstance(overrides, Mapping):
-        return dict(overrides)
-    parsed: dict[str, Any] = {}
+        return list(overrides.items())
+    parsed: list[tuple[str, Any]] = []
     for item in overrides:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ConfigError.single("--set", f"{item!r} is not of the form key=value")
         try:
-            parsed[key.strip()] = load_yaml(value) if value.strip() else None
+            parsed.append((key.strip(), load_yaml(value) if value.strip() else None))
         except yaml.YAMLError:
             raise ConfigError.single(key.strip(), f"--set value {value!r} is not valid YAML") from None
     return parsed
@@ -146,9 +151,10 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any, source: st
     definition replaces the old one whole (its keys depend on its type), and ``null``
     removes it (one file then serves a model without that argument). A number reaches
     into a list by place (``search.first_trials.1.model.lr``); the next place adds an
-    item, a value given for a whole item replaces it, and ``null`` takes the item out. ``null``
-    for a first trial's parameter takes it out of the trial, which then samples it. ``source`` names the
-    override in errors (``--set``, or the API's ``overrides``).
+    item, and a value given for a whole item replaces it (``null`` for a whole first trial
+    takes it out: ``_first_trial_taken_out``). ``null`` for a first trial's parameter takes
+    it out of the trial, which then samples it. ``source`` names the override in errors
+    (``--set``, or the API's ``overrides``).
     """
     *parents, last = split_field(dotted_key)
     node, created = tree, []
@@ -172,9 +178,6 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any, source: st
     path = (*parents, last)
     if isinstance(node, list):
         place = _place_in(node, last, dotted_key, tuple(parents), source)
-        if value is None and place < len(node):  # the item is taken out; those after it move up a place
-            del node[place]
-            return [*created, tuple(parents)]
         if place == len(node):
             node.append(None)
         node[place] = copy.deepcopy(value)  # an item is replaced whole, as a parameter is
@@ -189,6 +192,33 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any, source: st
         return created
     node[last] = _merged(node.get(last), value, path)
     return [*created, path, *_leaf_paths(value, path)]
+
+
+def _is_first_trial(path: tuple[str, ...]) -> bool:
+    return len(path) == 3 and path[:2] == ("search", "first_trials")
+
+
+def _first_trial_taken_out(raw: dict[str, Any], lines: LineMap, dotted_key: str, source: str) -> LineMap:
+    """``--set search.first_trials.1=null``: the first trial taken out of the list, those
+    after it a place up, and their lines in the file with them (an error in one of them
+    still names its line, audit 47)."""
+    *path, key = split_field(dotted_key)
+    items = (raw.get("search") or {}).get("first_trials") if isinstance(raw.get("search"), dict) else None
+    items = items if isinstance(items, list) else []
+    place = _place_in(items, key, dotted_key, tuple(path), source)
+    if place == len(items):
+        raise ConfigError.single(dotted_key, f"there is no {dotted_key} to take out", source=source)
+    del items[place]
+    depth = len(path)
+    moved: LineMap = {}
+    for where, line in lines.items():
+        if tuple(where[:depth]) == tuple(path) and len(where) > depth and where[depth].isdigit():
+            number = int(where[depth])
+            if number == place:
+                continue
+            where = (*where[:depth], str(number - 1), *where[depth + 1:]) if number > place else where
+        moved[where] = line
+    return moved
 
 
 def _place_in(items: list[Any], key: str, dotted_key: str, path: tuple[str, ...], source: str) -> int:

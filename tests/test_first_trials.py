@@ -174,6 +174,33 @@ def test_an_error_in_a_first_trial_set_by_the_command_line_blames_it_and_the_oth
         "search.first_trials.1.model.channels", None, "--set")
 
 
+def test_taking_first_trials_out_keeps_the_order_given_and_the_files_lines(example_config, tmp_path):
+    """``--set search.first_trials.N=null`` moves the later trials up a place: overrides apply
+    in the order given, a key given twice twice (they were merged by key, audit 47), and an
+    error in a trial the file gives still names its line, not the option (audit 47)."""
+    from conftest import write_yaml
+
+    path = write_yaml(tmp_path / "exp.yaml", with_first_trials(example_config, {"model.lr": 0.01},
+                                                               {"model.lr": 0.02}, {"model.lr": 0.5}))
+    drop_three = ["search.first_trials.2=null", "search.first_trials.0=null", "search.first_trials.0=null"]
+    assert load_config(path, drop_three).search.first_trials == []
+    assert load_config(path, ["search.first_trials.2=null", "search.first_trials.1.model.lr=0.05",
+                              "search.first_trials.0=null", "search.first_trials.1.model.lr=0.06"]
+                       ).search.first_trials == [{"model.lr": 0.05}, {"model.lr": 0.06}]
+    lines = path.read_text().splitlines()
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["search.first_trials.0=null"])
+    [problem] = caught.value.problems
+    assert problem.field == "search.first_trials.1.model.lr" and problem.source == str(path), problem
+    assert "0.5" in lines[problem.line - 1], (problem, lines)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["search.first_trials.3=null"])
+    assert str(caught.value.problems[0]) == "search.first_trials.3 (--set): there is no search.first_trials.3 to take out"
+    # elsewhere null is a value: a null choice, as before
+    assert load_config(path, ["search.first_trials.2=null", "space.model.channels.choices.0=null"]
+                       ).space["model.channels"].choices == [None, 16, 32]
+
+
 def test_set_reaches_into_a_condition(example_config):
     """``--set space.model.momentum.when.model.optimizer=adamw``: the condition's key holds a dot."""
     config = load_config(with_first_trials(example_config), ["space.model.momentum.when.model.optimizer=adamw"])
