@@ -195,7 +195,8 @@ def test_taking_first_trials_out_keeps_the_order_given_and_the_files_lines(examp
     assert "0.5" in lines[problem.line - 1], (problem, lines)
     with pytest.raises(ConfigError) as caught:
         load_config(path, ["search.first_trials.3=null"])
-    assert str(caught.value.problems[0]) == "search.first_trials.3 (--set): there is no search.first_trials.3 to take out"
+    assert str(caught.value.problems[0]) == ("search.first_trials.3 (--set): there is no search.first_trials.3 to "
+                                             "take out")
     # elsewhere null is a value: a null choice, as before
     assert load_config(path, ["search.first_trials.2=null", "space.model.channels.choices.0=null"]
                        ).space["model.channels"].choices == [None, 16, 32]
