@@ -232,14 +232,15 @@ def _run_config(source, overrides, name: str | None, storage: str | None) -> Exp
 # Words in a metric's name that say which way it is better, as names are usually written
 MINIMIZED_WORDS = {"loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "wer", "cer"}
 MAXIMIZED_WORDS = {"acc", "accuracy", "f1", "auc", "auroc", "precision", "recall", "iou", "dice", "bleu", "map"}
-TURNED_WORDS = {"neg", "negative", "minus", "inv", "inverse", "1", "one"}  # val_neg_loss, 1-acc: the other way
+TURNED_WORDS = {"neg", "negative", "minus"}  # val_neg_loss: the other way
+TURNED_AROUND = re.compile(r"(^|[^a-z0-9])1-")  # val_1-acc (not val_loss_1, acc@1, dataloader_idx_1; audit 47)
 
 
 def usual_mode(metric: str) -> str | None:
     """"min" or "max" where the metric's name says which way it is better (``val_loss``,
     ``val/acc``), else None."""
     words = set(re.split(r"[^a-z0-9]+", metric.lower()))
-    if words & TURNED_WORDS:
+    if words & TURNED_WORDS or TURNED_AROUND.search(metric.lower()):
         return None
     minimized, maximized = bool(words & MINIMIZED_WORDS), bool(words & MAXIMIZED_WORDS)
     return "min" if minimized and not maximized else "max" if maximized and not minimized else None

@@ -421,10 +421,15 @@ def meant_key(loc: list[str]) -> str | None:
     containing = [name for name in beside if len(key) > 3 and key in name]  # patience: early_stopping_patience
     if close or len(containing) == 1:
         return ".".join([*parent, (close or containing)[0]])
-    if parent and (len(parent) > 1 or parent[0] not in SETTINGS_SECTIONS):
-        return None  # inside a space parameter or a class's section: no other section's key goes there (audit 46)
+    if len(parent) > 1:
+        return None  # inside a space parameter: no section's key goes there (audit 46: space.model.lr.seed)
     elsewhere = [".".join(path) for path in known if path[-1] == key and list(path[:-1]) != parent
                  and (len(path) == 1 or path[0] in SETTINGS_SECTIONS)]
+    if parent in (["model"], ["data"]):  # an argument of the class, or a setting of a section (audit 47)
+        argument = f"{parent[0]}.init_args.{key} (an argument of its class)"
+        return f"{argument} or {elsewhere[0]}" if len(elsewhere) == 1 else argument
+    if parent and parent[0] not in SETTINGS_SECTIONS:
+        return None
     return elsewhere[0] if len(elsewhere) == 1 else None
 
 

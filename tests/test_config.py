@@ -61,8 +61,11 @@ BAD_SCHEMA = [
     # where no other section's key goes, none is suggested (audit 46: search.seed for a space parameter's seed)
     ("another section's key in a space parameter", _set("space/model.lr/seed", 3), "space.model.lr.seed",
      "unknown key (check the spelling"),
-    ("another section's key in a class's section", _set("model/type", "x"), "model.type",
-     "unknown key (check the spelling"),
+    # in a class's section, a key is an argument of the class, or another section's (audit 47: none was said)
+    ("an argument beside init_args", _set("model/lr", 0.1), "model.lr",
+     "unknown key; did you mean model.init_args.lr (an argument of its class)?"),
+    ("a loader setting beside init_args", _set("data/num_workers", 4), "data.num_workers",
+     "unknown key; did you mean data.init_args.num_workers (an argument of its class) or loader.num_workers?"),
     ("a top-level key in a section", _set("search/metric", "val_acc"), "search.metric",
      "unknown key; did you mean metric?"),
     ("low > high", _set("space/model.lr", {"type": "float", "low": 0.1, "high": 0.01}), "space.model.lr", "low (0.1) must be <= high"),
@@ -761,6 +764,9 @@ def test_init_args_too_deep_for_experiment_yaml_are_refused_naming_the_argument(
     ("val/acc", "min", "mode: min searches for the lowest val/acc, which is usually maximized; set mode: max"),
     ("val_loss", "min", None), ("val_acc", "max", None), ("val_score", "min", None),
     ("val_neg_loss", "max", None), ("val_1-acc", "min", None),  # turned around (audit 46)
+    ("val_loss/dataloader_idx_1", "max", "mode: max searches for the highest val_loss/dataloader_idx_1, which is "
+                                         "usually minimized; set mode: min"),  # not turned (audit 47)
+    ("val/acc@1", "min", "mode: min searches for the lowest val/acc@1, which is usually maximized; set mode: max"),
 ])
 def test_a_mode_against_the_metrics_name_is_warned_of_before_the_study_starts(example_config, metric, mode, warned):
     """``mode: max`` with ``val_loss`` kept the worst trials, and a study's mode cannot
