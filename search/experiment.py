@@ -225,7 +225,7 @@ def read_sessions(exp: ExperimentDir) -> list[dict[str, Any]]:
 
 def latest_session(exp: ExperimentDir) -> dict[str, Any]:
     """The study's latest session in ``sessions.json`` (by its start), or {} before any."""
-    return max(read_sessions(exp), key=lambda session: float(session["started_at"]), default={})
+    return max(read_sessions(exp), key=lambda session: float(session.get("started_at") or 0), default={})
 
 
 def record_session(exp: ExperimentDir, started_at: float, ended_at: float | None, outcome: str,

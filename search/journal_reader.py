@@ -13,7 +13,9 @@ from typing import Any
 
 # Optuna's journal operations, by op code (optuna.storages.journal's JournalOperation)
 CREATE_TRIAL, SET_TRIAL_STATE_VALUES, SET_TRIAL_INTERMEDIATE_VALUE, SET_TRIAL_USER_ATTR = 4, 6, 7, 8
-WAITING = 4  # Optuna's TrialState.WAITING: queued (enqueue_trial), not handed out yet
+# Optuna's TrialState values, as its journal records them
+TRIAL_STATES = {0: "RUNNING", 1: "COMPLETE", 2: "PRUNED", 3: "FAIL", 4: "WAITING"}
+WAITING = 4  # queued (enqueue_trial), not handed out yet
 
 
 def journal_records(journal: Path, op_codes: tuple[int, ...]) -> Iterator[dict[str, Any]]:
@@ -46,8 +48,8 @@ def trial_states(journal: Path) -> list[int]:
 def one_trial(journal: Path, number: int, user_attr: str) -> dict[str, Any]:
     """What the journal holds of one trial beyond trials.csv: its metric's value at each
     epoch it reported (``values``, by epoch; a resumed trial's later report of an epoch
-    replaces the earlier), whether it is still queued, and its ``user_attr`` (None when
-    unset). Only ``values`` for a trial the journal lacks."""
+    replaces the earlier), its ``state`` (``TRIAL_STATES``' name), and its ``user_attr``
+    (None when unset). Only ``values`` for a trial the journal lacks."""
     found: dict[str, Any] = {"values": {}}
     created = -1
     for record in journal_records(journal, (CREATE_TRIAL, SET_TRIAL_STATE_VALUES, SET_TRIAL_INTERMEDIATE_VALUE,
@@ -56,12 +58,12 @@ def one_trial(journal: Path, number: int, user_attr: str) -> dict[str, Any]:
         if op == CREATE_TRIAL:
             created += 1
             if created == number:
-                found["queued"] = record.get("state") == WAITING
+                found["state"] = TRIAL_STATES.get(record.get("state", 0))
                 found[user_attr] = (record.get("user_attrs") or {}).get(user_attr)
         elif record.get("trial_id") != number:
             continue
         elif op == SET_TRIAL_STATE_VALUES:
-            found["queued"] = record.get("state") == WAITING
+            found["state"] = TRIAL_STATES.get(record.get("state", 0))
         elif op == SET_TRIAL_INTERMEDIATE_VALUE:
             found["values"][int(record["step"])] = record.get("intermediate_value")
         elif user_attr in (record.get("user_attr") or {}):

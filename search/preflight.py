@@ -273,8 +273,8 @@ def _warn_of_loader_workers_of_its_own(config: ExperimentConfig, data_class: typ
     given = "num_workers" in config.data.init_args or "data.num_workers" in config.space
     if workers > cpus and not given:
         warn_user(f"{data_class.__name__}'s training DataLoader starts {workers} loader processes of its own, which "
-                  f"share the {cpus:g} CPU(s) each trial worker holds with its training: give its constructor a "
-                  f"num_workers argument for its DataLoaders, which hpsearch sizes to the trial (loader.num_workers)")
+                  f"share the {cpus:g} CPU(s) each trial worker holds with its training: pass a num_workers argument "
+                  f"of its constructor to its DataLoaders, and hpsearch sizes it to the trial (loader.num_workers)")
 
 
 def _length(loaders: Any) -> int | None:

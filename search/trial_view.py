@@ -42,16 +42,7 @@ def print_trial(exp: ExperimentDir, number: int, console: Console, mirror: Mirro
     record = one_trial(exp.root / STUDY_FILE, number, FIRST_TRIAL)
     row = rows.get(number)
     if row is None:
-        running = _a_search_runs(exp)
-        if record.get("queued"):
-            runs_it = "the search running on it runs it" if running else \
-                f"`{resume_command(exp.root)}` runs it"
-            raise ExperimentError(f"trial {number} is queued in the study and has not started; {runs_it}")
-        if "queued" in record:  # handed out, and its row not written yet (audit 46)
-            raise ExperimentError(f"trial {number} is starting: the study has it, trials.csv not yet"
-                                  + ("; ask again in a moment" if running else ""))
-        held = f"its trials: {min(rows)}-{max(rows)}" if rows else "it has no trial yet"
-        raise ExperimentError(f"{exp.root} has no trial {number} ({held})")
+        raise ExperimentError(_no_row(exp, number, record.get("state"), rows))
 
     def line(label: str, text: str) -> None:
         console.print(f"{label:<{LABEL_WIDTH}}{text}", markup=False, soft_wrap=True)
@@ -100,7 +91,8 @@ def trial_files(number: int, row: dict[str, Any]) -> list[str]:
     ranks = row.get("world_size") if isinstance(row.get("world_size"), int) else 1
     names = [*SHOWN_FILES, CRASH_FILE]
     if ranks > 1:  # rank 0's crash account is crash.txt (trial_watch.crash_file)
-        names += [f"error-rank{rank}.txt" for rank in range(ranks)] + [f"crash-rank{rank}.txt" for rank in range(1, ranks)]
+        names += [f"error-rank{rank}.txt" for rank in range(ranks)]
+        names += [f"crash-rank{rank}.txt" for rank in range(1, ranks)]
     return [f"trials/{trial_name(number)}/{name}" for name in names]
 
 
@@ -142,6 +134,24 @@ def _metric(row: dict[str, Any], values: dict[int, Any], mode: str) -> str:
     if values:
         text += "; by epoch: " + "  ".join(f"{epoch}: {_number(values[epoch])}" for epoch in sorted(values))
     return text
+
+
+def _no_row(exp: ExperimentDir, number: int, state: str | None, rows: dict[int, Any]) -> str:
+    """Why trial ``number`` has no row in trials.csv, by its state in the journal: queued, or
+    handed out and starting, is run by the search running on the study, else by a resume
+    (audit 46); one that ended has lost its row, which a resume writes again (audit 47)."""
+    running, resume = _a_search_runs(exp), f"`{resume_command(exp.root)}`"
+    if state == "WAITING":
+        return f"trial {number} is queued in the study and has not started; " + (
+            "the search running on it runs it" if running else f"{resume} runs it")
+    if state == "RUNNING":
+        return f"trial {number} is starting: the study has it, trials.csv not yet; " + (
+            "ask again in a moment" if running else f"no search runs on the study: {resume} runs it")
+    if state is not None:
+        return (f"trial {number} ended ({state} in the study's journal), but trials.csv has no row for it; "
+                f"{resume} writes trials.csv again from the journal")
+    held = f"its trials: {min(rows)}-{max(rows)}" if rows else "it has no trial yet"
+    return f"{exp.root} has no trial {number} ({held})"
 
 
 def _a_search_runs(exp: ExperimentDir) -> bool:
@@ -197,8 +207,8 @@ def _files(folder: Path, checkpoint_kept: bool) -> str:
 def _traceback(folder: Path) -> tuple[Path, list[str]] | None:
     """The trial's traceback (a rank's, for a distributed trial whose ranks wrote their own),
     else its process's own account of a native crash (faulthandler's, ``trial_watch``)."""
-    for path in [folder / TRIAL_TRACEBACK, *sorted(folder.glob("error-rank*.txt")), folder / CRASH_FILE,
-                 *sorted(folder.glob("crash-rank*.txt"))]:
+    for path in [folder / TRIAL_TRACEBACK, *sorted(folder.glob("error-rank*.txt"), key=_rank), folder / CRASH_FILE,
+                 *sorted(folder.glob("crash-rank*.txt"), key=_rank)]:
         try:
             text = path.read_text(errors="replace")
         except OSError:
@@ -211,6 +221,11 @@ def _traceback(folder: Path) -> tuple[Path, list[str]] | None:
 
 def _seconds(value: float) -> str:
     return f"{value:.3g} s"
+
+
+def _rank(path: Path) -> int:
+    """A rank's file's rank (``crash-rank10.txt``: 10), to order them by number."""
+    return int("".join(filter(str.isdigit, path.stem)) or 0)
 
 
 def _number(value: Any) -> str:

@@ -165,8 +165,8 @@ def test_a_datamodules_own_loader_workers_beyond_a_trials_cpus_are_warned_of(exa
             run_preflight(config, *check_components(config))
         said = [str(w.message) for w in caught if "loader processes of its own" in str(w.message)]
         assert said == (["OwnLoaderWorkers's training DataLoader starts 2 loader processes of its own, which share "
-                         "the 1 CPU(s) each trial worker holds with its training: give its constructor a num_workers "
-                         "argument for its DataLoaders, which hpsearch sizes to the trial (loader.num_workers)"]
+                         "the 1 CPU(s) each trial worker holds with its training: pass a num_workers argument of its "
+                         "constructor to its DataLoaders, and hpsearch sizes it to the trial (loader.num_workers)"]
                         if warned else []), said
     # training batches that are no DataLoader (an iterable, which Lightning takes) have no workers to count
     example_config["data"] = {"class_path": "userpkg.conditional:BatchesOfItsOwn", "init_args": {}}

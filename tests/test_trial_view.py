@@ -18,7 +18,7 @@ def test_the_journal_gives_each_epochs_value_and_whether_a_trial_is_queued_or_a_
     config = load_config(example_config)
     queue_first_trials(open_study(tmp_path, config.name, config.mode), config)
     journal = tmp_path / STUDY_FILE
-    assert one_trial(journal, 0, FIRST_TRIAL) == {"values": {}, "queued": True, FIRST_TRIAL: {"model.lr": 0.002}}
+    assert one_trial(journal, 0, FIRST_TRIAL) == {"values": {}, "state": "WAITING", FIRST_TRIAL: {"model.lr": 0.002}}
 
     searcher = OptunaSearcher(config, tmp_path, PruneLog())
     searcher.suggest("a")
@@ -28,8 +28,8 @@ def test_the_journal_gives_each_epochs_value_and_whether_a_trial_is_queued_or_a_
     searcher.on_trial_result("b", {"val_acc": 0.7, "epoch": 2})  # a resumed trial reports its epoch again
     with journal.open("a") as cut:
         cut.write('{"op_code":7,"worker_id":"w","trial_id":1,"step":3,"intermed')  # a kill mid-write
-    assert one_trial(journal, 0, FIRST_TRIAL) == {"values": {}, "queued": False, FIRST_TRIAL: {"model.lr": 0.002}}
-    assert one_trial(journal, 1, FIRST_TRIAL) == {"values": {1: 0.5, 2: 0.7}, "queued": False, FIRST_TRIAL: None}
+    assert one_trial(journal, 0, FIRST_TRIAL) == {"values": {}, "state": "RUNNING", FIRST_TRIAL: {"model.lr": 0.002}}
+    assert one_trial(journal, 1, FIRST_TRIAL) == {"values": {1: 0.5, 2: 0.7}, "state": "RUNNING", FIRST_TRIAL: None}
     assert one_trial(journal, 2, FIRST_TRIAL) == {"values": {}}  # no such trial
     assert one_trial(tmp_path / "none.journal", 0, FIRST_TRIAL) == {"values": {}}
 
@@ -60,7 +60,8 @@ def test_a_trial_handed_out_or_queued_without_a_row_is_said_so_and_who_runs_it(e
             print_trial(exp, number, Console())
         return str(caught.value)
 
-    assert said(0) == "trial 0 is starting: the study has it, trials.csv not yet"
+    assert said(0) == ("trial 0 is starting: the study has it, trials.csv not yet; no search runs on the study: "
+                       f"`hpsearch resume {exp.root}` runs it")
     assert said(1) == f"trial 1 is queued in the study and has not started; `hpsearch resume {exp.root}` runs it"
     with study_lock(exp):  # as a search holds it, with its session running
         record_session(exp, time.time(), None, "running")
@@ -82,3 +83,8 @@ def test_a_trial_handed_out_or_queued_without_a_row_is_said_so_and_who_runs_it(e
     shown = console.file.getvalue()
     assert "best 0.75 at epoch 2 (max), last 0.7, after 3 epochs; by epoch: 1: 0.5  2: 0.75  3: 0.7" in shown, shown
     assert "given by search.first_trials" in shown, shown
+    # ended in the study, its row lost with trials.csv: a resume writes it again (audit 47: "starting")
+    searcher.on_trial_complete("b", {"val_acc": 0.7, "epoch": 3, "hps_finished": True})
+    exp.trials_csv.unlink()
+    assert said(0) == ("trial 0 ended (COMPLETE in the study's journal), but trials.csv has no row for it; "
+                       f"`hpsearch resume {exp.root}` writes trials.csv again from the journal")
