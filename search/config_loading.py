@@ -187,7 +187,7 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any, source: st
             raise ConfigError.single(dotted_key, f"the space has no parameter {last!r} to remove "
                                                  f"(it has {', '.join(map(repr, node)) or 'none'})", source=source)
         return created
-    if value is None and path[:2] == ("search", "first_trials") and len(path) == 4:
+    if value is None and len(path) == 4 and _is_first_trial(path[:3]):
         node.pop(last, None)  # sampled, as a parameter the trial leaves out
         return created
     node[last] = _merged(node.get(last), value, path)
@@ -203,7 +203,8 @@ def _first_trial_taken_out(raw: dict[str, Any], lines: LineMap, dotted_key: str,
     after it a place up, and their lines in the file with them (an error in one of them
     still names its line, audit 47)."""
     *path, key = split_field(dotted_key)
-    items = (raw.get("search") or {}).get("first_trials") if isinstance(raw.get("search"), dict) else None
+    search = raw.get("search")
+    items = search.get("first_trials") if isinstance(search, dict) else None
     items = items if isinstance(items, list) else []
     place = _place_in(items, key, dotted_key, tuple(path), source)
     if place == len(items):
