@@ -459,13 +459,7 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
             if refusal:
                 problems.append(config.problem(f"space.{key}", f"{value_said} can be sampled, but {refusal}"))
     for index, point in enumerate(config.search.first_trials):
-        # the model again after new data: a model may take its shapes from the DataModule
-        sections = ("data", "model") if config.params_for("data", point) else \
-            ("model",) if config.params_for("model", point) else ()
-        refusal = _classes_refuse(config, sections, sampled_only(config, {**values, **point}), *classes,
-                                  built_with=f"search.first_trials.{index}") if sections else None
-        if refusal is None:  # a known point, trained as its trial will train it (audit 45: an optimizer's refusal)
-            refusal = _first_trial_fails_training(config, point, values, params, classes)
+        refusal = _first_trial_refused(config, index, point, values, params, classes)
         if refusal is _OUT_OF_TIME:
             unchecked.append("search.first_trials")
             break
@@ -481,20 +475,28 @@ def _values_the_classes_refuse(config: ExperimentConfig, model_class: type, data
 _OUT_OF_TIME = "out of time"  # a refusal _classes_refuse could not judge: the preflight's budget was spent
 
 
-def _first_trial_fails_training(config: ExperimentConfig, point: dict[str, Any], values: dict[str, Any],
-                                params: dict[str, Any], classes: tuple) -> str | None:
-    """Why a first trial's values, which its constructors take, fail the preflight's batches
-    (``_a_few_batches``: configure_optimizers, a scheduler, a step), the sentence's end
-    after "but"; None if they pass, ``_OUT_OF_TIME`` past the budget's deadline. A sampled
-    value is tried at the range's ends only by its constructor; a first trial is certain to
-    run, so it is trained too."""
+def _first_trial_refused(config: ExperimentConfig, index: int, point: dict[str, Any], values: dict[str, Any],
+                         params: dict[str, Any], classes: tuple) -> str | None:
+    """Why a first trial would fail, the sentence's end after "but": its constructors refuse
+    its values, the pair saves two values of one hyperparameter, or the preflight's batches
+    fail (``_a_few_batches``: configure_optimizers, a scheduler, a step). None if it passes,
+    ``_OUT_OF_TIME`` past the budget's deadline. A sampled value is tried at the range's
+    ends only by its constructor; a first trial is certain to run, so it is trained too
+    (audit 45: an optimizer's refusal), with its classes built once, for real (a DataModule
+    that loads its data in its constructor loaded twice when they were built on the meta
+    device first)."""
     model_class, data_class, model, datamodule, loader, deadline = classes
+    trial_params = sampled_only(config, {**values, **point})
+    # the model again after new data: a model may take its shapes from the DataModule
+    data_differs, model_differs = (config.params_for(section, trial_params) != config.params_for(section, params)
+                                   for section in ("data", "model"))
+    sections = ("data", "model") if data_differs else ("model",) if model_differs else ()
+    pair = _built_pair(config, sections, trial_params, *classes, built_with=f"search.first_trials.{index}",
+                       on_meta=False)
+    if isinstance(pair, str):
+        return pair
     if time.perf_counter() > deadline:
         return _OUT_OF_TIME
-    trial_params = sampled_only(config, {**values, **point})
-    pair = _classes_for(config, trial_params, params, model, datamodule, model_class, data_class, loader)
-    if pair is None:
-        return None  # a constructor refuses them: said by _classes_refuse
     try:
         _a_few_batches(config, trial_params, *pair, model_class, data_class, blame="search.first_trials")
     except ConfigError as exc:
@@ -506,16 +508,28 @@ def _classes_refuse(config: ExperimentConfig, sections: tuple[str, ...], variant
                     model_class: type, data_class: type, model, datamodule, loader: dict[str, Any], deadline: float,
                     built_with: str) -> str | None:
     """Why the classes of ``sections`` ('data' before 'model'), built again with the values
-    of ``variant``, would fail a trial (their constructor raises, or the pair saves two
-    values of one hyperparameter), the sentence's end after "but"; None if they would not,
-    ``_OUT_OF_TIME`` if a build could not start before ``deadline``."""
+    of ``variant`` (a model on torch's meta device), would fail a trial; None if they would
+    not, ``_OUT_OF_TIME`` if a build could not start before ``deadline``."""
+    pair = _built_pair(config, sections, variant, model_class, data_class, model, datamodule, loader, deadline,
+                       built_with=built_with, on_meta=True)
+    return pair if isinstance(pair, str) else None
+
+
+def _built_pair(config: ExperimentConfig, sections: tuple[str, ...], variant: dict[str, Any], model_class: type,
+                data_class: type, model, datamodule, loader: dict[str, Any], deadline: float, built_with: str,
+                on_meta: bool) -> tuple | str:
+    """The (model, DataModule) pair with the classes of ``sections`` ('data' before
+    'model') built again with the values of ``variant``; or why it would fail a trial, the
+    sentence's end after "but": a constructor raises, or the pair saves two values of one
+    hyperparameter. ``_OUT_OF_TIME`` if a build could not start before ``deadline``."""
     pair = (model, datamodule)
     for section in sections:
         if time.perf_counter() > deadline:
             return _OUT_OF_TIME
         try:
             with _warnings_naming(built_with):
-                pair = _built_with(config, section, variant, *pair, model_class, data_class, loader, deadline)
+                pair = _built_with(config, section, variant, *pair, model_class, data_class, loader, deadline,
+                                   on_meta)
         except Exception as exc:
             name = (data_class if section == "data" else model_class).__name__
             return f"{name}(...) raised {type(exc).__name__}: {exc}"
@@ -525,17 +539,20 @@ def _classes_refuse(config: ExperimentConfig, sections: tuple[str, ...], variant
         return (f"then {model_class.__name__} and {data_class.__name__} save different values of "
                 f"{', '.join(clash)} in their hparams, which Lightning refuses as a trial starts (\"Error while "
                 "merging hparams\")")
-    return None
+    return pair
 
 
 def _built_with(config: ExperimentConfig, section: str, variant: dict[str, Any], model, datamodule,
-                model_class: type, data_class: type, loader: dict[str, Any], deadline: float):
+                model_class: type, data_class: type, loader: dict[str, Any], deadline: float, on_meta: bool):
     """The (model, DataModule) pair with one class built again for ``variant``: a model
-    on torch's meta device, or on the CPU when that fails and time is left (None if not)."""
+    on the CPU, or with ``on_meta`` on torch's meta device, and on the CPU when that fails
+    and time is left (None if not)."""
     import torch
 
     if section == "data":
         return model, build_datamodule(config, data_class, variant, loader)
+    if not on_meta:
+        return build_model(config, model_class, variant, datamodule), datamodule
     try:
         with torch.device("meta"):
             return build_model(config, model_class, variant, datamodule), datamodule

@@ -415,3 +415,20 @@ def test_status_counts_the_trials_queued_in_the_study(example_config, tmp_path):
     assert "no trial has started yet" in said() and "2 more trials are queued in the study to run first" in said()
     open_study(exp.root, config.name, config.mode).ask()  # one handed out (it pops the queue's first)
     assert "1 more trial is queued in the study to run first" in said()
+
+
+def test_the_preflight_builds_each_first_trials_classes_once(example_config, monkeypatch):
+    """A first trial's classes are built once, for real, and trained: they were built on the
+    meta device first, and a DataModule that loads its data in its constructor loaded it
+    twice per first trial."""
+    from hpsearch.search import preflight
+
+    builds = []
+    build_datamodule = preflight.build_datamodule
+    monkeypatch.setattr(preflight, "build_datamodule", lambda config, data_class, params, loader: (
+        builds.append(params["data.batch_size"]), build_datamodule(config, data_class, params, loader))[1])
+    with_first_trials(example_config, {"data.batch_size": 48, "model.lr": 0.01}, {"data.batch_size": 40})
+    example_config["space"]["data.batch_size"] = {"type": "int", "low": 32, "high": 64}
+    config = load_config(example_config)
+    assert "val_acc" in run_preflight(config, *check_components(config))
+    assert builds.count(48) == 1 and builds.count(40) == 1, builds
