@@ -588,10 +588,8 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
                             datamodule_worker_counts(config.data.init_args, config.space), data_class)
     if config.search.preflight if preflight is None else preflight:
         from .preflight import run_preflight
-        from .seeding import generators_kept
 
-        with generators_kept():  # its batches in the caller's process: a Python session's generators stay
-            run_preflight(config, model_class, data_class)
+        run_preflight(config, model_class, data_class)
 
 
 def _plan(config: ExperimentConfig, local: bool) -> int:
