@@ -1,7 +1,8 @@
-"""A user's folder of class subfolders of JPEG/PNG files, decoded lazily in loader workers."""
+"""A user's folder of class subfolders of image files, decoded lazily in loader workers."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,11 +10,14 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from ..search.errors import UnreadableDataFile
 from ..search.worker_data import once_per_worker
 from ._batch_slots import BatchSlots, workers_are_forked
-from ._loading import SplitLoaders, split_sizes
+from ._loading import SplitLoaders, check_fractions, stratified_split
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
+# 16-bit greyscale (and PIL's 32-bit integer mode, in which it opened such PNGs before)
+WIDE_GREYSCALE = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 
 
 class ImageFileDataset(Dataset):
@@ -31,17 +35,42 @@ class ImageFileDataset(Dataset):
     def __getitem__(self, index: int):
         """One decode and two copies of the pixels (out of PIL, then into CHW order), in
         numpy: torch's per-call overhead on a 96x96 JPEG cost 12% of the decode rate
-        (one process, interleaved A/B; README, Performance)."""
+        (one process, interleaved A/B; README, Performance). A file that does not decode
+        raises ``UnreadableDataFile`` naming it, which ends its trial without a retry; an
+        error of the file system's (a file gone, an I/O error) may pass on a retry, and is
+        raised as it is."""
         from PIL import Image
 
-        with Image.open(self.files[index]) as image:
-            if image.mode != self.mode:
-                image = image.convert(self.mode)
-            if image.size != (self.image_size, self.image_size):
-                image = image.resize((self.image_size, self.image_size), Image.BILINEAR)
-            pixels = np.frombuffer(image.tobytes(), dtype=np.uint8)
-        chw = pixels.reshape(self.decoded_shape).transpose(2, 0, 1)
-        return torch.from_numpy(np.ascontiguousarray(chw)), self.labels[index]  # uint8; see on_after_batch_transfer
+        path = self.files[index]
+        try:
+            with Image.open(path) as image:
+                pixels = np.frombuffer(self._decoded(image).tobytes(), dtype=np.uint8)
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, IsADirectoryError):
+                raise
+            raise UnreadableDataFile(f"cannot decode image file {str(path)!r}: {type(exc).__name__}: {exc}") from exc
+        chw = np.ascontiguousarray(pixels.reshape(self.decoded_shape).transpose(2, 0, 1))
+        if not chw.flags.writeable:  # one channel: no copy was needed, and torch warns of a read-only array
+            chw = chw.copy()
+        return torch.from_numpy(chw), self.labels[index]  # uint8; see on_after_batch_transfer
+
+    def _decoded(self, image):
+        """The image upright (a phone's photo carries its rotation in EXIF), in the mode and
+        square size asked for (stretched, not cropped). 16-bit greyscale is scaled into 8
+        bits (a value / 257), since PIL's conversion clips it: every pixel above 255 came
+        out white (audit 48)."""
+        from PIL import Image, ImageOps
+
+        if "exif" in image.info or image.format == "TIFF":  # else it has no rotation to read: 2-3% of a decode
+            ImageOps.exif_transpose(image, in_place=True)
+        if image.mode in WIDE_GREYSCALE:
+            wide = np.asarray(image).astype(np.int64)
+            image = Image.fromarray((np.clip(wide, 0, 65535) // 257).astype(np.uint8), "L")
+        if image.mode != self.mode:
+            image = image.convert(self.mode)
+        if image.size != (self.image_size, self.image_size):
+            image = image.resize((self.image_size, self.image_size), Image.BILINEAR)
+        return image
 
 
 class ImageBatches:
@@ -67,7 +96,9 @@ class ImageBatches:
 class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
     """``root/<class name>/<image file>``; classes are the sorted subfolder names.
 
-    Files are split into train/val/test with a fixed ``split_seed``. Decoding happens in
+    Each class's files are split into train/val/test in proportion (``stratified_split``:
+    by a hash of each file's path and ``split_seed``, so adding files moves few others).
+    Decoding happens in
     ``num_workers`` loader processes (hpsearch sizes them to the trial's CPUs), which
     stack their batches into reused shared-memory slots unless ``reuse_batch_buffers``
     is off (see ``collate_for``).
@@ -95,6 +126,9 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
             raise FileNotFoundError(f"image-folder root {str(self.root)!r} is not a directory")
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 or 3, got {channels}")
+        if int(image_size) < 1:
+            raise ValueError(f"image_size must be >= 1, got {image_size}")
+        check_fractions(val_fraction, test_fraction)
         # hidden folders (.ipynb_checkpoints, .git) are no class: Jupyter makes one beside
         # the files, and it became a class of its own (audit 26)
         self.classes = sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -126,11 +160,9 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
     def _walk(self) -> tuple[list[Path], list[int]]:
         files, labels = [], []
         for label, name in enumerate(self.classes):
-            for path in sorted((self.root / name).rglob("*")):
-                if path.suffix.lower() in IMAGE_SUFFIXES and not any(part.startswith(".") for part in
-                                                                      path.relative_to(self.root).parts):
-                    files.append(path)
-                    labels.append(label)
+            for path in _image_files(self.root / name):
+                files.append(path)
+                labels.append(label)
         if not files:
             raise ValueError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under {str(self.root)!r}")
         seen = set(labels)
@@ -144,12 +176,10 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         if self._splits is not None:
             return
         files, labels = self.list_files()
-        sizes = split_sizes(len(files), self.val_fraction, self.test_fraction)
-        order = torch.randperm(len(files), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
-        bounds = [0, sizes[0], sizes[0] + sizes[1], sum(sizes)]
+        keys = [path.relative_to(self.root).as_posix() for path in files]
+        splits = stratified_split(keys, labels, self.val_fraction, self.test_fraction, self.split_seed)
         self._splits = {}
-        for name, lo, hi in zip(("train", "val", "test"), bounds[:-1], bounds[1:]):
-            picked = order[lo:hi]
+        for name, picked in zip(("train", "val", "test"), splits):
             self._splits[name] = ImageFileDataset(
                 [files[i] for i in picked], [labels[i] for i in picked], self.image_size, self.channels
             )
@@ -183,3 +213,27 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         model = self.trainer.lightning_module if self.trainer is not None else None
         dtype = getattr(model, "dtype", torch.float32)
         return images.to(dtype if dtype.is_floating_point else torch.float32).div_(255.0), labels
+
+
+def _image_files(folder: Path) -> list[Path]:
+    """The image files under one class's folder, sorted: symlinked folders followed (each
+    once, so a link to a folder above it ends there), hidden files and folders skipped, a link
+    to a file listed already here skipped (two samples of one file could land in two
+    splits), as are links that lead nowhere and folders named like an image."""
+    found, seen_folders, seen_files = [], set(), set()
+    for here, folders, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(here)
+        if real in seen_folders:
+            folders[:] = []
+            continue
+        seen_folders.add(real)
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        found += [Path(here) / name for name in names
+                  if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES]
+    kept = []
+    for path in sorted(found):
+        real = os.path.realpath(path)
+        if path.is_file() and real not in seen_files:
+            seen_files.add(real)
+            kept.append(path)
+    return kept

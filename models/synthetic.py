@@ -29,6 +29,9 @@ class SyntheticImagesDataModule(InMemoryImageDataModule):
                 "synthetic-images needs num_samples >= 3, image_size >= 1, channels >= 1 "
                 f"and num_classes >= 2 (got {num_samples}, {image_size}, {channels}, {num_classes})"
             )
+        if num_classes > num_samples:  # the classes were counted from the labels drawn: fewer, unsaid (audit 48)
+            raise ValueError(f"num_classes ({num_classes}) is more than num_samples ({num_samples}): "
+                             "some classes would have no sample")
         self.num_samples, self.image_size, self.channels = int(num_samples), int(image_size), int(channels)
         self._num_classes, self.noise, self.data_seed = int(num_classes), float(noise), int(data_seed)
         super().__init__(**loader_args)

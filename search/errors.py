@@ -22,6 +22,12 @@ class DiskFullError(HpsearchError):
     """A study file could not be written for want of space; its previous version is intact."""
 
 
+class UnreadableDataFile(OSError):
+    """A data file that fails the same way whenever it is read (an image that does not
+    decode: truncated, not an image at all, a folder named like one). Its trial ends at
+    once, naming the file, and is not retried; a DataModule of yours may raise it too."""
+
+
 def warn_user(message: str | Warning, category: type[Warning] = UserWarning) -> None:
     """Warn as from the user's own line that called into hpsearch (the outermost call),
     not from hpsearch's code: Python prints that line with the message, and a filter by

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class, shipped_code_first
 from .config import ExperimentConfig
-from .errors import ConfigError, exception_chain, first_line
+from .errors import ConfigError, UnreadableDataFile, exception_chain, first_line
 from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_name, write_json
 from .checkpoints import latest_good_checkpoint, resumed_at
 from .gc_pause import collector_paused
@@ -347,10 +347,10 @@ def _failure_reason(exc: BaseException, stopped_by_tune: bool = False) -> str | 
         return str(exc)
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"disk full: {exc}"[:300]
-    if _unreadable_image(exc):  # an OSError, but the same file fails every time (audit 26)
-        said = next((line.strip() for line in reversed(str(exc).splitlines()) if "cannot identify" in line),
-                    first_line(exc))  # a loader worker's message ends with the original's
-        return f"unreadable image: {said[:240]}; not retried: the same file would fail again"
+    if _unreadable_file(exc):  # an OSError, but the same file fails every time (audits 26 and 48)
+        said = next((line.strip() for line in reversed(str(exc).splitlines()) if line.strip()),
+                    type(exc).__name__)  # a loader worker's message ends with the original's
+        return f"unreadable file: {said[:240]}; not retried: the same file would fail again"
     if isinstance(exc, (*_PROGRAMMING_ERRORS, MisconfigurationException)) or (
             isinstance(exc, RuntimeError) and _TORCH_SHAPE_CHECKS.search(first_line(exc))):
         where = raised_at(exc)
@@ -381,12 +381,14 @@ def _stand_in_ray_can_copy(exc: BaseException) -> RuntimeError | None:
     return None
 
 
-def _unreadable_image(exc: BaseException) -> bool:
+def _unreadable_file(exc: BaseException) -> bool:
+    """A file that fails whenever it is read: one hpsearch's DataModules (or yours) say so
+    of, or an image PIL cannot identify."""
     try:
         from PIL import UnidentifiedImageError
     except ImportError:
-        return False
-    return isinstance(exc, UnidentifiedImageError)
+        UnidentifiedImageError = UnreadableDataFile
+    return isinstance(exc, (UnreadableDataFile, UnidentifiedImageError))
 
 
 def _save_traceback(exc: BaseException, trial_dir: Path, rank: int | None) -> Path | None:

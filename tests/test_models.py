@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +115,8 @@ def test_synthetic_images_have_the_requested_shape_and_classes():
     dm = SyntheticImagesDataModule(num_samples=200, image_size=12, channels=3, num_classes=5)
     assert dm.input_shape == (3, 12, 12) and dm.num_classes == 5
     assert sum(split_lengths(dm)) == 200
+    with pytest.raises(ValueError, match=re.escape("num_classes (100) is more than num_samples (50)")):
+        SyntheticImagesDataModule(num_samples=50, num_classes=100)
 
 
 @pytest.mark.parametrize("model_class", [MLPClassifier, CNNClassifier])
@@ -209,6 +212,172 @@ def test_the_cnn_trains_on_an_image_folder_read_by_loader_workers(tmp_path):
 def test_image_folder_rejects_a_missing_root(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a directory"):
         ImageFolderDataModule(str(tmp_path / "nope"))
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"image_size": 0}, "image_size must be >= 1, got 0"),
+    ({"val_fraction": 0}, "val_fraction must be above 0 and below 1, got 0"),
+    ({"test_fraction": 1.0}, "test_fraction must be at least 0 and below 1, got 1.0"),
+    ({"val_fraction": 0.5, "test_fraction": 0.5}, "leave no samples for training: their sum must be below 1"),
+])
+def test_image_folder_names_the_argument_it_refuses(tmp_path, arguments, message):
+    """Pillow's "height and width must be > 0" was blamed on the class, and a
+    val_fraction of 0 was said to need [0, 1) (audit 48)."""
+    root = make_image_folder(tmp_path / "images", per_class=1)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ImageFolderDataModule(str(root), **arguments)
+
+
+def test_too_few_images_say_what_each_split_takes(tmp_path):
+    root = make_image_folder(tmp_path / "images", per_class=1)
+    with pytest.raises(ValueError, match=re.escape("3 samples are too few for these splits: validation takes 2 and "
+                                                   "the test 1 (each split at least one), which leaves none")):
+        split_lengths(ImageFolderDataModule(str(root), val_fraction=0.5, test_fraction=0.4))
+
+
+def _folder_of(tmp_path: Path, counts: dict[str, int], size: int = 4) -> Path:
+    from PIL import Image
+
+    root = tmp_path / "images"
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True)
+        for index in range(count):
+            Image.new("RGB", (size, size), (index % 256, 0, 0)).save(root / name / f"{index}.png")
+    return root
+
+
+def _split_files(dm) -> dict[str, list[str]]:
+    dm.setup("fit")
+    return {split: [path.relative_to(dm.root).as_posix() for path in dm._splits[split].files]
+            for split in ("train", "val", "test")}
+
+
+def test_image_folder_splits_each_class_in_proportion(tmp_path):
+    """A shuffle of all files left the minority class out of validation for 5 seeds of 20
+    (190 images against 10), a one-image class out of training, and half of 20 classes
+    of 4 images out of validation (audit 48)."""
+    root = _folder_of(tmp_path, {"common": 190, "rare": 10, "single": 1})
+    for seed in range(5):
+        splits = _split_files(ImageFolderDataModule(str(root), split_seed=seed))
+        by_class = {split: sorted({f.partition("/")[0] for f in files}) for split, files in splits.items()}
+        counts = {split: {name: sum(f.startswith(name + "/") for f in files) for name in ("common", "rare")}
+                  for split, files in splits.items()}
+        for split in ("val", "test"):  # 15% of each class, as whole files allow
+            assert 28 <= counts[split]["common"] <= 29 and 1 <= counts[split]["rare"] <= 2, (seed, counts)
+        assert len(splits["val"]) == len(splits["test"]) == 30  # round(201 x 15%)
+        assert "single" in by_class["train"] and "single" not in by_class["val"] + by_class["test"], seed
+        assert sorted(sum(splits.values(), [])) == sorted({f for files in splits.values() for f in files})
+    many = _folder_of(tmp_path / "many", {f"class{n:02d}": 4 for n in range(20)})
+    splits = _split_files(ImageFolderDataModule(str(many)))
+    assert len(splits["val"]) == len(splits["test"]) == 12
+    # 12 of 20 classes in each held-out split, and each class in one of them at least
+    assert len({f.partition("/")[0] for f in splits["val"] + splits["test"]}) == 20
+
+
+def test_adding_images_moves_few_of_the_others_between_splits(tmp_path):
+    """A random permutation of the whole list moved 24 validation files into training when
+    a file was added, on a resume too (audit 48): each file's place now follows a hash of
+    its path."""
+    from PIL import Image
+
+    root = _folder_of(tmp_path, {"a": 60, "b": 60})
+    before = _split_files(ImageFolderDataModule(str(root)))
+    for name in ("a", "b"):
+        for index in range(5):
+            Image.new("RGB", (4, 4)).save(root / name / f"new{index}.png")
+    after = _split_files(ImageFolderDataModule(str(root)))
+    moved = sum(len(set(before[split]) - set(after[split])) for split in before)
+    assert moved <= 4, (moved, before, after)
+    assert _split_files(ImageFolderDataModule(str(root))) == after  # the same files split the same way
+
+
+def test_image_folder_lists_what_it_can_read_once_each(tmp_path):
+    """Symlinked sub-folders are followed (``rglob`` dropped them), a link to a file listed
+    already is one sample (the two landed in two splits), and links that lead nowhere and
+    folders named like an image are no files; GIF and TIFF are read (audit 48)."""
+    from PIL import Image
+
+    from hpsearch.models.image_folder import _image_files
+
+    root = make_image_folder(tmp_path / "images", per_class=2)
+    outside = tmp_path / "pool" / "inner"
+    outside.mkdir(parents=True)
+    Image.new("RGB", (4, 4)).save(outside / "far.png")
+    (root / "cat" / "linked").symlink_to(outside.parent, target_is_directory=True)
+    (root / "cat" / "again.jpg").symlink_to(root / "cat" / "0.jpg")
+    (root / "cat" / "nowhere.jpg").symlink_to(tmp_path / "missing.jpg")
+    (root / "cat" / "folder.jpg").mkdir()
+    (root / "cat" / "loop").symlink_to(root / "cat", target_is_directory=True)
+    Image.new("P", (4, 4)).save(root / "cat" / "anim.gif")
+    Image.new("RGB", (4, 4)).save(root / "cat" / "scan.TIFF")
+    listed = [path.relative_to(root).as_posix() for path in _image_files(root / "cat")]
+    assert listed == ["cat/0.jpg", "cat/1.png", "cat/anim.gif", "cat/linked/inner/far.png", "cat/scan.TIFF"], listed
+    dm = ImageFolderDataModule(str(root), image_size=4)
+    dm.setup()
+    assert len(dm._splits["train"]) + len(dm._splits["val"]) + len(dm._splits["test"]) == 9
+    for split in dm._splits.values():
+        for index in range(len(split)):
+            assert split[index][0].shape == (3, 4, 4)
+
+
+def test_sixteen_bit_and_rotated_images_decode_as_seen(tmp_path):
+    """16-bit greyscale came out white (PIL's conversion clips it), and a photo's EXIF
+    rotation was ignored (audit 48); a one-channel image was a read-only array, which
+    torch warned of in every trial's output.log."""
+    import warnings
+
+    from PIL import Image
+
+    from hpsearch.models.image_folder import ImageFileDataset
+
+    wide = np.array([[0, 257 * 100], [65535, 257 * 7]], dtype=np.uint16)
+    Image.fromarray(wide).save(tmp_path / "wide.png")
+    with Image.open(tmp_path / "wide.png") as image:
+        assert image.mode in ("I;16", "I")
+    upright = np.zeros((2, 4, 3), dtype=np.uint8)  # 2 rows by 4 columns, the top left pixel white
+    upright[0, 0] = 255
+    sideways = Image.fromarray(np.rot90(upright, k=1).copy())  # stored turned, EXIF says how to turn it back
+    exif = sideways.getexif()
+    exif[0x0112] = 6  # "rotate 90 clockwise to view"
+    sideways.save(tmp_path / "photo.png", exif=exif)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        grey = ImageFileDataset([tmp_path / "wide.png"], [0], image_size=2, channels=1)[0][0]
+    assert grey.tolist() == [[[0, 100], [255, 7]]]
+    Image.fromarray(upright).save(tmp_path / "upright.png")
+    with Image.open(tmp_path / "photo.png") as image:
+        assert image.size == (2, 4)  # stored 2 wide and 4 high, the white pixel at the bottom left
+    photo, seen = (ImageFileDataset([tmp_path / name], [0], image_size=4, channels=3)[0][0]
+                   for name in ("photo.png", "upright.png"))
+    assert torch.equal(photo, seen) and photo[:, 0, 0].tolist() == [255, 255, 255], photo
+
+
+def test_an_image_that_does_not_decode_ends_its_trial_naming_the_file(tmp_path):
+    """A truncated JPEG and a folder named like an image raised errors that were retried,
+    without the file's name (audit 48); a file system's error may pass on a retry and is
+    raised as it is."""
+    from PIL import Image
+
+    from hpsearch.models.image_folder import ImageFileDataset
+    from hpsearch.search.errors import UnreadableDataFile
+    from hpsearch.search.trial import _failure_reason
+
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(tmp_path / "whole.jpg", quality=95)
+    data = (tmp_path / "whole.jpg").read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(data[:len(data) // 2])
+    (tmp_path / "dir.jpg").mkdir()
+    (tmp_path / "text.png").write_text("not an image")
+    for name in ("cut.jpg", "dir.jpg", "text.png"):
+        dataset = ImageFileDataset([tmp_path / name], [0], image_size=8, channels=3)
+        with pytest.raises(UnreadableDataFile, match=re.escape(f"cannot decode image file '{tmp_path / name}'")) \
+                as caught:
+            dataset[0]
+        reason = _failure_reason(caught.value)
+        assert reason.startswith(f"unreadable file: cannot decode image file '{tmp_path / name}'") and \
+            reason.endswith("not retried: the same file would fail again"), reason
+    with pytest.raises(FileNotFoundError):
+        ImageFileDataset([tmp_path / "gone.jpg"], [0], image_size=8, channels=3)[0]
+    assert _failure_reason(FileNotFoundError(2, "No such file or directory", "gone.jpg")) is None
 
 
 def test_a_training_step_runs_outside_a_trainer():

@@ -979,13 +979,13 @@ def test_an_unreadable_image_is_not_retried_and_is_named():
     from hpsearch.search.trial import _failure_reason
 
     direct = UnidentifiedImageError("cannot identify image file 'imgs/dog/broken.png'")
-    assert _failure_reason(direct) == ("unreadable image: cannot identify image file 'imgs/dog/broken.png'; "
+    assert _failure_reason(direct) == ("unreadable file: cannot identify image file 'imgs/dog/broken.png'; "
                                        "not retried: the same file would fail again")
     from_a_worker = UnidentifiedImageError("Caught UnidentifiedImageError in DataLoader worker process 0.\n"
                                            "Original Traceback (most recent call last):\n  File ...\n"
                                            "PIL.UnidentifiedImageError: cannot identify image file 'imgs/dog/x.png'\n")
     assert _failure_reason(from_a_worker).startswith(
-        "unreadable image: PIL.UnidentifiedImageError: cannot identify image file 'imgs/dog/x.png'; not retried")
+        "unreadable file: PIL.UnidentifiedImageError: cannot identify image file 'imgs/dog/x.png'; not retried")
 
 
 @pytest.mark.parametrize("exc, retried", [
@@ -1311,13 +1311,14 @@ def test_a_value_the_set_up_refuses_by_name_and_value_is_blamed_on_its_argument(
 def test_a_value_set_by_hand_named_beside_a_searched_one_is_blamed_not_the_searched_one(example_config):
     """The split's check names both fractions with their values; the searched one was blamed,
     though the value set by hand was out of range (audit 21)."""
-    example_config["data"]["init_args"]["test_fraction"] = -0.1
+    example_config["data"]["init_args"]["test_fraction"] = 0.95
     example_config["space"]["data.val_fraction"] = {"type": "float", "low": 0.1, "high": 0.3}
     config = load_config(example_config)
     with pytest.raises(ConfigError) as caught:
         run_preflight(config, *check_components(config))
     [problem] = caught.value.problems
-    assert problem.field == "data.init_args.test_fraction" and "test_fraction (-0.1)" in problem.message, problem
+    assert problem.field == "data.init_args.test_fraction" and "and test_fraction (0.95) leave no samples" in \
+        problem.message, problem
 
 
 @pytest.mark.parametrize("param,said", [
