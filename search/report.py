@@ -310,8 +310,8 @@ def _compute_plot(summary: StudySummary):
 def _cell(value: Any) -> str:
     """A table cell whose raw value stays machine-readable in ``data-value``."""
     raw = "" if value is None else str(value)
-    if isinstance(value, float):
-        shown = f"{value:.4g}"
+    if isinstance(value, float):  # no exponent for a large figure, as its column's whole numbers have none
+        shown = f"{value:.0f}" if 1e4 <= abs(value) < 1e15 else f"{value:.4g}"
     else:
         shown = raw
     return f'<td data-value="{html.escape(raw, quote=True)}">{html.escape(shown)}</td>'
@@ -365,7 +365,8 @@ def _speed_rows(summary: StudySummary) -> tuple[list[dict[str, Any]], str]:
 
 def _html(summary: StudySummary, images: dict[str, Path]) -> str:
     best = summary.best or {}
-    best_rows = [["value", best.get("value")], ["trial", best.get("trial")], ["epochs", best.get("epochs")]]
+    best_rows = [["value", best.get("value")], ["trial", best.get("trial")], ["state", best.get("state")],
+                 ["epochs", best.get("epochs")]]
     best_rows += [[label, best[key]] for key, label in (("best_epoch", "best at epoch"), ("seed", "seed"))
                   if best.get(key) is not None]  # a best.json of before 2026-12-06 has neither
     best_rows += [[f"param {k}", v] for k, v in (best.get("params") or {}).items()]
@@ -397,7 +398,7 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
         *(["<h3>Failed trials</h3>", _table("failed", ["trial", "epochs", "reason"], failed)] if failed else []),
         "<h2>Search progress</h2>",
         _image(images, "history", "each trial's best value by its number, in the order sampled (pruned trials "
-                                  "hollow: their value is from the rung ASHA stopped them at), and the best "
+                                  "hollow: the best value each reached before ASHA stopped it), and the best "
                                   "complete trial so far"),
         "<h2>Learning curves</h2>",
         _image(images, "learning_curves", _learning_curves_caption(summary)),

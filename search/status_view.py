@@ -390,7 +390,7 @@ def _waiting_on_data(row: dict[str, Any]) -> str:
     wait, train = row.get("data_wait_s"), row.get("train_s")
     if not isinstance(wait, (int, float)) or not isinstance(train, (int, float)) or wait + train <= 0:
         return f"{_fmt(wait)}s waiting on data"
-    return f"{wait / (wait + train):.0%} of its training time waiting on data, {_fmt(wait)}s in its last epoch"
+    return f"{wait / (wait + train):.0%} of its training time waiting on data, {_fmt(wait)} s in its last epoch"
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -451,7 +451,9 @@ def _compared(s: StudySummary, label: str, differs: dict[str, Any]) -> dict[str,
     cells = {
         "experiment": label, "metric": f"{s.metric} ({s.mode})",
         "best": f"{best['value']:.4g}" if best.get("value") is not None else "-",
-        "best trial": str(best.get("trial", "-")), "test metrics": tests or "-", "trials": str(s.trials),
+        # a pruned trial is the best only where none completed: said, as best and status say it (audit 49)
+        "best trial": str(best.get("trial", "-")) + (" (pruned)" if best.get("state") == "PRUNED" else ""),
+        "test metrics": tests or "-", "trials": str(s.trials),
         "complete": str(s.counts["COMPLETE"]), "pruned": str(s.counts["PRUNED"]), "failed": str(s.counts["FAILED"]),
         # paused or running: the table left them out, and a study stopped half-way read as done (audit 39)
         "unfinished": str(s.trials - sum(s.counts[state] for state in ("COMPLETE", "PRUNED", "FAILED"))),

@@ -75,12 +75,22 @@ def summarize(exp: ExperimentDir) -> StudySummary:
         mode=config.get("mode", "max"), max_epochs=max_epochs, best=best, rows=rows, counts=counts,
         wall_s=_wall_seconds(exp), compute_s=sum(_number(r.get("compute_s")) for r in rows),
         saved_by_pruning_s=pruning, saved_by_early_stopping_s=stopping, rungs=rungs,
-        # by dotted key, a searched parameter whole: a study that searches another
-        # parameter differs by that parameter, not by each of its fields
-        settings={**flat_settings({k: v for k, v in config.items() if k != "space"}),
-                  **{f"space.{param}": spec for param, spec in config.get("space", {}).items()}},
+        settings=compared_settings(config),
         search_running=_search_running(exp),
     )
+
+
+def compared_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings ``compare`` tells studies apart by, by dotted key; a searched parameter
+    whole (a study that searches another parameter differs by that parameter, not by each
+    of its fields). ASHA's own settings are left out of a study without a scheduler: they
+    act on nothing there, and were listed as a difference (audit 49)."""
+    settings = {**flat_settings({k: v for k, v in config.items() if k != "space"}),
+                **{f"space.{param}": spec for param, spec in config.get("space", {}).items()}}
+    if settings.get("scheduler.type") == "none":
+        for key in ("scheduler.grace_period", "scheduler.reduction_factor"):
+            settings.pop(key, None)
+    return settings
 
 
 def _search_running(exp: ExperimentDir) -> bool:
@@ -148,6 +158,7 @@ def comparison_records(summaries: list[StudySummary]) -> list[dict[str, Any]]:
         "experiment": s.name, "experiment_dir": s.experiment_dir, "metric": s.metric, "mode": s.mode,
         "differs_in": differs,
         "best_value": (s.best or {}).get("value"), "best_trial": (s.best or {}).get("trial"),
+        "best_state": (s.best or {}).get("state"),
         "test_metrics": (s.best or {}).get("test_metrics", {}),
         "best_evaluated": s.best is not None and s.best.get("evaluated", True),  # False: best.json not written yet
         "trials": s.trials, **s.counts,

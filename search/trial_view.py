@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 SHOWN_FILES = (TRIAL_TRACEBACK, "output.log", "experiment.json")  # in a trial's folder, named when there
 TRACEBACK_LINES = 15  # the end of a failed trial's traceback shown; error.txt has it all
 LABEL_WIDTH = 12
-# (label, trials.csv column) of the last epoch's time, as the speed telemetry reports it
+# (label, trials.csv column) of the parts of the last epoch's time, as the speed telemetry
+# reports them; its report_s is the report before it, timed once sent: no part of the epoch
 _EPOCH_TIMES = (("training", "train_s"), ("validation", "val_s"), ("waiting for data", "data_wait_s"),
-                ("checkpoints", "checkpoint_s"), ("reporting", "report_s"))
+                ("checkpoints", "checkpoint_s"))
 
 
 def print_trial(exp: ExperimentDir, number: int, console: Console, mirror: Mirror | None = None) -> None:
@@ -170,6 +171,9 @@ def _times(row: dict[str, Any]) -> str:
     parts = [f"{label} {_seconds(row[column])}" for label, column in _EPOCH_TIMES
              if isinstance(row.get(column), (int, float))]
     text = f"its last epoch {_seconds(epoch)} ({', '.join(parts)})"
+    if isinstance(row.get("report_s"), (int, float)) and isinstance(row.get("epochs"), int) and row["epochs"] > 1:
+        # shown as a part of the epoch, the parts added up to more than it (audit 49)
+        text += f"; the report of the epoch before it {_seconds(row['report_s'])}"
     if isinstance(row.get("startup_s"), (int, float)):
         text += f"; start-up {_seconds(row['startup_s'])}"
     if isinstance(row.get("compute_s"), (int, float)):
@@ -200,6 +204,8 @@ def _files(folder: Path, checkpoint_kept: bool) -> str:
     """The files a user looks for in a trial's folder, those it has."""
     present = [name for name in SHOWN_FILES if (folder / name).exists()]
     present += ["checkpoints/best.ckpt"] if checkpoint_kept else []
+    # a paused or running trial's, which a resume continues from (Lightning counts epochs from 0)
+    present += sorted(f"checkpoints/{path.name}" for path in folder.glob("checkpoints/epoch-*.ckpt"))
     present += sorted(path.name for pattern in ("error-rank*.txt", "crash*.txt") for path in folder.glob(pattern))
     return f" ({', '.join(present)})" if present else " (empty)" if folder.is_dir() else " (not there)"
 

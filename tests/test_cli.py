@@ -279,6 +279,28 @@ def _study_with(tmp_path, states, **overrides):
     return exp
 
 
+def test_compare_and_report_say_when_the_best_trial_is_a_pruned_one(tmp_path, capsys):
+    """With no trial complete, the best is a pruned one: best and status said so, compare
+    and the report's best configuration did not (audit 49)."""
+    from hpsearch.search.report import _cell, _html
+    from hpsearch.search.study_summary import summarize
+    from hpsearch.search.trials_table import TrialsTable
+
+    exp = _study_with(tmp_path, ["PRUNED", "PAUSED"])
+    table = TrialsTable.load(exp.trials_csv, "val_acc", "max", [])
+    table.row(0).update(best=0.9667, epochs=6)
+    table.save(exp.trials_csv)
+    assert main(["compare", "--json", str(exp.root)]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert (record["best_trial"], record["best_state"]) == (0, "PRUNED"), record
+    assert main(["compare", str(exp.root)]) == 0 and "0 (pruned)" in capsys.readouterr().out
+    assert '<td data-value="state">state</td><td data-value="PRUNED">PRUNED</td>' in _html(summarize(exp), {})
+    # a column's large figures without an exponent, as its whole numbers have none
+    assert [_cell(v) for v in (19838.4, 9841, 0.123456)] == [
+        '<td data-value="19838.4">19838</td>', '<td data-value="9841">9841</td>',
+        '<td data-value="0.123456">0.1235</td>']
+
+
 def test_compare_and_report_show_the_best_trial_before_best_json_is_written(tmp_path, capsys):
     """A second Ctrl+C (or a kill) ends a session before the best trial's evaluation
     writes best.json: its trials still have results, as status and trials.csv show."""
@@ -959,7 +981,7 @@ def test_status_shows_the_data_starved_flag_and_bracketed_text_as_written(tmp_pa
                          "0,COMPLETE,max_epochs,0.5,2,True,0.787,0.213,\n"
                          "1,FAILED,RuntimeError: [rank1] [bold]lost,,1,False,0.01,0.5,\n", width=200)
     # the share the flag is for (audit 31: the seconds alone told little)
-    assert "max_epochs [data-starved: 79% of its training time waiting on data, 0.787s in its last epoch]" \
+    assert "max_epochs [data-starved: 79% of its training time waiting on data, 0.787 s in its last epoch]" \
         in shown, shown
     assert "RuntimeError: [rank1] [bold]lost" in shown, shown
     from rich.console import Console

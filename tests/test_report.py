@@ -139,6 +139,20 @@ def test_compare_puts_two_studies_side_by_side(finished_search, tmp_path):
     assert table_view.returncode == 0 and "random-2" in table_view.stdout and "digits-cnn" in table_view.stdout
 
 
+def test_compare_leaves_out_the_settings_of_a_scheduler_a_study_does_not_have():
+    """A study without ASHA was said to differ in ASHA's grace period and reduction factor (audit 49)."""
+    from hpsearch.search.study_summary import compared_settings, settings_that_differ
+
+    asha = {"name": "a", "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 2.0, "max_epochs": 5}}
+    none = {"name": "c", "scheduler": {"type": "none", "grace_period": 1, "reduction_factor": 3.0, "max_epochs": 5}}
+    first, second = summary_of([]), summary_of([])
+    first.settings, second.settings = compared_settings(asha), compared_settings(none)
+    assert settings_that_differ([first, second]) == [
+        {"scheduler.grace_period": 1, "scheduler.reduction_factor": 2.0, "scheduler.type": "asha"},
+        {"scheduler.type": "none"}]  # ASHA's settings are the first study's own
+    assert compared_settings({**asha, "space": {"model.lr": {"type": "float"}}})["space.model.lr"] == {"type": "float"}
+
+
 def test_compare_names_each_study_by_its_directory_and_shows_what_differs(capsys):
     """A study run again from the same file (a dated directory) had the same name in every
     row, and nothing said how the studies differed."""

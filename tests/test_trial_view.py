@@ -88,3 +88,21 @@ def test_a_trial_handed_out_or_queued_without_a_row_is_said_so_and_who_runs_it(e
     exp.trials_csv.unlink()
     assert said(0) == ("trial 0 ended (COMPLETE in the study's journal), but trials.csv has no row for it; "
                        f"`hpsearch resume {exp.root}` writes trials.csv again from the journal")
+
+
+def test_a_trials_last_epoch_is_split_into_its_parts_and_its_folder_names_the_checkpoints_a_resume_takes(tmp_path):
+    """The report before the epoch was listed as a part of it, and the parts added up to
+    more than the epoch; a paused trial's epoch checkpoints went unnamed (audit 49)."""
+    from hpsearch.search.trial_view import _files, _times
+
+    row = {"epoch_time_s": 0.193, "train_s": 0.175, "val_s": 0.0076, "data_wait_s": 0.0021, "checkpoint_s": 0.0038,
+           "report_s": 0.0439, "epochs": 3}
+    assert _times(row) == ("its last epoch 0.193 s (training 0.175 s, validation 0.0076 s, waiting for data "
+                           "0.0021 s, checkpoints 0.0038 s); the report of the epoch before it 0.0439 s")
+    assert "report" not in _times({**row, "epochs": 1, "report_s": 0.0})  # its one report is not timed
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("epoch-0013.ckpt", "epoch-0014.ckpt", "best.ckpt"):
+        (tmp_path / "checkpoints" / name).write_bytes(b"")
+    (tmp_path / "output.log").write_text("")
+    assert _files(tmp_path, checkpoint_kept=True) == (
+        " (output.log, checkpoints/best.ckpt, checkpoints/epoch-0013.ckpt, checkpoints/epoch-0014.ckpt)")
