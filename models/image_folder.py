@@ -219,21 +219,28 @@ def _image_files(folder: Path) -> list[Path]:
     """The image files under one class's folder, sorted: symlinked folders followed (each
     once, so a link to a folder above it ends there), hidden files and folders skipped, a link
     to a file listed already here skipped (two samples of one file could land in two
-    splits), as are links that lead nowhere and folders named like an image."""
-    found, seen_folders, seen_files = [], set(), set()
-    for here, folders, names in os.walk(folder, followlinks=True):
-        real = os.path.realpath(here)
-        if real in seen_folders:
-            folders[:] = []
+    splits), as are links that lead nowhere and folders named like an image. One
+    ``scandir`` per folder, whose entries know their type: a file's real path is looked up
+    only where a link leads to it."""
+    found, seen_folders, stack = [], set(), [folder]
+    while stack:
+        here = stack.pop()
+        real_here = os.path.realpath(here)
+        if real_here in seen_folders:
             continue
-        seen_folders.add(real)
-        folders[:] = [name for name in folders if not name.startswith(".")]
-        found += [Path(here) / name for name in names
-                  if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES]
-    kept = []
-    for path in sorted(found):
-        real = os.path.realpath(path)
-        if path.is_file() and real not in seen_files:
+        seen_folders.add(real_here)
+        with os.scandir(here) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir():  # a link to a folder too; one that leads nowhere is neither
+                    stack.append(Path(entry.path))
+                elif entry.is_file() and os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
+                    real = os.path.realpath(entry.path) if entry.is_symlink() else os.path.join(real_here, entry.name)
+                    found.append((Path(entry.path), real))
+    kept, seen_files = [], set()
+    for path, real in sorted(found):
+        if real not in seen_files:
             seen_files.add(real)
             kept.append(path)
     return kept
