@@ -41,7 +41,7 @@ class StudiesSideBySide:
         if sources == self._merged_from:
             return
         earlier = sorted(self.directory.glob("events.out.tfevents.*"))
-        if merge_hparams_columns(list(self.studies.values()), self.directory):
+        if merge_hparams_columns(list(self.studies.values()), self.directory, list(self.studies)):
             for path in earlier:  # TensorBoard reads one set: the newest only
                 path.unlink(missing_ok=True)
         self._merged_from = sources
@@ -63,7 +63,7 @@ class StudiesSideBySide:
                     if shown.exists() or shown.is_symlink():
                         continue
                     if path.name.endswith(".hparams"):
-                        copy_as_own_group(path, shown)
+                        copy_as_own_group(path, shown, study=label)
                     else:
                         shown.symlink_to(path.resolve(), target_is_directory=path.is_dir())
 

@@ -226,15 +226,24 @@ def backfill_trial_sessions(tensorboard_dir: Path, config: ExperimentConfig, fin
     return written
 
 
-def merge_hparams_columns(tensorboard_dirs: list[Path], into: Path) -> bool:
+STUDY_COLUMN = "study"  # studies shown side by side: each trial's, by its group's name (a space key has a dot)
+
+
+def merge_hparams_columns(tensorboard_dirs: list[Path], into: Path, labels: list[str]) -> bool:
     """One set of HParams columns for studies shown side by side, written to ``into``:
     TensorBoard reads the columns of one study only (the first it finds), which hid the
     others' parameters and metrics. A parameter several studies search keeps one column,
-    its range widened to cover theirs (its choices joined). False if no study has columns yet."""
+    its range widened to cover theirs (its choices joined). A first column, ``study``,
+    holds each trial's study (``labels``, the names of their groups of runs): the same
+    values in two studies were two lines no view could tell apart (audit 49). False if no
+    study has columns yet."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
     merged, params, metrics = api_pb2.Experiment(), {}, set()
+    study = merged.hparam_infos.add(name=STUDY_COLUMN, type=api_pb2.DATA_TYPE_STRING)
+    for label in labels:
+        study.domain_discrete.values.add(string_value=label)
     for columns in (c for directory in tensorboard_dirs for c in _stored_columns(directory)):
         for info in columns.hparam_infos:
             if info.name in params:
@@ -255,13 +264,13 @@ def merge_hparams_columns(tensorboard_dirs: list[Path], into: Path) -> bool:
     return True
 
 
-def copy_as_own_group(record: Path, target: Path) -> bool:
+def copy_as_own_group(record: Path, target: Path, study: str) -> bool:
     """A trial's HParams record (``write_trial_session``) copied to ``target`` as a session
     group of its own, for studies shown side by side: TensorBoard groups sessions by the
     group name the record holds, the trial's run name, so the same trial number with the
     same values in two studies (one study run again with one change) became one row, with
-    their metrics averaged. False, writing nothing, while the record is incomplete (being
-    written)."""
+    their metrics averaged. Its ``study`` column is set (``merge_hparams_columns``). False,
+    writing nothing, while the record is incomplete (being written)."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.plugins.hparams import metadata, plugin_data_pb2
     from tensorboard.summary.writer.record_writer import RecordWriter
@@ -274,6 +283,7 @@ def copy_as_own_group(record: Path, target: Path) -> bool:
         if value.tag == metadata.SESSION_START_INFO_TAG:
             content = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
             content.session_start_info.group_name = ""  # TensorBoard then names the group by its run
+            content.session_start_info.hparams[STUDY_COLUMN].string_value = study
             value.metadata.plugin_data.content = content.SerializeToString()
     partial = target.with_name("copy.part")  # no 'tfevents' in its name: TensorBoard leaves it alone
     with partial.open("wb") as handle:

@@ -758,7 +758,11 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     studies = StudiesSideBySide(combined, [first, second, first])
     [columns] = _stored_columns(combined)
     infos = {info.name: info for info in columns.hparam_infos}
-    assert set(infos) == {*config["space"], "state", "epochs"}
+    assert set(infos) == {*config["space"], "state", "epochs", "study"}
+    # each trial's study, a column of its own, first: the same values in two studies were two lines alike (audit 49)
+    assert columns.hparam_infos[0].name == "study" and [value.string_value for value in
+                                                        infos["study"].domain_discrete.values] == [
+        "one/study", "a,b/study", "one/study-2"]
     assert infos["model.lr"].domain_interval.min_value == pytest.approx(1e-5)  # widened to cover both
     assert infos["model.lr"].domain_interval.max_value == pytest.approx(shrunk_example(tmp_path)["space"]["model.lr"]["high"])
     batch = infos["data.batch_size"].domain_interval  # a range and numeric choices: one range over both
@@ -776,6 +780,8 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     # two studies' records both named trial_0000-..., so they became one row.
     [original] = runs[1].glob("*.hparams")
     assert _session_group(original) == runs[1].name and _session_group(folder / original.name) == ""
+    assert _session_start(original).hparams.get("study") is None
+    assert _session_start(folder / original.name).hparams["study"].string_value == "a,b/study"
     later = write_trial_session(second.tensorboard_dir, load_config(config), 1, {"model.lr": 0.02}, "PRUNED", 1)
     studies.link_new_runs()  # a trial that ended since
     assert _session_group(next((combined / "a,b" / "study" / later.name).glob("*.hparams"))) == ""
@@ -804,14 +810,18 @@ def test_studies_side_by_side_in_tensorboard_get_every_studys_columns_and_runs(t
     assert "model.momentum" in {info.name for info in columns.hparam_infos}
 
 
-def _session_group(record):
+def _session_start(record):
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.plugins.hparams import metadata
 
-    [group] = [metadata.parse_session_start_info_plugin_data(value.metadata.plugin_data.content).group_name
+    [start] = [metadata.parse_session_start_info_plugin_data(value.metadata.plugin_data.content)
                for event in EventFileLoader(str(record)).Load() for value in event.summary.value
                if value.tag == metadata.SESSION_START_INFO_TAG]
-    return group
+    return start
+
+
+def _session_group(record):
+    return _session_start(record).group_name
 
 
 @pytest.mark.parametrize("damage", ["empty experiment.yaml", "truncated best.json", "garbage journal line"])

@@ -534,7 +534,9 @@ def test_tensorboard_over_two_studies_shows_both_studies_runs_and_columns(finish
         process.terminate()
         process.wait(timeout=30)
     assert sorted({run.split("/")[0] for run in runs}) == sorted([exp_dir.name, "other"]) and len(runs) == 12, runs
-    assert {info["name"] for info in experiment["hparamInfos"]} == {*changed["space"], "state", "epochs"}
+    assert {info["name"] for info in experiment["hparamInfos"]} == {*changed["space"], "state", "epochs", "study"}
     assert {"hp/val_acc", "hp/val_loss"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
     # The copy's trials have the same numbers and values: still one row each, not merged.
     assert len(groups) == 12 and all(len(group["sessions"]) == 1 for group in groups), groups
+    # each row's study, which the HParams views can be filtered by
+    assert all(group["hparams"]["study"] == group["sessions"][0]["name"].split("/")[0] for group in groups), groups
