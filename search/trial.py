@@ -173,11 +173,12 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         try:
             datamodule = build_datamodule(config, data_class, params, device.loader_options)
             model = build_model(config, model_class, params, datamodule)
-        except OSError:
-            raise  # reading files: another try, or another node, may succeed
         except Exception as exc:
+            if isinstance(exc, OSError) and not _unreadable_file(exc):
+                raise  # reading files: another try, or another node, may succeed
             # The sampled values themselves are at fault (a bad combination the constructor
-            # rejects): every retry would raise the same, so the trial fails at once.
+            # rejects), or a file that fails whenever read (audit 50: UnreadableDataFile was
+            # retried): every retry would raise the same, so the trial fails at once.
             report({TRIAL_NUMBER: number, FINISHED: True,
                     FAILURE: f"building the trial's {_class_name(raised_by(exc, data_class, model_class))} raised "
                              f"{type(exc).__name__}: {first_line(exc)}"[:300]})

@@ -1097,6 +1097,51 @@ def test_pytorchs_shape_and_dtype_checks_are_not_retried(torch_call):
     assert reason.endswith("not retried: the same code would raise it again"), reason
 
 
+def test_a_datamodule_that_cannot_read_a_file_in_its_constructor_fails_its_trial_at_once(example_config, tmp_path):
+    """``UnreadableDataFile`` from a constructor was retried, as any OSError there is, though
+    README promised a DataModule may raise it to end its trial (audit 50); an I/O error is
+    still left to a retry. In a process of its own, as in a worker."""
+    from conftest import write_yaml
+
+    (tmp_path / "reading_data.py").write_text(
+        "import errno, os\n"
+        "from hpsearch.models.digits import DigitsDataModule\n"
+        "from hpsearch.search.errors import UnreadableDataFile\n"
+        "class Reading(DigitsDataModule):\n"
+        "    def __init__(self, **kwargs):\n"
+        "        if os.environ['FAULT'] == 'unreadable':\n"
+        "            raise UnreadableDataFile('cannot read labels.csv: bad row 3')\n"
+        "        raise OSError(errno.EIO, 'Input/output error')\n")
+    example_config["data"]["class_path"] = "reading_data:Reading"
+    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
+    (tmp_path / "experiment.json").write_text(json.dumps(config.model_dump(mode="json")))
+    (tmp_path / "one_trial.py").write_text("""
+import json, os
+from ray import tune
+from hpsearch.search import trial as trial_module
+from hpsearch.search.outcome import TRIAL_NUMBER
+
+reports = []
+tune.report = reports.append
+for number, fault in enumerate(("unreadable", "io")):
+    os.environ["FAULT"] = fault
+    try:
+        trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64},
+                                  TRIAL_NUMBER: number}, experiment=json.load(open("experiment.json")),
+                                 experiment_dir="study")
+        print("REPORT", json.dumps(reports[-1], default=str))
+    except OSError as exc:
+        print("RAISED", type(exc).__name__, exc)
+""")
+    done = subprocess.run([sys.executable, "one_trial.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [report] = [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines()
+                if line.startswith("REPORT ")]
+    assert report[FINISHED] and report[FAILURE] == ("building the trial's Reading raised UnreadableDataFile: cannot "
+                                                    "read labels.csv: bad row 3"), report
+    assert "RAISED OSError [Errno 5] Input/output error" in done.stdout, done.stdout  # for Ray Tune to retry
+
+
 def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_recorded_its_settings(example_config, tmp_path):
     """``sys.exit(4)`` in a training step ended the Ray worker with exit code 4, which the
     driver took for a process killed by the out-of-memory killer or a native crash, and
