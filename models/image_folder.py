@@ -150,19 +150,22 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
 
     def list_files(self) -> tuple[list[Path], list[int]]:
         """Every image file under the class folders, and its class; listed once per trial
-        worker (``once_per_worker``): listing a million files takes seconds. The key holds
-        the class folders' modification times, so adding or removing a file directly in
-        one lists again."""
-        folders = [self.root / name for name in self.classes]
-        key = (str(self.root.resolve()), tuple(self.classes), tuple(f.stat().st_mtime_ns for f in folders))
-        return once_per_worker(key, self._walk)
+        worker (``once_per_worker``): listing a million files takes seconds. The listing
+        holds the modification times of every folder it read, sub-folders and linked ones
+        too, and a later trial lists again when one changed: a file added or removed in
+        any of them, or a folder added (its parent's time). The key held only the class
+        folders' times, and a file added in a sub-folder went unseen (audit 50)."""
+        files, labels, _ = once_per_worker((str(self.root.resolve()), tuple(self.classes)), self._walk,
+                                           still_valid=_folders_unchanged)
+        return files, labels
 
-    def _walk(self) -> tuple[list[Path], list[int]]:
-        files, labels = [], []
+    def _walk(self) -> tuple[list[Path], list[int], tuple[tuple[str, int], ...]]:
+        files, labels, stamps = [], [], []
         for label, name in enumerate(self.classes):
-            for path in _image_files(self.root / name):
-                files.append(path)
-                labels.append(label)
+            found, folders = _image_files(self.root, name)
+            files += found
+            labels += [label] * len(found)
+            stamps += folders
         if not files:
             raise ValueError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under {str(self.root)!r}")
         seen = set(labels)
@@ -170,7 +173,7 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         if empty:  # a class the model would have an output for and never see
             raise ValueError(f"class folders with no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under "
                              f"{str(self.root)!r}: {', '.join(empty)}")
-        return files, labels
+        return files, labels, tuple(stamps)
 
     def setup(self, stage: str | None = None) -> None:
         if self._splits is not None:
@@ -215,32 +218,56 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         return images.to(dtype if dtype.is_floating_point else torch.float32).div_(255.0), labels
 
 
-def _image_files(folder: Path) -> list[Path]:
-    """The image files under one class's folder, sorted: symlinked folders followed (each
-    once, so a link to a folder above it ends there), hidden files and folders skipped, a link
-    to a file listed already here skipped (two samples of one file could land in two
-    splits), as are links that lead nowhere and folders named like an image. One
-    ``scandir`` per folder, whose entries know their type: a file's real path is looked up
-    only where a link leads to it."""
-    found, seen_folders, stack = [], set(), [folder]
+def _folders_unchanged(listing: tuple) -> bool:
+    """Whether every folder a listing read (``_walk``) has the modification time it had then."""
+    try:
+        return all(os.stat(folder).st_mtime_ns == stamp for folder, stamp in listing[2])
+    except OSError:  # one is gone
+        return False
+
+
+def _image_files(root: Path, name: str) -> tuple[list[Path], list[tuple[str, int]]]:
+    """The image files under the class folder ``root/name``, sorted, and each folder read,
+    with its modification time as read. Sub-folders and
+    symlinked folders are read, each once (a link back into the class ends there). Skipped:
+    hidden files and folders; a link to the root, a folder above it or another class's
+    folder, or to a file there, whose files would get two labels, in two splits (audit 50);
+    a second link to a file listed already here; links that lead nowhere or round in a
+    loop; folders named like an image. One ``scandir`` per folder, whose entries know their
+    type: a file's real path is looked up only where a link leads to it."""
+    real_root, real_class = os.path.realpath(root), os.path.realpath(root / name)
+
+    def elsewhere(real: str) -> bool:
+        if os.path.commonpath([real, real_root]) == real:  # the root, or a folder above it
+            return True
+        in_root = os.path.commonpath([real, real_root]) == real_root
+        return in_root and os.path.commonpath([real, real_class]) != real_class
+
+    found, read, seen_folders, stack = [], [], set(), [root / name]
     while stack:
         here = stack.pop()
         real_here = os.path.realpath(here)
-        if real_here in seen_folders:
+        if real_here in seen_folders or elsewhere(real_here):
             continue
         seen_folders.add(real_here)
+        read.append((str(here), os.stat(here).st_mtime_ns))  # before its entries: a file added meanwhile shows
         with os.scandir(here) as entries:
             for entry in entries:
                 if entry.name.startswith("."):
                     continue
-                if entry.is_dir():  # a link to a folder too; one that leads nowhere is neither
+                try:  # a link's target is looked at: none, for one that leads nowhere
+                    is_dir, is_file, linked = entry.is_dir(), entry.is_file(), entry.is_symlink()
+                except OSError:  # a link in a loop (ELOOP) raised: it leads nowhere either
+                    continue
+                if is_dir:
                     stack.append(Path(entry.path))
-                elif entry.is_file() and os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
-                    real = os.path.realpath(entry.path) if entry.is_symlink() else os.path.join(real_here, entry.name)
-                    found.append((Path(entry.path), real))
+                elif is_file and os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
+                    real = os.path.realpath(entry.path) if linked else os.path.join(real_here, entry.name)
+                    if not (linked and elsewhere(real)):
+                        found.append((Path(entry.path), real))
     kept, seen_files = [], set()
     for path, real in sorted(found):
         if real not in seen_files:
             seen_files.add(real)
             kept.append(path)
-    return kept
+    return kept, read

@@ -36,14 +36,16 @@ class WorkerData:
     builds: int = 0
     reuses: int = 0
 
-    def get(self, key: Hashable, build: Callable[[], T], trial: str) -> T:
-        if key in self.held:
+    def get(self, key: Hashable, build: Callable[[], T], trial: str,
+            still_valid: Callable[[T], bool] | None = None) -> T:
+        if key in self.held and (still_valid is None or still_valid(self.held[key][0])):
             value = self.held[key][0]
             self.held[key] = (value, trial)
             self.reuses += 1
             return value
-        # Free what earlier trials left before building: it would otherwise be held twice.
-        self.held = {k: entry for k, entry in self.held.items() if entry[1] == trial}
+        # Free what earlier trials left before building (and a stale value under this key):
+        # it would otherwise be held twice.
+        self.held = {k: entry for k, entry in self.held.items() if entry[1] == trial and k != key}
         value = build()
         self.held[key] = (value, trial)
         self.builds += 1
@@ -57,12 +59,15 @@ class WorkerData:
 WORKER_DATA = WorkerData()
 
 
-def once_per_worker(key: Hashable, build: Callable[[], T]) -> T:
+def once_per_worker(key: Hashable, build: Callable[[], T], still_valid: Callable[[T], bool] | None = None) -> T:
     """``build()``, or the value an earlier trial of this worker built under an equal ``key``.
 
     ``key`` must name everything the value depends on (e.g. the class, the file, the
-    seed and the size), since any trial of the search may come next in this worker."""
+    seed and the size), since any trial of the search may come next in this worker.
+    ``still_valid``: whether a value built before still holds (what it was built from may
+    have changed since in ways the key cannot name before building: the folders a listing
+    found); a value it refuses is built again."""
     trial = os.environ.get(IN_TRIAL_ENV)
     if trial is None:
         return build()
-    return WORKER_DATA.get(key, build, trial)
+    return WORKER_DATA.get(key, build, trial, still_valid)

@@ -293,8 +293,9 @@ def test_adding_images_moves_few_of_the_others_between_splits(tmp_path):
 
 def test_image_folder_lists_what_it_can_read_once_each(tmp_path):
     """Symlinked sub-folders are followed (``rglob`` dropped them), a link to a file listed
-    already is one sample (the two landed in two splits), and links that lead nowhere and
-    folders named like an image are no files; GIF and TIFF are read (audit 48)."""
+    already is one sample (the two landed in two splits), and links that lead nowhere or
+    loop, folders named like an image and links into another class are no files of this
+    class; GIF and TIFF are read (audits 48 and 50)."""
     from PIL import Image
 
     from hpsearch.models.image_folder import _image_files
@@ -308,9 +309,14 @@ def test_image_folder_lists_what_it_can_read_once_each(tmp_path):
     (root / "cat" / "nowhere.jpg").symlink_to(tmp_path / "missing.jpg")
     (root / "cat" / "folder.jpg").mkdir()
     (root / "cat" / "loop").symlink_to(root / "cat", target_is_directory=True)
+    # links to the root, or into another class, would give its files two labels in two splits (audit 50)
+    (root / "cat" / "rootloop").symlink_to(root, target_is_directory=True)
+    (root / "cat" / "dogs").symlink_to(root / "dog", target_is_directory=True)
+    (root / "cat" / "a_dog.png").symlink_to(root / "dog" / "1.png")
+    (root / "cat" / "self").symlink_to(root / "cat" / "self")  # round in a loop: ELOOP stopped the listing
     Image.new("P", (4, 4)).save(root / "cat" / "anim.gif")
     Image.new("RGB", (4, 4)).save(root / "cat" / "scan.TIFF")
-    listed = [path.relative_to(root).as_posix() for path in _image_files(root / "cat")]
+    listed = [path.relative_to(root).as_posix() for path in _image_files(root, "cat")[0]]
     assert listed == ["cat/0.jpg", "cat/1.png", "cat/anim.gif", "cat/linked/inner/far.png", "cat/scan.TIFF"], listed
     dm = ImageFolderDataModule(str(root), image_size=4)
     dm.setup()

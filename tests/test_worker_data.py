@@ -137,7 +137,7 @@ def test_synthetic_images_with_other_arguments_are_other_data(in_a_trial):
     assert WORKER_DATA.builds == 3
 
 
-def test_an_image_folder_is_listed_once_per_worker_until_a_class_folder_changes(in_a_trial, tmp_path):
+def test_an_image_folder_is_listed_once_per_worker_until_a_folder_of_it_changes(in_a_trial, tmp_path):
     root = make_image_folder(tmp_path / "images", per_class=3)
     first = ImageFolderDataModule(str(root))
     first.setup("fit")
@@ -150,3 +150,13 @@ def test_an_image_folder_is_listed_once_per_worker_until_a_class_folder_changes(
     os.utime(added.parent, ns=(time.time_ns(), time.time_ns() + 10**9))  # a coarse clock may not move
     third = ImageFolderDataModule(str(root))
     assert added in third.list_files()[0] and WORKER_DATA.builds == 2
+    # one added in a sub-folder too: the key held the class folders' times only (audit 50)
+    sub = root / first.classes[1] / "more"
+    sub.mkdir()
+    assert ImageFolderDataModule(str(root)).list_files()[0] == third.list_files()[0]  # an empty folder: no file
+    builds = WORKER_DATA.builds
+    deeper = sub / "deeper.png"
+    shutil.copy(added, deeper)
+    os.utime(sub, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+    assert deeper in ImageFolderDataModule(str(root)).list_files()[0] and WORKER_DATA.builds == builds + 1
+    assert ImageFolderDataModule(str(root)).list_files()[0].count(deeper) == 1 and WORKER_DATA.builds == builds + 1
