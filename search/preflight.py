@@ -117,14 +117,15 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type) ->
 
 def _classes_for(config: ExperimentConfig, variant: dict[str, Any], params: dict[str, Any], model, datamodule,
                  model_class: type, data_class: type, loader: dict[str, Any]):
-    """The (model, DataModule) to train ``variant`` with: those built for ``params``, or,
-    where a condition made the variant's model or data values differ, ones built for it (a
-    conditional precision trained the model built for the first choices; audit 41). None
-    if a class refuses the variant's values."""
-    if all(config.params_for(section, variant) == config.params_for(section, params) for section in ("model", "data")):
-        return model, datamodule
+    """The (model, DataModule) to train ``variant`` with: a model built for it, never one
+    trained before (a ``64-true`` or ``bf16-true`` precision converts the model it trains in
+    place, and the next precision trained a model of doubles: audit 50), and the DataModule
+    built for ``params`` unless a condition made the variant's data values differ (a
+    conditional precision trained the classes built for the first choices; audit 41).
+    None if a class refuses the variant's values."""
     try:
-        data = build_datamodule(config, data_class, variant, loader)
+        data = datamodule if config.params_for("data", variant) == config.params_for("data", params) else \
+            build_datamodule(config, data_class, variant, loader)
         return build_model(config, model_class, variant, data), data
     except Exception:  # noqa: BLE001 - reported by _values_the_classes_refuse
         return None
@@ -494,13 +495,13 @@ def _first_trial_refused(config: ExperimentConfig, index: int, point: dict[str, 
     ends only by its constructor; a first trial is certain to run, so it is trained too
     (audit 45: an optimizer's refusal), with its classes built once, for real (a DataModule
     that loads its data in its constructor loaded twice when they were built on the meta
-    device first)."""
+    device first); its DataModule is the preflight's own where its data values are."""
     model_class, data_class, model, datamodule, loader, deadline = classes
     trial_params = sampled_only(config, {**values, **point})
-    # the model again after new data: a model may take its shapes from the DataModule
-    data_differs, model_differs = (config.params_for(section, trial_params) != config.params_for(section, params)
-                                   for section in ("data", "model"))
-    sections = ("data", "model") if data_differs else ("model",) if model_differs else ()
+    # A model of its own, never one trained before (see _classes_for), after new data where
+    # its data values differ: a model may take its shapes from the DataModule.
+    data_differs = config.params_for("data", trial_params) != config.params_for("data", params)
+    sections = ("data", "model") if data_differs else ("model",)
     pair = _built_pair(config, sections, trial_params, *classes, built_with=f"search.first_trials.{index}",
                        on_meta=False)
     if isinstance(pair, str):

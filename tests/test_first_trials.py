@@ -432,3 +432,19 @@ def test_the_preflight_builds_each_first_trials_classes_once(example_config, mon
     config = load_config(example_config)
     assert "val_acc" in run_preflight(config, *check_components(config))
     assert builds.count(48) == 1 and builds.count(40) == 1, builds
+
+
+def test_a_first_trial_is_trained_on_a_model_of_its_own(example_config):
+    """The preflight's model, trained in each precision the space searches, was converted to
+    doubles by ``64-true``; a first trial with the preflight's own model values (or only
+    trainer values) was trained on it and refused: "Input type (float) and bias type
+    (double) should be the same" (audit 50)."""
+    from hpsearch.search.preflight import representative_params
+
+    example_config["space"]["trainer.gradient_clip_val"] = {"type": "float", "low": 0.1, "high": 1.0}
+    example_config["space"]["trainer.precision"] = {"type": "categorical", "choices": ["32-true", "64-true"]}
+    own = representative_params(load_config(example_config))
+    example_config["search"]["first_trials"] = [own, {"trainer.gradient_clip_val": 0.9},
+                                                {"trainer.precision": "64-true"}]
+    config = load_config(example_config)
+    assert "val_acc" in run_preflight(config, *check_components(config))
