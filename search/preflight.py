@@ -57,7 +57,8 @@ def trained_with(config: ExperimentConfig) -> str:
 def run_preflight(config: ExperimentConfig, model_class: type, data_class: type) -> list[str]:
     """Train one step and validate one batch; return the metrics the model logged at
     validation. Raises ``ConfigError``. Seeded as the study's trial 0 is (its weights, its
-    shuffled batches), so that ``check`` and ``run`` train the same batches: unseeded, a bad
+    shuffled batches; seed 0's trial 0 for a study without a seed, whose trials are
+    unseeded), so that ``check`` and ``run`` train the same batches: unseeded, a bad
     file the training split holds was met by one ``check`` in six (audit 48). The caller's
     generators are left as they were (a Python session's, a notebook's)."""
     from .seeding import seeded_as_its_trial, training_seed
