@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .caller_state import caller_state_kept
 from .cluster_join import cluster_address, ensure_joined_cluster_answers
 from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import flat_settings, load_config
@@ -100,7 +101,7 @@ def run(
     # The storage is checked before the preflight's imports: a storage that was a file was
     # said after 6.5 s of them (audit 36). A URI is checked for writing here.
     home = _new_study_home(config)
-    with thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
+    with caller_state_kept(), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
         prepare(config)
         if starts_a_local_ray(address):
             room_on_this_machine(config)  # a trial too large for it is refused before Ray starts
@@ -266,7 +267,7 @@ def resume(
     callbacks = _tune_callbacks(callbacks)
     exp, mirror = StudyHome.existing(experiment_dir)
     # prepare() freezes the driver's imports for this search only
-    with study_lock(exp), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
+    with caller_state_kept(), study_lock(exp), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
         return _took(called, _resume_locked(exp, overrides, address, verbose, callbacks, mirror, interrupted,
                                             retry_failed))
 

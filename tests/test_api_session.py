@@ -67,7 +67,8 @@ def test_one_python_session_through_a_ctrl_c_at_ray_start_a_failed_search_and_a_
     - a search whose every trial failed returned as if all went well (the command line
       exits with 1 saying so; from Python, result.best is None);
     - a search stopped by one Ctrl+C returned as if all went well too: a notebook showed
-      nothing of the stop, or of how to continue the study (the command line prints it)."""
+      nothing of the stop, or of how to continue the study (the command line prints it);
+    - and a search leaves the session's generators, loggers and breakpoint() as they were."""
     shutil.copytree(FIXTURES / "userpkg", tmp_path / "userpkg")
     at_start = shrunk_example(tmp_path, **{"name": "at-start", "search/num_trials": 1, "scheduler/max_epochs": 1})
     failing = shrunk_example(tmp_path, **{"name": "failing", "search/num_trials": 2, "scheduler/max_epochs": 1})
@@ -113,11 +114,22 @@ def test_one_python_session_through_a_ctrl_c_at_ray_start_a_failed_search_and_a_
 
         print("LEFT", sorted(Path(c).name for c in children()), flush=True)
 
+        import logging, random, numpy, optuna
+
+        def callers_state():  # what a notebook goes on with: its generators, loggers and breakpoint()
+            return (random.getstate(), numpy.random.get_state()[1].tolist(), logging.getLogger("ray.tune").level,
+                    optuna.logging.get_verbosity(), os.environ.get("PYTHONBREAKPOINT"))
+
+        random.seed(7), numpy.random.seed(7)
+        os.environ.pop("PYTHONBREAKPOINT", None)  # the session's own breakpoint(): the first ray.init set Ray's
+        before = callers_state()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = hpsearch.run(json.loads({json.dumps(failing)!r}))
         said = [str(w.message) for w in caught if issubclass(w.category, NoResultWarning)]
         print("FAILED", result.outcome, result.best, said, flush=True)
+        print("CALLER'S STATE KEPT", [a == b for a, b in zip(before, callers_state())], ray.is_initialized(),
+              flush=True)
 
         class CtrlCOnce(tune.Callback):
             def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -136,6 +148,9 @@ def test_one_python_session_through_a_ctrl_c_at_ray_start_a_failed_search_and_a_
     assert "INTERRUPTED False" in out.stdout, out.stdout + out.stderr[-3000:]
     assert "LEFT []" in out.stdout, out.stdout
     assert "SIGTERM HANDLER KEPT True" in out.stdout, out.stdout
+    # Ray Tune's driver shuffled with Python's generator, and a search left its loggers quiet, Optuna's
+    # verbosity at WARNING and ray.init's breakpoint() hook, with its Ray up for the next search (audit 51)
+    assert "CALLER'S STATE KEPT [True, True, True, True, True] True" in out.stdout, out.stdout
     assert not (tmp_path / "at-start").exists()  # stopped before the study was made
     assert "FAILED complete None ['no trial finished with a result (2 of 2 failed); result.best is None" \
         in out.stdout, out.stdout + out.stderr[-3000:]
