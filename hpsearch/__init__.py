@@ -1,7 +1,7 @@
 """hpsearch: fast hyperparameter search for PyTorch Lightning models on Ray Tune.
 
 The public API is ``run``, ``resume`` and ``check`` (see ``hpsearch.search.api``), the
-exceptions and warnings they raise, ``load_trial`` (a finished trial's trained model; see
+exceptions and warnings they raise and the types they return, ``load_trial`` (a finished trial's trained model; see
 ``hpsearch.search.trained``), and, for your DataModules, ``once_per_worker`` (see
 ``hpsearch.search.worker_data``). They are imported lazily so that ``import hpsearch`` (and
 the CLI's fast paths) stay cheap.
@@ -22,12 +22,18 @@ if not _os.path.isdir(_os.path.join(__path__[0], "search")):
         __path__.append(_checkout)
 
 __all__ = ["run", "resume", "check", "load_config", "load_trial", "once_per_worker", "__version__",
-           "HpsearchError", "ConfigError", "Interrupted", "CallbackError", "NoResultWarning", "StoppedEarlyWarning"]
+           "SearchResult", "LoadedTrial", "HpsearchError", "ConfigError", "ExperimentError", "ResourceError",
+           "ClusterError", "StorageError", "DiskFullError", "Interrupted", "CallbackError", "UnreadableDataFile",
+           "NoResultWarning", "StoppedEarlyWarning"]
 
-# where each exception and warning the API raises is defined (audit 32: named by the README,
-# they could not be imported from hpsearch)
-_RAISED = {"HpsearchError": "errors", "ConfigError": "errors", "Interrupted": "errors", "CallbackError": "errors",
-           "NoResultWarning": "api", "StoppedEarlyWarning": "api"}
+# where each exception and warning the API raises, and each type it returns, is defined
+# (audits 32 and 51: named by the README, or raised by resume and load_trial, they could
+# not be imported from hpsearch)
+_RAISED = {"HpsearchError": "errors", "ConfigError": "errors", "ExperimentError": "errors",
+           "ResourceError": "errors", "ClusterError": "cluster_join", "StorageError": "storage",
+           "DiskFullError": "errors", "Interrupted": "errors", "CallbackError": "errors",
+           "UnreadableDataFile": "errors", "NoResultWarning": "api", "StoppedEarlyWarning": "api",
+           "SearchResult": "api", "LoadedTrial": "trained"}
 
 
 def __getattr__(name: str):

@@ -10,6 +10,7 @@ settings it trained with), and given the weights of its best checkpoint.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,10 @@ def load_trial(experiment_dir: str | Path, trial: int | None = None, *, map_loca
     user's classes are imported as ``run`` imports them (from the current directory): run
     it from where the search ran. Raises ``HpsearchError`` for a trial that has no
     checkpoint to load (not started, or its ``best.ckpt`` removed by ``keep_checkpoints``)."""
-    if trial is not None and (isinstance(trial, bool) or not isinstance(trial, int)):
-        raise TypeError(f"trial is a trial's number, an int (got {trial!r})")
+    if trial is not None:
+        if isinstance(trial, bool) or not hasattr(type(trial), "__index__"):
+            raise TypeError(f"trial is a trial's number, an int (got {trial!r})")
+        trial = operator.index(trial)  # a NumPy integer too, as a pandas table of result.trials has (audit 51)
     from .seeding import generators_kept
 
     with generators_kept():  # the caller's generators as they were: the imports below move them too

@@ -1288,6 +1288,13 @@ def test_every_public_name_of_the_package_resolves():
     assert (hpsearch.Interrupted, hpsearch.CallbackError, hpsearch.ConfigError) == \
         (errors.Interrupted, errors.CallbackError, errors.ConfigError)
     assert (hpsearch.NoResultWarning, hpsearch.StoppedEarlyWarning) == (api.NoResultWarning, api.StoppedEarlyWarning)
+    # what resume, load_trial and a cluster's run raise, and the types they return (audit 51: AttributeError)
+    from hpsearch.search import cluster_join, storage, trained
+
+    assert (hpsearch.ExperimentError, hpsearch.ResourceError, hpsearch.DiskFullError, hpsearch.UnreadableDataFile,
+            hpsearch.ClusterError, hpsearch.StorageError, hpsearch.SearchResult, hpsearch.LoadedTrial) == (
+        errors.ExperimentError, errors.ResourceError, errors.DiskFullError, errors.UnreadableDataFile,
+        cluster_join.ClusterError, storage.StorageError, api.SearchResult, trained.LoadedTrial)
 
 
 def test_a_ctrl_c_while_the_command_leaves_ray_is_ignored(monkeypatch):

@@ -33,6 +33,10 @@ def test_the_best_trials_model_scores_on_the_test_split_what_its_evaluation_did(
     best = json.loads((exp_dir / "best.json").read_text())
     loaded = hpsearch.load_trial(exp_dir)
     assert (loaded.trial, loaded.params, loaded.value) == (best["trial"], best["params"], best["value"])
+    import numpy
+
+    # by a NumPy number, as a pandas table of result.trials gives it: refused as no int (audit 51)
+    assert hpsearch.load_trial(exp_dir, numpy.int64(best["trial"])).trial == best["trial"]
     assert not loaded.model.training and loaded.checkpoint.name == "best.ckpt"
     assert loaded.model.hparams["lr"] == best["params"]["model.lr"]  # built with its sampled values
     loaded.datamodule.setup("test")
