@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     _drop_earlier_evaluations(exp, number)
     if checkpoint.is_file():
         if _has_test_split(config):  # it can take a while: say what runs
-            print(f"evaluating the best trial ({number}) on the test split", flush=True)
+            # progress, with the search's own on stderr: stdout holds the result (audit 51)
+            print(f"evaluating the best trial ({number}) on the test split", file=sys.stderr, flush=True)
         try:
             test_metrics = evaluate_on_cluster(config, params, str(checkpoint), mirror, seed=trained_seed(row))
             (exp.root / EVALUATION_ERROR).unlink(missing_ok=True)  # an earlier session's, now out of date

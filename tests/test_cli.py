@@ -455,6 +455,9 @@ def test_a_search_whose_every_trial_failed_exits_with_1_saying_so(tmp_path, caps
                                                  "checkpoint": None, "test_metrics": {}},
                           [{"state": "COMPLETE"}], 9.0)
     assert _report(result) == 0
+    # a notebook shows it in one line (audit 51: 7,862 characters for 6 trials)
+    assert repr(result) == (f"SearchResult(experiment_dir={str(tmp_path)!r}, outcome='complete', "
+                            "best=<trial 0: val_acc = 0.9>, trials=<1>, elapsed_s=9.0)")
 
 
 def test_a_search_stopped_before_any_trial_ended_says_none_was_evaluated(tmp_path, capsys):

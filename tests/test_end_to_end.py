@@ -81,7 +81,7 @@ def test_best_json_is_valid_and_its_checkpoint_loads(finished_search):
     best = json.loads((exp_dir / "best.json").read_text())
     study = study_of(exp_dir, config["name"])
     # The evaluation can take a while: the command says it runs.
-    assert f"evaluating the best trial ({best['trial']}) on the test split" in result.stdout
+    assert f"evaluating the best trial ({best['trial']}) on the test split" in result.stderr  # progress
     assert best["value"] == pytest.approx(study.best_value, rel=1e-5)
     assert best["trial"] == study.best_trial.number
     assert best["params"] == pytest.approx(study.best_trial.params)
