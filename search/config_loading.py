@@ -33,7 +33,8 @@ def load_config(
     options: Mapping[str, Any] | None = None,
     stored: bool = False,
 ) -> ExperimentConfig:
-    """Parse, override and validate an experiment from a YAML path or a plain dict.
+    """Parse, override and validate an experiment from a YAML path, a plain dict or a
+    validated config (``check``'s).
 
     ``options`` are top-level fields given by command-line options of the same name
     (``{"name": ...}`` for ``--name``); they apply last and errors blame the option.
@@ -41,6 +42,8 @@ def load_config(
     """
     if isinstance(overrides, str):
         overrides = [overrides]  # one key=value, not a sequence of its characters
+    if isinstance(source, ExperimentConfig):  # what check() returns, given back (audit 51: refused)
+        source = source.model_dump(mode="json")
     if not isinstance(source, (str, Path, Mapping)):
         raise TypeError(f"the experiment must be a YAML file's path or a mapping, not {type(source).__name__}")
     if not isinstance(overrides, (Mapping, Iterable)):

@@ -781,3 +781,11 @@ def test_a_mode_against_the_metrics_name_is_warned_of_before_the_study_starts(ex
         _run_config(example_config, {}, None, None)
     said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert said == ([f"{warned} unless that is meant"] if warned else []), said
+
+
+def test_a_validated_config_given_back_is_taken(example_config):
+    """What ``check`` returns, given back to ``check`` or ``run`` (with overrides too), was
+    refused: "the experiment must be a YAML file's path or a mapping" (audit 51)."""
+    config = load_config(example_config)
+    assert load_config(config) == config
+    assert load_config(config, {"search.num_trials": 3}).search.num_trials == 3
