@@ -160,19 +160,37 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         return files, labels
 
     def _walk(self) -> tuple[list[Path], list[int], tuple[tuple[str, int], ...]]:
-        files, labels, stamps = [], [], []
+        """Each class's files (``_image_files``), each file in one class only: a file two
+        classes reach, by links or by a class folder that is a link, belongs to the class
+        whose folder holds it, links resolved, else (a file outside every class folder) to
+        the first class that reaches it. Two labels put one file in two splits (audits 50
+        and 52)."""
+        real_classes = [os.path.realpath(self.root / name) for name in self.classes]
+        linked_classes = [(self.root / name).is_symlink() for name in self.classes]
+        reached, stamps = [], []
         for label, name in enumerate(self.classes):
             found, folders = _image_files(self.root, name)
-            files += found
-            labels += [label] * len(found)
+            reached += [(label, path, real) for path, real in found]
             stamps += folders
+        holders: dict[str, int] = {}
+        for label, _, real in reached:
+            # the deepest class folder that holds it (one may lie inside another); of two that
+            # are one folder, the class whose folder is no link, then the first
+            holding = [(len(folder), not linked_classes[holder], -holder) for holder, folder in enumerate(real_classes)
+                       if os.path.commonpath([real, folder]) == folder]
+            holders.setdefault(real, -max(holding)[2] if holding else label)
+        files, labels = [], []
+        for label, path, real in reached:
+            if holders[real] == label:
+                files.append(path)
+                labels.append(label)
         if not files:
             raise ValueError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under {str(self.root)!r}")
         seen = set(labels)
         empty = [name for label, name in enumerate(self.classes) if label not in seen]
         if empty:  # a class the model would have an output for and never see
-            raise ValueError(f"class folders with no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under "
-                             f"{str(self.root)!r}: {', '.join(empty)}")
+            raise ValueError(f"class folders with no image files of their own ({', '.join(sorted(IMAGE_SUFFIXES))}) "
+                             f"under {str(self.root)!r}: {', '.join(empty)}")
         return files, labels, tuple(stamps)
 
     def setup(self, stage: str | None = None) -> None:
@@ -226,29 +244,22 @@ def _folders_unchanged(listing: tuple) -> bool:
         return False
 
 
-def _image_files(root: Path, name: str) -> tuple[list[Path], list[tuple[str, int]]]:
-    """The image files under the class folder ``root/name``, sorted, and each folder read,
-    with its modification time as read. Sub-folders and
-    symlinked folders are read, each once (a link back into the class ends there). Skipped:
-    hidden files and folders; a link to the root, a folder above it or another class's
-    folder, or to a file there, whose files would get two labels, in two splits (audit 50);
-    a second link to a file listed already here; links that lead nowhere or round in a
-    loop; folders named like an image. One ``scandir`` per folder, whose entries know their
-    type: a file's real path is looked up only where a link leads to it."""
-    real_root, real_class = os.path.realpath(root), os.path.realpath(root / name)
-
-    def elsewhere(real: str) -> bool:
-        if os.path.commonpath([real, real_root]) == real:  # the root, or a folder above it
-            return True
-        in_root = os.path.commonpath([real, real_root]) == real_root
-        return in_root and os.path.commonpath([real, real_class]) != real_class
-
+def _image_files(root: Path, name: str) -> tuple[list[tuple[Path, str]], list[tuple[str, int]]]:
+    """The image files under the class folder ``root/name``, sorted, each with its real
+    path; and each folder read, with its modification time as read (a linked file's
+    target's folder too). Sub-folders and symlinked folders are read, each once (a link
+    back into the class ends there). Skipped: hidden files and folders; a link to the root
+    or a folder above it (every class's files, which are theirs: see ``_walk``); a second
+    link to a file listed already here; links that lead nowhere or round in a loop
+    (audit 50); folders named like an image. One ``scandir`` per folder, whose entries
+    know their type: a file's real path is looked up only where a link leads to it."""
+    real_root = os.path.realpath(root)
     found, read, seen_folders, stack = [], [], set(), [root / name]
     while stack:
         here = stack.pop()
         real_here = os.path.realpath(here)
-        if real_here in seen_folders or elsewhere(real_here):
-            continue
+        if real_here in seen_folders or os.path.commonpath([real_here, real_root]) == real_here:
+            continue  # read already, or the root or above it
         seen_folders.add(real_here)
         read.append((str(here), os.stat(here).st_mtime_ns))  # before its entries: a file added meanwhile shows
         with os.scandir(here) as entries:
@@ -263,11 +274,13 @@ def _image_files(root: Path, name: str) -> tuple[list[Path], list[tuple[str, int
                     stack.append(Path(entry.path))
                 elif is_file and os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
                     real = os.path.realpath(entry.path) if linked else os.path.join(real_here, entry.name)
-                    if not (linked and elsewhere(real)):
-                        found.append((Path(entry.path), real))
-    kept, seen_files = [], set()
+                    found.append((Path(entry.path), real))
+    kept, seen_files, targets = [], set(), set()
     for path, real in sorted(found):
         if real not in seen_files:
             seen_files.add(real)
-            kept.append(path)
+            kept.append((path, real))
+            if os.path.dirname(real) not in seen_folders:  # a linked file's, which no folder read holds
+                targets.add(os.path.dirname(real))
+    read += [(folder, os.stat(folder).st_mtime_ns) for folder in sorted(targets)]
     return kept, read

@@ -214,6 +214,32 @@ def test_image_folder_rejects_a_missing_root(tmp_path):
         ImageFolderDataModule(str(tmp_path / "nope"))
 
 
+def test_a_class_folder_that_is_a_link_gets_no_other_classs_files(tmp_path):
+    """A class folder linked to another class's folder (or into it), or classes kept
+    outside the root that link to each other, gave a file two labels (audit 52)."""
+    from PIL import Image
+
+    root = make_image_folder(tmp_path / "images", per_class=2)
+    (root / "eel").rename(tmp_path / "eel-real")
+    (root / "eel").symlink_to(root / "dog", target_is_directory=True)
+    with pytest.raises(ValueError, match="class folders with no image files of their own .*: eel"):
+        ImageFolderDataModule(str(root)).list_files()
+    outside = tmp_path / "ext"
+    for name in ("cat", "dog"):
+        (outside / name).mkdir(parents=True)
+        Image.new("RGB", (4, 4)).save(outside / name / f"{name}.png")
+    (outside / "cat" / "dogs").symlink_to(outside / "dog", target_is_directory=True)
+    (outside / "cat" / "up").symlink_to(outside, target_is_directory=True)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for name in ("cat", "dog"):
+        (linked / name).symlink_to(outside / name, target_is_directory=True)
+    dm = ImageFolderDataModule(str(linked))
+    files, labels = dm.list_files()
+    assert sorted((path.name, dm.classes[label]) for path, label in zip(files, labels)) == [
+        ("cat.png", "cat"), ("dog.png", "dog")]
+
+
 @pytest.mark.parametrize("arguments, message", [
     ({"image_size": 0}, "image_size must be >= 1, got 0"),
     ({"val_fraction": 0}, "val_fraction must be above 0 and below 1, got 0"),
@@ -316,9 +342,16 @@ def test_image_folder_lists_what_it_can_read_once_each(tmp_path):
     (root / "cat" / "self").symlink_to(root / "cat" / "self")  # round in a loop: ELOOP stopped the listing
     Image.new("P", (4, 4)).save(root / "cat" / "anim.gif")
     Image.new("RGB", (4, 4)).save(root / "cat" / "scan.TIFF")
-    listed = [path.relative_to(root).as_posix() for path in _image_files(root, "cat")[0]]
-    assert listed == ["cat/0.jpg", "cat/1.png", "cat/anim.gif", "cat/linked/inner/far.png", "cat/scan.TIFF"], listed
+    listed = [path.relative_to(root).as_posix() for path, _ in _image_files(root, "cat")[0]]
+    assert listed == ["cat/0.jpg", "cat/1.png", "cat/a_dog.png", "cat/anim.gif", "cat/dogs/0.jpg",
+                      "cat/linked/inner/far.png", "cat/scan.TIFF"], listed  # the dog's files, once: see below
     dm = ImageFolderDataModule(str(root), image_size=4)
+    files, labels = dm.list_files()
+    labelled = {path.relative_to(root).as_posix(): dm.classes[label] for path, label in zip(files, labels)}
+    # the dog's files reached from the cat's folder are the dog's, once (audits 50 and 52)
+    assert labelled == {"cat/0.jpg": "cat", "cat/1.png": "cat", "cat/anim.gif": "cat",
+                        "cat/linked/inner/far.png": "cat", "cat/scan.TIFF": "cat", "dog/0.jpg": "dog", "dog/1.png": "dog", "eel/0.jpg": "eel",
+                        "eel/1.png": "eel"}, labelled
     dm.setup()
     assert len(dm._splits["train"]) + len(dm._splits["val"]) + len(dm._splits["test"]) == 9
     for split in dm._splits.values():

@@ -160,3 +160,12 @@ def test_an_image_folder_is_listed_once_per_worker_until_a_folder_of_it_changes(
     os.utime(sub, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
     assert deeper in ImageFolderDataModule(str(root)).list_files()[0] and WORKER_DATA.builds == builds + 1
     assert ImageFolderDataModule(str(root)).list_files()[0].count(deeper) == 1 and WORKER_DATA.builds == builds + 1
+    # a linked file's target removed outside the root: its folder was never looked at again (audit 52)
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    shutil.copy(added, pool / "far.png")
+    (root / first.classes[2] / "far.png").symlink_to(pool / "far.png")
+    assert root / first.classes[2] / "far.png" in ImageFolderDataModule(str(root)).list_files()[0]
+    (pool / "far.png").unlink()
+    os.utime(pool, ns=(time.time_ns(), time.time_ns() + 3 * 10**9))
+    assert root / first.classes[2] / "far.png" not in ImageFolderDataModule(str(root)).list_files()[0]
