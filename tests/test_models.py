@@ -350,8 +350,8 @@ def test_image_folder_lists_what_it_can_read_once_each(tmp_path):
     labelled = {path.relative_to(root).as_posix(): dm.classes[label] for path, label in zip(files, labels)}
     # the dog's files reached from the cat's folder are the dog's, once (audits 50 and 52)
     assert labelled == {"cat/0.jpg": "cat", "cat/1.png": "cat", "cat/anim.gif": "cat",
-                        "cat/linked/inner/far.png": "cat", "cat/scan.TIFF": "cat", "dog/0.jpg": "dog", "dog/1.png": "dog", "eel/0.jpg": "eel",
-                        "eel/1.png": "eel"}, labelled
+                        "cat/linked/inner/far.png": "cat", "cat/scan.TIFF": "cat", "dog/0.jpg": "dog",
+                        "dog/1.png": "dog", "eel/0.jpg": "eel", "eel/1.png": "eel"}, labelled
     dm.setup()
     assert len(dm._splits["train"]) + len(dm._splits["val"]) + len(dm._splits["test"]) == 9
     for split in dm._splits.values():
