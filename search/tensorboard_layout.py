@@ -233,15 +233,17 @@ def merge_hparams_columns(tensorboard_dirs: list[Path], into: Path, labels: list
     """One set of HParams columns for studies shown side by side, written to ``into``:
     TensorBoard reads the columns of one study only (the first it finds), which hid the
     others' parameters and metrics. A parameter several studies search keeps one column,
-    its range widened to cover theirs (its choices joined). A first column, ``study``,
-    holds each trial's study (``labels``, the names of their groups of runs): the same
+    its range widened to cover theirs (its choices joined). A column ``study``, beside
+    the state, holds each trial's study (``labels``, the names of their groups of runs): the same
     values in two studies were two lines no view could tell apart (audit 49). False if no
     study has columns yet."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
     merged, params, metrics = api_pb2.Experiment(), {}, set()
-    study = merged.hparam_infos.add(name=STUDY_COLUMN, type=api_pb2.DATA_TYPE_STRING)
+    # marked as differing, as the state is (_state_column_first), so TensorBoard orders it among
+    # the five columns its views show at first: it was sixth, and shown nowhere (audit 52)
+    study = merged.hparam_infos.add(name=STUDY_COLUMN, type=api_pb2.DATA_TYPE_STRING, differs=True)
     for label in labels:
         study.domain_discrete.values.add(string_value=label)
     for columns in (c for directory in tensorboard_dirs for c in _stored_columns(directory)):

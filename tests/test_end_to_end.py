@@ -535,6 +535,8 @@ def test_tensorboard_over_two_studies_shows_both_studies_runs_and_columns(finish
         process.wait(timeout=30)
     assert sorted({run.split("/")[0] for run in runs}) == sorted([exp_dir.name, "other"]) and len(runs) == 12, runs
     assert {info["name"] for info in experiment["hparamInfos"]} == {*changed["space"], "state", "epochs", "study"}
+    # in TensorBoard's order, among the five its views show at first: beside the state (audit 52: sixth)
+    assert [info["name"] for info in experiment["hparamInfos"]][:2] == ["state", "study"], experiment["hparamInfos"]
     assert {"hp/val_acc", "hp/val_loss"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
     # The copy's trials have the same numbers and values: still one row each, not merged.
     assert len(groups) == 12 and all(len(group["sessions"]) == 1 for group in groups), groups
