@@ -162,26 +162,30 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
     def _walk(self) -> tuple[list[Path], list[int], tuple[tuple[str, int], ...]]:
         """Each class's files (``_image_files``), each file in one class only: a file two
         classes reach, by links or by a class folder that is a link, belongs to the class
-        whose folder holds it, links resolved, else (a file outside every class folder) to
-        the first class that reaches it. Two labels put one file in two splits (audits 50
-        and 52)."""
+        whose folder holds it, links resolved (of those that reach it), else to the first
+        class that reaches it. Two labels put one file in two splits (audits 50 and 52).
+        Only a file a class reaches outside its own folder, or one under class folders that
+        overlap, is looked up so: all of them made a listing files x classes (audit 53)."""
         real_classes = [os.path.realpath(self.root / name) for name in self.classes]
         linked_classes = [(self.root / name).is_symlink() for name in self.classes]
-        reached, stamps = [], []
+        overlapping = _overlapping(real_classes)
+        reached, stamps, looked_up = [], [], set()
         for label, name in enumerate(self.classes):
             found, folders = _image_files(self.root, name)
-            reached += [(label, path, real) for path, real in found]
+            inside = real_classes[label] + os.sep
+            for path, real in found:
+                reached.append((label, path, real))
+                if label in overlapping or not real.startswith(inside):
+                    looked_up.add(real)
             stamps += folders
-        holders: dict[str, int] = {}
+        reaching: dict[str, list[int]] = {}
         for label, _, real in reached:
-            # the deepest class folder that holds it (one may lie inside another); of two that
-            # are one folder, the class whose folder is no link, then the first
-            holding = [(len(folder), not linked_classes[holder], -holder) for holder, folder in enumerate(real_classes)
-                       if os.path.commonpath([real, folder]) == folder]
-            holders.setdefault(real, -max(holding)[2] if holding else label)
+            if real in looked_up:
+                reaching.setdefault(real, []).append(label)
+        holders = {real: _holder(real, labels, real_classes, linked_classes) for real, labels in reaching.items()}
         files, labels = [], []
         for label, path, real in reached:
-            if holders[real] == label:
+            if holders.get(real, label) == label:
                 files.append(path)
                 labels.append(label)
         if not files:
@@ -236,6 +240,30 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         return images.to(dtype if dtype.is_floating_point else torch.float32).div_(255.0), labels
 
 
+def _overlapping(real_classes: list[str]) -> set[int]:
+    """The classes whose folders, links resolved, are one folder or lie one inside another."""
+    by_folder: dict[str, list[int]] = {}
+    for label, folder in enumerate(real_classes):
+        by_folder.setdefault(folder, []).append(label)
+    overlapping = {label for labels in by_folder.values() if len(labels) > 1 for label in labels}
+    for label, folder in enumerate(real_classes):
+        above = os.path.dirname(folder)
+        while above != os.path.dirname(above):  # up to the file system's root
+            if above in by_folder:
+                overlapping.update([label, *by_folder[above]])
+            above = os.path.dirname(above)
+    return overlapping
+
+
+def _holder(real: str, reaching: list[int], real_classes: list[str], linked_classes: list[bool]) -> int:
+    """The class a file belongs to, of the classes that reach it (in class order): the one
+    whose folder holds it, the deepest; of two that are one folder, the one whose folder
+    is no link, then the first; none holding it, the first that reaches it."""
+    holding = [(len(real_classes[label]), not linked_classes[label], -label) for label in reaching
+               if real.startswith(real_classes[label] + os.sep)]
+    return -max(holding)[2] if holding else reaching[0]
+
+
 def _folders_unchanged(listing: tuple) -> bool:
     """Whether every folder a listing read (``_walk``) has the modification time it had then."""
     try:
@@ -274,12 +302,14 @@ def _image_files(root: Path, name: str) -> tuple[list[tuple[Path, str]], list[tu
                     stack.append(Path(entry.path))
                 elif is_file and os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
                     real = os.path.realpath(entry.path) if linked else os.path.join(real_here, entry.name)
-                    found.append((Path(entry.path), real))
+                    found.append((entry.path, real))
     kept, seen_files, targets = [], set(), set()
-    for path, real in sorted(found):
+    # in the order of paths, part by part (the separator below every character), sorted as
+    # strings: sorting Path objects took most of a listing's time (audit 53)
+    for path, real in sorted(found, key=lambda item: item[0].replace(os.sep, "\0")):
         if real not in seen_files:
             seen_files.add(real)
-            kept.append((path, real))
+            kept.append((Path(path), real))
             if os.path.dirname(real) not in seen_folders:  # a linked file's, which no folder read holds
                 targets.add(os.path.dirname(real))
     read += [(folder, os.stat(folder).st_mtime_ns) for folder in sorted(targets)]

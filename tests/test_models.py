@@ -238,6 +238,15 @@ def test_a_class_folder_that_is_a_link_gets_no_other_classs_files(tmp_path):
     files, labels = dm.list_files()
     assert sorted((path.name, dm.classes[label]) for path, label in zip(files, labels)) == [
         ("cat.png", "cat"), ("dog.png", "dog")]
+    # a file under another class's folder that its own listing skips (hidden there) is the linking class's:
+    # it was given to the class that never reached it, and so to none (audit 53)
+    (outside / "dog" / ".kept").mkdir()
+    Image.new("RGB", (4, 4)).save(outside / "dog" / ".kept" / "hidden.png")
+    (outside / "cat" / "h").symlink_to(outside / "dog" / ".kept", target_is_directory=True)
+    dm = ImageFolderDataModule(str(linked))
+    files, labels = dm.list_files()
+    assert sorted((path.name, dm.classes[label]) for path, label in zip(files, labels)) == [
+        ("cat.png", "cat"), ("dog.png", "dog"), ("hidden.png", "cat")]
 
 
 @pytest.mark.parametrize("arguments, message", [
