@@ -143,7 +143,7 @@ def check(
     config = _run_config(source, overrides, name, storage)
     ensure_joined_cluster_answers(address)
     home = _new_study_home(config)  # before the preflight's imports, as run does
-    with thawed_at_exit():
+    with caller_state_kept(), thawed_at_exit():  # a first check's imports drew from Python's generator (audit 53)
         prepare(config)
     if starts_a_local_ray(address):
         room_on_this_machine(config)  # refuses a trial too large for it, as run does

@@ -7,11 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-# hpsearch quiets these for a search (``tuner._quiet_tune_logs``); Optuna's too (``searcher``)
+# hpsearch quiets these for a search (``tuner._quiet_tune_logs``), to this level; Optuna's
+# to WARNING (``searcher``)
 QUIETED_LOGGERS = ("ray.tune", "ray.train", "ray.air")
+QUIET_LEVEL = logging.ERROR
 # set by ray.init to Ray's own debugger, for a Ray the process may go on using: a later
 # breakpoint() in the session then opened no pdb, and went on past it
 BREAKPOINT_HOOK = "PYTHONBREAKPOINT"
@@ -22,11 +25,17 @@ def caller_state_kept() -> Iterator[None]:
     """Python's and NumPy's global generators (Ray Tune's driver shuffles with Python's,
     ASHA draws with NumPy's: a notebook's seeded draws came out otherwise after a search),
     the levels of the loggers a search quiets, Optuna's verbosity and Python's
-    ``breakpoint()`` hook, as they were before, once this is left (audit 51)."""
+    ``breakpoint()`` hook, as they were before, once this is left (audit 51).
+
+    A search in a thread other than the main one leaves the generators as they are: the
+    main thread may draw from them meanwhile, and would draw its numbers again (audit 53).
+    A logger, Optuna's verbosity or the hook is put back only where it is still as the
+    search set it, not where the caller changed it since."""
     import random
 
     import numpy
 
+    in_main_thread = threading.current_thread() is threading.main_thread()
     generators = random.getstate(), numpy.random.get_state()
     levels = {name: logging.getLogger(name).level for name in QUIETED_LOGGERS}
     verbosity = sys.modules["optuna"].logging.get_verbosity() if "optuna" in sys.modules else logging.INFO
@@ -34,13 +43,17 @@ def caller_state_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        random.setstate(generators[0])
-        numpy.random.set_state(generators[1])
+        if in_main_thread:
+            random.setstate(generators[0])
+            numpy.random.set_state(generators[1])
         for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
-        if "optuna" in sys.modules:  # INFO, Optuna's own default, where it was not imported before
+            if logging.getLogger(name).level == QUIET_LEVEL:
+                logging.getLogger(name).setLevel(level)
+        # INFO, Optuna's own default, where it was not imported before
+        if "optuna" in sys.modules and sys.modules["optuna"].logging.get_verbosity() == logging.WARNING:
             sys.modules["optuna"].logging.set_verbosity(verbosity)
-        if hook is None:
-            os.environ.pop(BREAKPOINT_HOOK, None)
-        else:
-            os.environ[BREAKPOINT_HOOK] = hook
+        if os.environ.get(BREAKPOINT_HOOK, "").startswith("ray."):  # Ray's debugger, which ray.init set
+            if hook is None:
+                os.environ.pop(BREAKPOINT_HOOK, None)
+            else:
+                os.environ[BREAKPOINT_HOOK] = hook

@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from .caller_state import QUIET_LEVEL, QUIETED_LOGGERS
 from .cluster_join import cluster_address, ensure_cluster_answers, join_error
 from .components import DRIVER_HOST_ENV, user_code_roots
 from .config import ExperimentConfig
@@ -372,9 +373,9 @@ def _quiet_tune_logs(verbose: bool) -> None:
     """Ray Tune's INFO and WARNING lines stay off the console unless ``verbose``: hpsearch's
     own progress display says what happens (the failed-metrics-fetch warning at a search's
     end, for one, is about files hpsearch does not use)."""
-    if not verbose:
-        for name in ("ray.tune", "ray.train", "ray.air"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+    if not verbose:  # caller_state_kept puts them back after the search
+        for name in QUIETED_LOGGERS:
+            logging.getLogger(name).setLevel(QUIET_LEVEL)
 
 
 @contextmanager

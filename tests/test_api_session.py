@@ -24,7 +24,7 @@ def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path)
     user's own ray.init is used as it is, with Ray Tune's log lines still kept quiet."""
     config = shrunk_example(tmp_path, **{"search/num_trials": 1, "scheduler/max_epochs": 1})
     script = textwrap.dedent(f"""
-        import json, threading
+        import json, random, threading, time
         import ray
         import ray.tune.tune
         import hpsearch
@@ -36,9 +36,17 @@ def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path)
         config = json.loads({json.dumps(config)!r})
         results = []
         thread = threading.Thread(target=lambda: results.append(hpsearch.run(config)))
+        random.seed(3)
+        drawn = []
         thread.start()
+        while thread.is_alive():  # the main thread goes on drawing while the search runs
+            drawn.append(random.random())
+            time.sleep(0.05)
         thread.join()
+        after = [random.random() for _ in range(20)]
         print("THREAD", len(results[0].trials), ray.is_initialized(), flush=True)
+        # put back from the search's thread, the generator rewound and drew these again (audit 53)
+        print("DRAWN AGAIN", len(set(after) & set(drawn)), flush=True)
         ray.init(address="local", num_cpus=2, include_dashboard=False)
         result = hpsearch.run({{**config, "name": "on-my-ray"}})
         print("OWN", len(result.trials), ray.is_initialized(), flush=True)
@@ -50,6 +58,7 @@ def test_a_search_in_a_thread_and_one_on_the_users_own_ray_end_cleanly(tmp_path)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "THREAD 1 False" in out.stdout and "OWN 1 True" in out.stdout, out.stdout
+    assert "DRAWN AGAIN 0" in out.stdout, out.stdout
     # Tune's staged copy of its files, 20-25 MB per 600 trials in /tmp, is gone; the study keeps its own (audit 40)
     assert "STAGED [] True" in out.stdout, out.stdout
     assert "Failed to fetch metrics" not in out.stderr and "Failed to connect to GCS" not in out.stderr, out.stderr[-3000:]
@@ -343,3 +352,20 @@ def test_a_session_that_failures_stopped_with_no_result_says_both(tmp_path):
     assert [type(w) for w in outcome_warnings("complete", None, failed, 2, "", tmp_path, None)] == [NoResultWarning]
     assert [type(w) for w in outcome_warnings("interrupted", None, failed, 4, "", tmp_path, None)] == \
         [StoppedEarlyWarning]
+
+
+def test_a_sessions_first_check_keeps_its_generators(tmp_path):
+    """The first ``check`` of a Python session moved Python's generator (its imports drew
+    from it), so a notebook seeded before it drew otherwise after (audit 53)."""
+    config = shrunk_example(tmp_path)
+    script = textwrap.dedent(f"""
+        import json, random
+        import hpsearch
+
+        random.seed(5)
+        before = random.getstate()
+        hpsearch.check(json.loads({json.dumps(config)!r}))
+        print("CHECK KEPT", random.getstate() == before, flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "CHECK KEPT True" in out.stdout, out.stdout + out.stderr[-3000:]
