@@ -20,6 +20,7 @@ TensorBoard's own protobuf helpers are used (no TensorFlow needed).
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -372,6 +373,7 @@ class StudyRun:
 
         if self._writer is None:
             self.directory.mkdir(parents=True, exist_ok=True)
+            _past_the_newest_file(self.directory)
             self._writer = EventFileWriter(str(self.directory), filename_suffix=".study")
         value = float(best["best"])
         summary = Summary(value=[Summary.Value(tag=f"study/best_{self.metric}", simple_value=value)])
@@ -391,6 +393,20 @@ class StudyRun:
 
     def __getstate__(self) -> dict[str, Any]:  # Ray Tune pickles its callbacks, which hold this
         return {**self.__dict__, "_writer": None}
+
+
+def _past_the_newest_file(directory: Path) -> None:
+    """Waits, where need be, until the clock's second is past every event file's in
+    ``directory``. TensorBoard reads a run's files in the order of their names, which
+    begin with that second, then the writer's host, process and a counter written without
+    padding (``.10`` sorts before ``.9``): a session's file made in the same second as the
+    last one's could be read first, its points before the earlier session's, which
+    TensorBoard then dropped as out of order (a test of two sessions in one process)."""
+    seconds = [int(name.split(".")[3]) for name in os.listdir(directory)
+               if name.startswith("events.out.tfevents.") and name.split(".")[3].isdigit()]
+    wait = max(seconds, default=0) + 1 - time.time()
+    if wait > 0:
+        time.sleep(wait)
 
 
 def _write_summaries(directory: Path, summaries: list[Any], step: int = 0, suffix: str = ".hparams") -> Path:

@@ -1505,8 +1505,15 @@ def test_the_study_run_names_the_best_trial_once_per_change_across_sessions(tmp_
     audit 43): a session starts knowing the best an earlier one named."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from tensorboard.summary.writer import event_file_writer
+
     from hpsearch.search.tensorboard_layout import StudyRun
 
+    # The two sessions' files get the writers' counter's 9 and 10 (or 99 and 100): in one
+    # second, the second session's file sorted first, and TensorBoard dropped the first's points.
+    counter = event_file_writer._global_uid
+    while len(str(counter._value)) == len(str(counter._value + 1)):
+        counter.get()
     first = {"trial": 2, "best": 0.5, "epochs": 1, "model.lr": 0.01}
     better = {"trial": 7, "best": 0.75, "epochs": 3, "model.lr": 0.02}
     for session in ([(1, first, {"model.lr": 0.01}), (2, first, {"model.lr": 0.01})],
