@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import types
 import warnings
@@ -1097,12 +1098,29 @@ def test_pytorchs_shape_and_dtype_checks_are_not_retried(torch_call):
     assert reason.endswith("not retried: the same code would raise it again"), reason
 
 
+def _trials_in_a_process(tmp_path: Path, example_config: dict, loop: str):
+    """Trials run by ``train_trial`` in a process of its own, as in a Ray worker, with Ray
+    Tune's ``report`` recorded in ``reports``: ``loop`` is the script's rest, which runs
+    them. The validated config, and the finished process."""
+    from conftest import write_yaml
+
+    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
+    (tmp_path / "experiment.json").write_text(json.dumps(config.model_dump(mode="json")))
+    (tmp_path / "one_trial.py").write_text(
+        "import json, os\n"
+        "from ray import tune\n"
+        "from hpsearch.search import trial as trial_module\n"
+        "from hpsearch.search.outcome import TRAINING_SEED, TRIAL_NUMBER\n"
+        "reports = []\n"
+        "tune.report = reports.append\n" + textwrap.dedent(loop))
+    return config, subprocess.run([sys.executable, "one_trial.py"], cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=300)
+
+
 def test_a_datamodule_that_cannot_read_a_file_in_its_constructor_fails_its_trial_at_once(example_config, tmp_path):
     """``UnreadableDataFile`` from a constructor was retried, as any OSError there is, though
     README promised a DataModule may raise it to end its trial (audit 50); an I/O error is
     still left to a retry. In a process of its own, as in a worker."""
-    from conftest import write_yaml
-
     (tmp_path / "reading_data.py").write_text(
         "import errno, os\n"
         "from hpsearch.models.digits import DigitsDataModule\n"
@@ -1113,27 +1131,17 @@ def test_a_datamodule_that_cannot_read_a_file_in_its_constructor_fails_its_trial
         "            raise UnreadableDataFile('cannot read labels.csv: bad row 3')\n"
         "        raise OSError(errno.EIO, 'Input/output error')\n")
     example_config["data"]["class_path"] = "reading_data:Reading"
-    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
-    (tmp_path / "experiment.json").write_text(json.dumps(config.model_dump(mode="json")))
-    (tmp_path / "one_trial.py").write_text("""
-import json, os
-from ray import tune
-from hpsearch.search import trial as trial_module
-from hpsearch.search.outcome import TRIAL_NUMBER
-
-reports = []
-tune.report = reports.append
-for number, fault in enumerate(("unreadable", "io")):
-    os.environ["FAULT"] = fault
-    try:
-        trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64},
-                                  TRIAL_NUMBER: number}, experiment=json.load(open("experiment.json")),
-                                 experiment_dir="study")
-        print("REPORT", json.dumps(reports[-1], default=str))
-    except OSError as exc:
-        print("RAISED", type(exc).__name__, exc)
-""")
-    done = subprocess.run([sys.executable, "one_trial.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    _, done = _trials_in_a_process(tmp_path, example_config, """
+        for number, fault in enumerate(("unreadable", "io")):
+            os.environ["FAULT"] = fault
+            try:
+                trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64},
+                                          TRIAL_NUMBER: number}, experiment=json.load(open("experiment.json")),
+                                         experiment_dir="study")
+                print("REPORT", json.dumps(reports[-1], default=str))
+            except OSError as exc:
+                print("RAISED", type(exc).__name__, exc)
+    """)
     assert done.returncode == 0, done.stdout + done.stderr
     [report] = [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines()
                 if line.startswith("REPORT ")]
@@ -1148,8 +1156,6 @@ def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_recorded_i
     retried, to the same end each time (audit 21). ``sys.exit(0)`` was taken for Tune's stop
     at a report, and Ray's complaint that the trial ended unasked was its reason, after a
     retry (audit 27). In a process of its own, as in a worker."""
-    from conftest import write_yaml
-
     (tmp_path / "exiting_model.py").write_text(
         "import os, sys\n"
         "from hpsearch.models.cnn import CNNClassifier\n"
@@ -1158,27 +1164,16 @@ def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_recorded_i
         "        sys.exit(int(os.environ['EXIT_CODE']))\n")
     example_config["model"]["class_path"] = "exiting_model:Exiting"
     example_config["scheduler"]["max_epochs"] = 1
-    config = load_config(write_yaml(tmp_path / "exp.yaml", example_config))
-    (tmp_path / "experiment.json").write_text(json.dumps(config.model_dump(mode="json")))
-    (tmp_path / "one_trial.py").write_text("""
-import json
-from ray import tune
-from hpsearch.search import trial as trial_module
-from hpsearch.search.outcome import TRAINING_SEED, TRIAL_NUMBER
-
-import os
-reports = []
-tune.report = reports.append
-for number, code in enumerate(("4", "0")):
-    os.environ["EXIT_CODE"] = code
-    seed = {TRAINING_SEED: 12345} if number == 0 else {}  # trial 0's fixed when first handed out
-    trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64,
-                                         "trainer.gradient_clip_val": 0.5}, TRIAL_NUMBER: number, **seed},
-                             experiment=json.load(open("experiment.json")), experiment_dir="study")
-    print("REPORT", json.dumps(reports[-1], default=str))
-    print("SEEDED", os.environ.get("PL_GLOBAL_SEED"))
-""")
-    done = subprocess.run([sys.executable, "one_trial.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    config, done = _trials_in_a_process(tmp_path, example_config, """
+        for number, code in enumerate(("4", "0")):
+            os.environ["EXIT_CODE"] = code
+            seed = {TRAINING_SEED: 12345} if number == 0 else {}  # trial 0's fixed when first handed out
+            trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64,
+                                                 "trainer.gradient_clip_val": 0.5}, TRIAL_NUMBER: number, **seed},
+                                     experiment=json.load(open("experiment.json")), experiment_dir="study")
+            print("REPORT", json.dumps(reports[-1], default=str))
+            print("SEEDED", os.environ.get("PL_GLOBAL_SEED"))
+    """)
     assert done.returncode == 0, done.stdout + done.stderr  # the worker lives on, for the next trial
     lasts = [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert len(lasts) == 2, done.stdout + done.stderr  # the second trial ended too, and the worker lived on
