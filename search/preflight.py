@@ -497,7 +497,7 @@ def _first_trial_refused(config: ExperimentConfig, index: int, point: dict[str, 
     (audit 45: an optimizer's refusal), with its classes built once, for real (a DataModule
     that loads its data in its constructor loaded twice when they were built on the meta
     device first); its DataModule is the preflight's own where its data values are."""
-    model_class, data_class, model, datamodule, loader, deadline = classes
+    model_class, data_class, *_, deadline = classes
     trial_params = sampled_only(config, {**values, **point})
     # A model of its own, never one trained before (see _classes_for), after new data where
     # its data values differ: a model may take its shapes from the DataModule.
