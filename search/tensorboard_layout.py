@@ -406,7 +406,7 @@ def _past_the_newest_file(directory: Path) -> None:
                if name.startswith("events.out.tfevents.") and name.split(".")[3].isdigit()]
     wait = max(seconds, default=0) + 1 - time.time()
     if wait > 0:
-        time.sleep(wait)
+        time.sleep(min(wait, 1.0))  # at most a second: a clock set back since cannot hold the search
 
 
 def _write_summaries(directory: Path, summaries: list[Any], step: int = 0, suffix: str = ".hparams") -> Path:
