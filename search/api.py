@@ -109,7 +109,7 @@ def run(
     # The storage is checked before the preflight's imports: a storage that was a file was
     # said after 6.5 s of them (audit 36). A URI is checked for writing here.
     home = _new_study_home(config)
-    with caller_state_kept(), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
+    with caller_state_kept(loggers_quieted=not verbose), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
         prepare(config)
         if starts_a_local_ray(address):
             room_on_this_machine(config)  # a trial too large for it is refused before Ray starts
@@ -143,7 +143,8 @@ def check(
     config = _run_config(source, overrides, name, storage)
     ensure_joined_cluster_answers(address)
     home = _new_study_home(config)  # before the preflight's imports, as run does
-    with caller_state_kept(), thawed_at_exit():  # a first check's imports drew from Python's generator (audit 53)
+    # a first check's imports drew from Python's generator (audit 53); it quiets no logger
+    with caller_state_kept(loggers_quieted=False), thawed_at_exit():
         prepare(config)
     if starts_a_local_ray(address):
         room_on_this_machine(config)  # refuses a trial too large for it, as run does
@@ -275,7 +276,8 @@ def resume(
     callbacks = _tune_callbacks(callbacks)
     exp, mirror = StudyHome.existing(experiment_dir)
     # prepare() freezes the driver's imports for this search only
-    with caller_state_kept(), study_lock(exp), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
+    with caller_state_kept(loggers_quieted=not verbose), study_lock(exp), thawed_at_exit(), \
+            _start_up_interrupts_kept() as interrupted:
         return _took(called, _resume_locked(exp, overrides, address, verbose, callbacks, mirror, interrupted,
                                             retry_failed))
 

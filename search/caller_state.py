@@ -21,7 +21,7 @@ BREAKPOINT_HOOK = "PYTHONBREAKPOINT"
 
 
 @contextmanager
-def caller_state_kept() -> Iterator[None]:
+def caller_state_kept(loggers_quieted: bool = True) -> Iterator[None]:
     """Python's and NumPy's global generators (Ray Tune's driver shuffles with Python's,
     ASHA draws with NumPy's: a notebook's seeded draws came out otherwise after a search),
     the levels of the loggers a search quiets, Optuna's verbosity and Python's
@@ -29,8 +29,10 @@ def caller_state_kept() -> Iterator[None]:
 
     A search in a thread other than the main one leaves the generators as they are: the
     main thread may draw from them meanwhile, and would draw its numbers again (audit 53).
-    A logger, Optuna's verbosity or the hook is put back only where it is still as the
-    search set it, not where the caller changed it since."""
+    A logger, Optuna's verbosity or the hook is put back only where it is at the value a
+    search sets (a logger only where ``loggers_quieted``: a verbose search leaves them, and
+    one the caller set to ERROR meanwhile stays so; audit 54). Optuna's is set again by each
+    opening of the study, so a verbosity the caller sets while a search runs does not last."""
     import random
 
     import numpy
@@ -47,7 +49,7 @@ def caller_state_kept() -> Iterator[None]:
             random.setstate(generators[0])
             numpy.random.set_state(generators[1])
         for name, level in levels.items():
-            if logging.getLogger(name).level == QUIET_LEVEL:
+            if loggers_quieted and logging.getLogger(name).level == QUIET_LEVEL:
                 logging.getLogger(name).setLevel(level)
         # INFO, Optuna's own default, where it was not imported before
         if "optuna" in sys.modules and sys.modules["optuna"].logging.get_verbosity() == logging.WARNING:

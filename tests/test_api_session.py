@@ -369,3 +369,24 @@ def test_a_sessions_first_check_keeps_its_generators(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "CHECK KEPT True" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+def test_a_verbose_search_leaves_a_logger_the_caller_quiets_meanwhile():
+    """A verbose search quiets no logger, and put back one the caller had set to ERROR
+    while it ran (audit 54); a quiet search's own quieting is put back."""
+    import logging
+
+    from hpsearch.search.caller_state import caller_state_kept
+
+    logger = logging.getLogger("ray.tune")
+    before = logger.level
+    try:
+        with caller_state_kept(loggers_quieted=False):
+            logger.setLevel(logging.ERROR)  # the caller's own, while a verbose search runs
+        assert logger.level == logging.ERROR
+        logger.setLevel(logging.DEBUG)
+        with caller_state_kept():
+            logger.setLevel(logging.ERROR)  # as a quiet search sets it
+        assert logger.level == logging.DEBUG
+    finally:
+        logger.setLevel(before)
