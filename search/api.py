@@ -32,7 +32,7 @@ from .cluster_join import cluster_address, ensure_joined_cluster_answers
 from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import flat_settings, load_config
 from .errors import (CallbackError, ConfigError, DiskFullError, HpsearchError, Interrupted, Problem, counted,
-                     exception_chain, first_line, resume_command, warn_user)
+                     exception_chain, first_line, resume_call, resume_command, warn_user)
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import (FINISHED_STATES, SESSION_COMPLETE, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED,
@@ -707,8 +707,7 @@ def outcome_warnings(outcome: str, best: dict[str, Any] | None, trials: list[dic
         said.append(NoResultWarning(f"no trial finished with a result ({failed} of {len(trials)} failed); "
                                     f"result.best is None. See why in result.trials or with: "
                                     f"hpsearch status {study_address(root)}"))
-    go_on = (f"hpsearch.resume({study_address(root)!r}" + (f", address={address!r})" if address else ")")
-             + f", or: {resume_command(root, address)}")
+    go_on = f"{resume_call(root, address)}, or: {resume_command(root, address)}"
     if outcome == SESSION_FAILURES_IN_A_ROW:
         said.append(StoppedEarlyWarning(f"{stop_reason}; once the cause is fixed, continue the study with {go_on}"))
     if outcome == SESSION_INTERRUPTED:  # by a Ctrl+C or SIGTERM, gracefully

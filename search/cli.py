@@ -208,8 +208,11 @@ def _run_command(args) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    except Interrupted as exc:
-        print(str(exc), file=sys.stderr)
+    except Interrupted as exc:  # its message names the Python call too, for the API's callers
+        from .errors import resume_command
+
+        print(f"search interrupted; finished trials are kept. Continue it with:\n  "
+              f"{resume_command(exc.experiment_dir, exc.address)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except HpsearchError as exc:
         print(f"error: {exc}", file=sys.stderr)

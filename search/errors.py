@@ -111,9 +111,11 @@ class Interrupted(HpsearchError):
     """The search was stopped (Ctrl+C, SIGTERM) before the study was complete; it can be resumed."""
 
     def __init__(self, experiment_dir, address: str | None = None) -> None:
-        self.experiment_dir = experiment_dir
-        super().__init__(f"search interrupted; finished trials are kept. Continue it with:\n"
-                         f"  {resume_command(experiment_dir, address)}")
+        self.experiment_dir, self.address = experiment_dir, address
+        # from Python, the call too: it named the command only (audit 51); the command line
+        # prints the command alone (cli._run_command)
+        super().__init__(f"search interrupted; finished trials are kept. Continue it with "
+                         f"{resume_call(experiment_dir, address)}, or:\n  {resume_command(experiment_dir, address)}")
 
 
 def counted(count: int | None, noun: str) -> str:
@@ -131,6 +133,13 @@ def resume_command(experiment_dir, address: str | None = None) -> str:
     address = cluster_address(address)
     study = shlex.quote(study_address(experiment_dir))
     return f"hpsearch resume {study}" + (f" --address {address}" if address else "")
+
+
+def resume_call(experiment_dir, address: str | None = None) -> str:
+    """The Python call that continues a study (``resume_command``'s, from Python)."""
+    from .storage import study_address
+
+    return f"hpsearch.resume({study_address(experiment_dir)!r}" + (f", address={address!r})" if address else ")")
 
 
 class CallbackError(HpsearchError):
