@@ -129,6 +129,9 @@ def test_the_resume_command_of_a_cluster_search_names_its_cluster(example_config
         with pytest.raises(Interrupted) as caught:
             hpsearch.run(example_config, address="10.1.2.3:6379")
         assert str(caught.value).endswith(expected)
+        # from Python, the call too: the message named the command only (audit 51)
+        assert f"Continue it with hpsearch.resume({str(exp_dir)!r}, " \
+               "address='10.1.2.3:6379'), or:" in str(caught.value), str(caught.value)
     import ray
 
     # No Ray was started: the search's watch of its Ray (ray_watch.py) asked this one for
@@ -206,7 +209,7 @@ def test_a_sigterm_handler_still_runs_after_hpsearch_shuts_ray_down(tmp_path):
         import signal, ray
         from hpsearch.search.tuner import shutdown_ray
         got = []
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
         signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
         shutdown_ray()
         signal.raise_signal(signal.SIGTERM)
