@@ -326,6 +326,17 @@ def test_adding_images_moves_few_of_the_others_between_splits(tmp_path):
     assert _split_files(ImageFolderDataModule(str(root))) == after  # the same files split the same way
 
 
+def test_a_relative_root_splits_as_its_absolute_path_does(tmp_path, monkeypatch):
+    """Each file's split key is its path below the root, cut from the path's string: the
+    same for a root given as ".", relative or absolute."""
+    root = _folder_of(tmp_path, {"a": 30, "b": 30})
+    expected = _split_files(ImageFolderDataModule(str(root)))
+    monkeypatch.chdir(root)
+    assert _split_files(ImageFolderDataModule(".")) == expected
+    monkeypatch.chdir(tmp_path)
+    assert _split_files(ImageFolderDataModule("images")) == expected
+
+
 def test_image_folder_lists_what_it_can_read_once_each(tmp_path):
     """Symlinked sub-folders are followed (``rglob`` dropped them), a link to a file listed
     already is one sample (the two landed in two splits), and links that lead nowhere or
