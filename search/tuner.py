@@ -68,6 +68,11 @@ TUNE_NO_RESULT_FILES_NOTICE = ("ray.tune.analysis.experiment_analysis", "Failed 
 # ... and its ERROR line listing the trials that did not end as TERMINATED, Tune's internal
 # trial objects, when any failed: hpsearch's display has named each one (audit 32)
 TUNE_INCOMPLETE_NOTICE = ("ray.tune.tune", "Trials did not complete")
+# Ray's ERROR with the whole traceback of a trial's error that no one fetched, when a
+# session stopped (failures in a row, a time budget) as a trial's try failed: hpsearch
+# names that failure in a line and keeps its traceback in error.txt (audit 56: about 80
+# lines on a console that promises one line a failure). ``-v`` keeps it.
+RAY_UNHANDLED_ERROR_NOTICE = ("ray._private.worker", "Unhandled error")
 
 
 def ray_settings() -> dict[str, str]:
@@ -104,7 +109,8 @@ def ray_for_search(config: ExperimentConfig, address: str | None, verbose: bool)
     thread at the interpreter's end, then waited 60 s for its GCS and exited with status 1."""
     search_ray = start_ray(config, address, verbose)
     try:
-        yield search_ray
+        with _message_dropped(RAY_UNHANDLED_ERROR_NOTICE, quiet=not verbose):
+            yield search_ray
     finally:
         # The user's own Ray Tune work later in this Python session gets its environment
         # back: with hpsearch's settings left in place, a plain Tuner run after

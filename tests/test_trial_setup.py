@@ -1743,3 +1743,38 @@ def test_ray_tunes_list_of_trials_that_did_not_complete_stays_off_the_console():
         logger.setLevel(level)
         logger.disabled = disabled
     assert shown == ["another error", "Trials did not complete: ['outside']"], shown
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_rays_unhandled_trial_errors_stay_off_the_console_during_a_search(monkeypatch, verbose):
+    """A session stopped as a trial's try failed (failures in a row) left Ray to log that
+    try's error, unfetched, with its whole traceback: about 80 lines on a console where a
+    failure is one line (audit 56). Inside a search they are dropped unless ``-v``; Ray's
+    own handler is what logs them, and after the search it logs again."""
+    import logging
+
+    import ray._private.worker as ray_worker
+
+    from hpsearch.search import tuner
+
+    logger, shown = logging.getLogger(tuner.RAY_UNHANDLED_ERROR_NOTICE[0]), []
+    assert ray_worker.logger is logger
+    handler = logging.Handler()
+    handler.emit = lambda record: shown.append(record.getMessage())
+    logger.addHandler(handler)
+    level, disabled = logger.level, logger.disabled
+    logger.setLevel(logging.INFO)
+    logger.disabled = False
+    monkeypatch.setattr(tuner, "start_ray", lambda config, address, verbose: tuner.SearchRay(started=False))
+    try:
+        with tuner.ray_for_search(None, None, verbose=verbose):
+            ray_worker._unhandled_error_handler(RuntimeError("flaky fault"))
+            logger.error("another error")
+        ray_worker._unhandled_error_handler(RuntimeError("after the search"))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.disabled = disabled
+    during = [line for line in shown[:-1] if "flaky fault" in line]
+    assert len(during) == (1 if verbose else 0) and "another error" in shown, shown
+    assert "Unhandled error" in shown[-1] and "after the search" in shown[-1], shown
