@@ -118,12 +118,16 @@ def run(
 
         with ray_for_search(config, address, verbose) as search_ray:
             concurrency = _plan(config, local=starts_a_local_ray(address))
+            interrupted.raise_if_heard()  # a Ctrl+C during Ray's start leaves no study behind (audit 56)
             exp = home.create()
-            with study_lock(exp):
-                write_config(exp, config.model_dump(mode="json"))
-                interrupted.raise_if_heard()
-                return _took(called, _search(config, exp, verbose, concurrency, callbacks, home.mirror, address,
-                                             search_ray.local_environment))
+            try:
+                with study_lock(exp):
+                    write_config(exp, config.model_dump(mode="json"))
+                    interrupted.raise_if_heard()
+                    return _took(called, _search(config, exp, verbose, concurrency, callbacks, home.mirror, address,
+                                                 search_ray.local_environment))
+            except KeyboardInterrupt:  # before the session began: the study exists, and resume starts it
+                raise Interrupted(exp.root, address) from None
 
 
 def check(

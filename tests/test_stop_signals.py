@@ -98,6 +98,49 @@ def test_a_ctrl_c_swallowed_during_start_up_still_stops_the_search_before_ray_st
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("lands", ["during_rays_start", "as_the_study_is_written"])
+def test_a_ctrl_c_before_the_session_leaves_no_study_or_names_its_resume(example_config, tmp_path, monkeypatch, lands):
+    """A Ctrl+C during Ray's start, held until Ray had started, stopped the search only
+    after its study directory was made: the command printed "interrupted" alone, and a
+    run of the file again went to a new dated directory (audit 56). It now stops before
+    the directory is made; one that lands once it is made names the resume command."""
+    from contextlib import contextmanager
+
+    import hpsearch
+    from hpsearch.search import api, tuner
+    from hpsearch.search.errors import Interrupted
+
+    @contextmanager
+    def ray_heard_a_ctrl_c_as_it_started(config, address, verbose):
+        if lands == "during_rays_start":
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pass  # held, or swallowed where it landed, as during Ray's start
+        yield tuner.SearchRay(False)
+
+    def written_then_interrupted(exp, config):
+        (exp.root / "experiment.yaml").write_text("name: x\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "prepare", lambda config, preflight=None: None)
+    monkeypatch.setattr(api, "_plan", lambda config, local: 1)
+    monkeypatch.setattr(tuner, "ray_for_search", ray_heard_a_ctrl_c_as_it_started)
+    monkeypatch.setattr(tuner, "run_session", lambda *args, **kwargs: pytest.fail("the session began"))
+    if lands == "as_the_study_is_written":
+        monkeypatch.setattr(api, "write_config", written_then_interrupted)
+    example_config["storage"] = str(tmp_path / "runs")
+    exp_dir = tmp_path / "runs" / example_config["name"]
+    if lands == "during_rays_start":
+        with pytest.raises(KeyboardInterrupt):
+            hpsearch.run(example_config)
+        assert not exp_dir.exists()
+    else:
+        with pytest.raises(Interrupted) as caught:
+            hpsearch.run(example_config)
+        assert exp_dir.is_dir() and str(caught.value).endswith(f"hpsearch resume {exp_dir}"), str(caught.value)
+
+
 @pytest.mark.parametrize("how", ["graceful", "second_ctrl_c"])
 def test_the_resume_command_of_a_cluster_search_names_its_cluster(example_config, tmp_path, monkeypatch, how):
     """Copied as printed, a resume without --address would start a Ray of its own on this
