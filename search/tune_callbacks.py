@@ -753,7 +753,8 @@ class ProgressDisplay(Callback):
     On a terminal it redraws one panel (rich); elsewhere (CI, logs) it prints one line
     per finished trial, and the summary under it at most every ``LOG_SUMMARY_EVERY_S``
     and at the last trial: under every trial's line, it doubled a log (3,600 lines at
-    1,800 trials; audit 40).
+    1,800 trials; audit 40). While no trial ends, the summary alone comes every
+    ``LOG_SUMMARY_EVERY_S``: a log of long trials said nothing for minutes (audit 56).
     """
 
     LOG_SUMMARY_EVERY_S = 30.0
@@ -816,6 +817,12 @@ class ProgressDisplay(Callback):
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self._noted.discard(trial.trial_id)  # a retry says its own notes
         self._refresh()
+
+    def on_step_end(self, iteration, trials, **info) -> None:
+        now = time.monotonic()
+        if self._live is None and now - max(self._summary_said_at, self.started) >= self.LOG_SUMMARY_EVERY_S:
+            self._summary_said_at = now
+            print(f"  {self.summary()}", file=sys.stderr, flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self._announce(trial)

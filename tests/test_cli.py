@@ -1443,6 +1443,27 @@ def test_a_log_gets_one_line_per_trial_and_the_summary_only_now_and_then_and_at_
     assert len(summaries) == 2 and "1/5 done" in summaries[0] and "5/5 done" in summaries[1], lines
 
 
+def test_a_log_gets_the_summary_every_30_s_while_no_trial_ends(tmp_path, capsys):
+    """In a log, the summary came only under an ended trial's line: with long trials,
+    nothing was printed for minutes (audit 56). It now comes alone every 30 s as well."""
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tune_callbacks import ProgressDisplay
+
+    table = TrialsTable("val_acc", "max", [])
+    display = ProgressDisplay(table, 4, ExperimentDir.create(str(tmp_path), "study"))
+    display.setup()
+    capsys.readouterr()
+    display.on_step_end(1, [])
+    assert capsys.readouterr().err == ""  # not at the start
+    display.started -= ProgressDisplay.LOG_SUMMARY_EVERY_S
+    table.rows[0] = {"trial": 0, "state": "RUNNING", "reason": "", "best": None, "epochs": 1}
+    display.on_step_end(2, [])
+    display.on_step_end(3, [])  # and not again until 30 s more have passed
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "0/4 done" in lines[0] and "1 running" in lines[0], lines
+
+
 def test_the_summary_says_about_how_long_the_session_has_left(tmp_path, monkeypatch):
     """At the pace this session has ended trials (a resumed study's earlier ones not
     counted), once it has ended two; the time budget's rest when that ends first."""
