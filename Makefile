@@ -11,13 +11,23 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # The report test renders HTML in Debian's Chromium; installed here when apt-get exists.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test browser clean
+.PHONY: setup demo test browser clean FORCE
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+# The venv's torch follows TORCH_SPEC: a spec other than the one installed last takes the
+# installed torch out first, since pip keeps 2.13.0+cpu for "torch==2.13.0 --index-url
+# .../cu128" (a local version matches ==2.13.0), and `make setup TORCH_SPEC=...` did nothing.
+$(VENV)/.torch-spec: FORCE
+	@mkdir -p $(VENV)
+	@[ "$$(cat $@ 2>/dev/null)" = '$(TORCH_SPEC)' ] || echo '$(TORCH_SPEC)' > $@
+
+$(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.torch-spec
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	if [ -f $@ ] && ! cmp -s $(VENV)/.torch-spec $(VENV)/.torch-installed; then \
+	  $(PY) -m pip uninstall --yes --quiet torch; fi
 	$(PIP) $(TORCH_SPEC)
+	cp $(VENV)/.torch-spec $(VENV)/.torch-installed
 	$(PIP) -c constraints.txt -e ".[test]"
 	touch $@
 
