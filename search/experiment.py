@@ -135,13 +135,16 @@ def _readable(path: Path, parse, kind: str) -> dict[str, Any]:
 
 def distinct_labels(roots: list[Path]) -> list[str]:
     """Names for studies shown together (``compare``'s rows, TensorBoard's groups): each
-    directory's name; where two share one (the same file run into two storages), with the
-    folder above it; and a label still taken, numbered. TensorBoard numbered every repeat
-    NAME-2, beside a study really named NAME-2, which became NAME-2-2 (audit 39)."""
+    directory's name; where two share one (the same file run into two storages), with as
+    many folders above it as tell it from the others of that name (``a/runs/s`` beside
+    ``b/runs/s``: they were ``runs/s`` and ``runs/s-2``, as if the second were another
+    study's name; audit 56); and a label still taken, numbered. TensorBoard numbered every
+    repeat NAME-2, beside a study really named NAME-2, which became NAME-2-2 (audit 39)."""
     names = [root.name for root in roots]
     labels, taken = [], set()
     for name, root in zip(names, roots):
-        label = candidate = name if names.count(name) == 1 else f"{root.parent.name}/{name}"
+        label = candidate = name if names.count(name) == 1 else _shortest_distinct_tail(
+            root, [other for other in roots if other.name == name and other != root])
         copy = 1
         while candidate in taken:
             copy += 1
@@ -149,6 +152,18 @@ def distinct_labels(roots: list[Path]) -> list[str]:
         taken.add(candidate)
         labels.append(candidate)
     return labels
+
+
+def _shortest_distinct_tail(root: Path, others: list[Path]) -> str:
+    """The last parts of ``root``'s path, at least its folder and the one above it, that no
+    path of ``others`` ends with (its whole path if every one of them does). Never
+    absolute: TensorBoard's side-by-side view makes it a folder in its own directory."""
+    parts = root.relative_to(root.anchor).parts if root.anchor else root.parts
+    for count in range(2, len(parts) + 1):
+        tail = parts[-count:]
+        if all(other.parts[-count:] != tail for other in others):
+            return "/".join(tail)
+    return "/".join(parts)
 
 
 def free_name(name: str, taken) -> str:

@@ -379,7 +379,10 @@ def test_studies_shown_together_are_named_alike_in_compare_and_tensorboard():
 
     roots = [Path("/a/digits-cnn"), Path("/b/digits-cnn"), Path("/c/digits-cnn-2")]
     assert distinct_labels(roots) == ["a/digits-cnn", "b/digits-cnn", "digits-cnn-2"]
-    assert distinct_labels([Path("/x/runs/s"), Path("/y/runs/s"), Path("/z/s")]) == ["runs/s", "runs/s-2", "z/s"]
+    # as many folders above as tell them apart: "runs/s-2" read as another study's name (audit 56)
+    assert distinct_labels([Path("/x/runs/s"), Path("/y/runs/s"), Path("/z/s")]) == ["x/runs/s", "y/runs/s", "z/s"]
+    assert distinct_labels([Path("/a/s"), Path("/a/s")]) == ["a/s", "a/s-2"]  # one study twice: numbered
+    assert distinct_labels([Path("/a/s"), Path("/b/a/s")]) == ["a/s", "b/a/s"]  # relative: a folder in TensorBoard's
 
 
 def test_a_large_studys_speed_table_lists_its_slowest_its_data_starved_and_its_best_under_the_medians():
