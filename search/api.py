@@ -35,8 +35,8 @@ from .errors import (CallbackError, ConfigError, DiskFullError, HpsearchError, I
                      exception_chain, first_line, resume_call, resume_command, warn_user)
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
-from .outcome import (FINISHED_STATES, SESSION_COMPLETE, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED,
-                      SESSION_RAY_LOST)
+from .outcome import (FINISHED_STATES, PAUSED, SESSION_COMPLETE, SESSION_DISK_FULL, SESSION_FAILURES_IN_A_ROW,
+                      SESSION_INTERRUPTED, SESSION_RAY_LOST)
 from .ray_watch import RayLostWatch
 from .storage import Mirror, StudyHome, study_address
 from .study_lock import GRACEFUL, sigterm_stops_gracefully, study_lock
@@ -607,6 +607,15 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
         run_preflight(config, model_class, data_class)
 
 
+def _paused_by_a_full_disk(exp: ExperimentDir) -> str:
+    """What the trials that a full disk paused said (their rows in trials.csv)."""
+    rows = [row for row in read_rows(exp.trials_csv) if row.get("state") == PAUSED
+            and str(row.get("reason") or "").startswith("disk full")] if exp.trials_csv.is_file() else []
+    said = "; ".join(f"trial {row['trial']}: {row['reason']}" for row in rows) or "a trial's disk filled"
+    return f"{said}. {'It is' if len(rows) == 1 else 'They are'} paused, with {'its' if len(rows) == 1 else 'their'} " \
+           f"checkpoints, not failed"
+
+
 def _plan(config: ExperimentConfig, local: bool) -> int:
     """Concurrent trials the cluster (``local``: this machine's own Ray) can hold, at full
     scale if it autoscales (a ``ResourceError`` if none fits)."""
@@ -659,6 +668,9 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
             wrapped = [RaisedAtTheNextStep(callback) for callback in callbacks]
             ended = run_session(config, exp, verbose, concurrency, wrapped, mirror, local_environment)
             tune_ended()
+            if ended == SESSION_DISK_FULL:
+                outcome = ended
+                raise DiskFullError(_paused_by_a_full_disk(exp))
             if ended == SESSION_COMPLETE:
                 search_complete = True  # recorded now, in case the evaluation below is killed
                 record_session(exp, started_at, None, "running", search_complete)
@@ -674,6 +686,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         _release_reservations_since(held_before)
         raise Interrupted(exp.root, address) from None
     except DiskFullError as exc:
+        outcome = SESSION_DISK_FULL  # recorded if there is room for it
         _release_reservations_since(held_before)
         # the search stops there; nothing finished is lost (audit 27: it said only the first part)
         raise DiskFullError(f"{exc}. The search stopped; finished trials are kept, and the running ones "

@@ -147,7 +147,11 @@ class EpochCheckpoints(_OwnStateKey):
 def replace_with_copy(source: str, target: str) -> None:
     """Make ``target`` a copy of ``source`` in one rename, so a reader never sees half of it."""
     partial = f"{target}.partial"
-    shutil.copyfile(source, partial)
+    try:
+        shutil.copyfile(source, partial)
+    except OSError:
+        Path(partial).unlink(missing_ok=True)  # half a file, and the space it holds (a full disk)
+        raise
     os.replace(partial, target)
 
 

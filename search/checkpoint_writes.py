@@ -16,6 +16,7 @@ let a crash between an epoch's end and its files cost that epoch's report.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -35,5 +36,28 @@ class CheckpointFileWriter(TorchCheckpointIO):
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f"{target.name}.partial")
-        torch.save(checkpoint, partial)
+        try:
+            torch.save(checkpoint, partial)
+        except Exception as exc:
+            full = disk_is_full(partial.parent)
+            partial.unlink(missing_ok=True)  # half a file, and the space it holds
+            if full:
+                raise OSError(errno.ENOSPC, f"No space left on device (torch.save: {exc})", str(partial)) from exc
+            raise
         os.replace(partial, target)
+
+
+# Left free on a file system whose write just failed: full. A write fills what is left
+# before it fails, so a full disk has (nearly) nothing free; anything else is another fault.
+FULL_BELOW_BYTES = 1 << 20
+
+
+def disk_is_full(folder: Path) -> bool:
+    """Whether the file system holding ``folder`` has no room left (``FULL_BELOW_BYTES``):
+    torch.save's error on a full disk is a RuntimeError ("unexpected pos 576 vs 534") with
+    no errno, which was retried as a fault of the trial's own, where a full disk pauses it."""
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < FULL_BELOW_BYTES

@@ -23,6 +23,8 @@ SESSION_COMPLETE, SESSION_TIME_BUDGET, SESSION_INTERRUPTED = "complete", "time_b
 SESSION_RAY_LOST = "ray_lost"  # its Ray stopped answering (see ray_watch.py)
 # failure.max_consecutive_failures trials in a row failed (see tune_callbacks.FailuresInARow)
 SESSION_FAILURES_IN_A_ROW = "failures_in_a_row"
+# a trial's disk filled (see tune_callbacks.DiskFilled)
+SESSION_DISK_FULL = "disk_full"
 
 # Result keys the trial reports besides the user's own metrics.
 EPOCH = "epoch"
@@ -36,6 +38,10 @@ KNOWN_EPOCHS = "hps_known_epochs"  # in a trial's config: the epochs the study h
 TRAINING_SEED = "hps_training_seed"
 FIRST_TRIAL = "hps_first_trial"  # a trial's: the values of search.first_trials it was queued with
 FAILURE = "hps_failure"  # set by a trial that ended on a fault a retry cannot fix (NaN, OOM)
+# Set, in place of FAILURE, by a trial whose disk filled: no fault of its configuration,
+# and gone once there is space, so the trial is PAUSED (its checkpoints kept, continued by
+# a resume) and the session stops, rather than the trial FAILED for good (audit 55).
+DISK_FULL = "hps_disk_full"
 GIVE_UP = "hps_give_up"  # set in a trial's config by RetryPolicy when its retries are spent
 PLACEMENT_GROUP = "hps_placement_group"  # a distributed trial's ranks' reservation (see FreeRankReservations)
 RANK_NODES = "hps_rank_nodes"  # the Ray nodes a distributed trial's ranks run on, comma-separated
@@ -73,6 +79,8 @@ def classify(trial_id: str, result: Mapping[str, Any] | None, error: bool, metri
     """The final state of a trial and a one-line reason a person can read."""
     if error:
         return Outcome(FAILED, "error")
+    if result and result.get(DISK_FULL):
+        return Outcome(PAUSED, str(result[DISK_FULL]))
     if result and result.get(FAILURE):
         return Outcome(FAILED, str(result[FAILURE]))
     if result and result.get(FINISHED):

@@ -23,7 +23,7 @@ from ray.tune.search import Searcher
 
 from .config import ExperimentConfig
 from .experiment import STUDY_FILE
-from .outcome import (COMPLETE, EPOCH, FAILED, FIRST_TRIAL, KNOWN_EPOCHS, PRUNED, STOP_REASON, TRAINING_SEED,
+from .outcome import (COMPLETE, DISK_FULL, EPOCH, FAILED, FIRST_TRIAL, KNOWN_EPOCHS, PRUNED, STOP_REASON, TRAINING_SEED,
                       TRIAL_NUMBER, PruneLog, best_of, classify)
 from .seeding import resumed_seed, training_seed
 from .space import grid_values, is_sampled, to_distributions, trial_limit
@@ -384,6 +384,8 @@ class OptunaSearcher(Searcher):
         number = self._numbers.get(trial_id)
         if number is None or self.study.get_trials(deepcopy=False)[number].state.is_finished():
             return
+        if result and result.get(DISK_FULL):
+            return  # paused, not ended: the study keeps it running, and a resume continues it
         # Tune withholds the result that ended a trial from on_trial_result (ASHA's STOP,
         # the last epoch), so it is recorded here before the trial is told.
         self._record_intermediate(number, result)

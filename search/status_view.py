@@ -19,7 +19,7 @@ from rich.text import Text
 
 from .errors import counted, resume_command
 from .journal_reader import WAITING, trial_states
-from .outcome import SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
+from .outcome import SESSION_DISK_FULL, SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
 from .experiment import STUDY_FILE, ExperimentDir, latest_session
 from .storage import study_address
 from .study_lock import dead_holder, holder
@@ -136,6 +136,10 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
                       f"(failure.max_consecutive_failures in a row); once the cause is fixed, "
                       f"`{resume_command(exp.root, last_session.get('address'))}` continues the study.",
                       markup=False, soft_wrap=True)
+    if last_session.get("outcome") == SESSION_DISK_FULL:
+        console.print(f"No search is running: its last session stopped on a full disk; once there is space, "
+                      f"`{resume_command(exp.root, last_session.get('address'))}` continues the study, and the "
+                      f"paused trials from their last checkpoints.", markup=False, soft_wrap=True)
     test_error = (exp.stored_best() or {}).get("test_error")
     if test_error:
         console.print(f"The best trial's test evaluation failed: {test_error}; once it is fixed, "

@@ -26,7 +26,7 @@ from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_na
 from .checkpoints import latest_good_checkpoint, resumed_at
 from .gc_pause import collector_paused
 from .seeding import training_seed
-from .outcome import (EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RANK_NODES, RESTORED, TRAINING_SEED,
+from .outcome import (DISK_FULL, EPOCH, FAILURE, FINISHED, GIVE_UP, KNOWN_EPOCHS, RANK_NODES, RESTORED, TRAINING_SEED,
                       TRIAL_NUMBER)
 from .storage import Mirror, is_uri, study_root
 from .tensorboard_layout import run_dir
@@ -242,7 +242,9 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
             saved = _save_traceback(exc, trial_dir, trainer.global_rank if parallel.world_size > 1 else None)
             if publish is not None and trainer.global_rank == 0:
                 publish()
-            report({**static_fields, FAILURE: f"{reason} (traceback: {saved})"[:400] if saved else reason,
+            said = f"{reason} (traceback: {saved})"[:400] if saved else reason
+            # a full disk pauses the trial and stops the session (tune_callbacks.DiskFilled)
+            report({**static_fields, DISK_FULL if _disk_full(exc) else FAILURE: said,
                     FINISHED: True, EPOCH: trainer.current_epoch})
 
 
@@ -346,7 +348,7 @@ def _failure_reason(exc: BaseException, stopped_by_tune: bool = False) -> str | 
         return f"OOM: {type(exc).__name__}: {first_line(exc) or 'out of memory'}"[:300]
     if isinstance(exc, (NonFiniteError, MetricNotLoggedError)):
         return str(exc)
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+    if _disk_full(exc):
         return f"disk full: {exc}"[:300]
     if _unreadable_file(exc):  # an OSError, but the same file fails every time (audits 26 and 48)
         said = next((line.strip() for line in reversed(str(exc).splitlines()) if line.strip()),
@@ -380,6 +382,10 @@ def _stand_in_ray_can_copy(exc: BaseException) -> RuntimeError | None:
                                 + "".join(traceback.format_exception(exc)))
         error = error.__cause__
     return None
+
+
+def _disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
 
 def _unreadable_file(exc: BaseException) -> bool:

@@ -20,10 +20,10 @@ from ray.tune import Callback
 from ray.tune.stopper import Stopper, TimeoutStopper
 
 from .config import ExperimentConfig
-from .errors import HpsearchError, counted
+from .errors import DiskFullError, HpsearchError, counted
 from .experiment import atomic_write_text, trial_name
-from .outcome import (COMPLETE, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS, PLACEMENT_GROUP,
-                      PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
+from .outcome import (COMPLETE, DISK_FULL, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS,
+                      PLACEMENT_GROUP, PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
 from .searcher import RAY_TRIAL_ID, RETRY_OF
 from .time_left import time_left
 from .trial_watch import crash_account, crash_line
@@ -83,6 +83,31 @@ class FailuresInARow(Callback, Stopper):
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self._ended(trial)
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.reached
+
+
+class DiskFilled(Callback, Stopper):
+    """Ends the session once a trial's disk has filled (the trial reports ``DISK_FULL``,
+    and ``classify`` makes it PAUSED, its checkpoints kept): every trial after it would
+    meet the same full disk, and be paused in turn after a start-up of its own. The trials
+    it paused, by number, with what each said, for the session's message."""
+
+    def __init__(self) -> None:
+        self.paused: dict[int, str] = {}
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        said = (getattr(trial, "last_result", None) or {}).get(DISK_FULL)
+        if said:
+            self.paused[int(trial.config[TRIAL_NUMBER])] = str(said)
+
+    @property
+    def reached(self) -> bool:
+        return bool(self.paused)
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         return False
@@ -499,9 +524,12 @@ class KeepTracebacks(Callback):
 class _TrialTracebacks(logging.Filter):
     """Drops Ray Tune's log of a failed trial task, a full traceback for every try of every
     failing trial: ``ProgressDisplay`` says it in one line, and the traceback stays in the
-    trial's error file."""
+    trial's error file. Also its log of a full disk met by a callback as a trial ended
+    ("Error stopping trial", 40 lines): the search stops at its next write, saying so."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], DiskFullError):
+            return False
         return not str(record.msg).startswith("Trial task failed for trial")
 
 
@@ -609,7 +637,8 @@ class DropResumeCheckpoints(Callback):
         self.exp, self.mirror = exp, mirror
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        self._drop(trial)
+        if not (getattr(trial, "last_result", None) or {}).get(DISK_FULL):  # paused, not ended: a resume continues it
+            self._drop(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self._drop(trial)

@@ -26,8 +26,8 @@ from .components import DRIVER_HOST_ENV, user_code_roots
 from .config import ExperimentConfig
 from .errors import counted, warn_user
 from .experiment import ExperimentDir
-from .outcome import (RUNNING, SESSION_COMPLETE, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED, SESSION_TIME_BUDGET,
-                      PruneLog)
+from .outcome import (RUNNING, SESSION_COMPLETE, SESSION_DISK_FULL, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED,
+                      SESSION_TIME_BUDGET, PruneLog)
 from .storage import Mirror
 from .tensorboard_layout import backfill_trial_sessions
 from .trials_table import TrialsTable
@@ -42,7 +42,8 @@ RAY_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": 
 
 # What trials.csv says of a trial that was running when its session ended.
 PAUSE_REASONS = {SESSION_TIME_BUDGET: "time budget reached", SESSION_INTERRUPTED: "search stopped",
-                 SESSION_FAILURES_IN_A_ROW: "search stopped: trials kept failing", SESSION_COMPLETE: "session ended"}
+                 SESSION_FAILURES_IN_A_ROW: "search stopped: trials kept failing", SESSION_COMPLETE: "session ended",
+                 SESSION_DISK_FULL: "search stopped: a trial's disk filled"}
 
 # Defaults that a user's own environment overrides. Ray Train checks on a distributed
 # trial's workers this often (its default: every 2 s), and only then sees that they
@@ -529,9 +530,10 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     from .searcher import OptunaSearcher
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
-    from .tune_callbacks import (DropResumeCheckpoints, FailuresInARow, FinishedTrials, FreeRankReservations,
-                                 KeepTracebacks, KeepBestCheckpoints, ProgressDisplay, PushStudyFiles, RetryPolicy,
-                                 TensorBoardSessions, TimeBudget, TrialsTableRecorder, quiet_trial_tracebacks)
+    from .tune_callbacks import (DiskFilled, DropResumeCheckpoints, FailuresInARow, FinishedTrials,
+                                 FreeRankReservations, KeepTracebacks, KeepBestCheckpoints, ProgressDisplay,
+                                 PushStudyFiles, RetryPolicy, TensorBoardSessions, TimeBudget, TrialsTableRecorder,
+                                 quiet_trial_tracebacks)
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)
@@ -549,9 +551,11 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     backfill_trial_sessions(exp.tensorboard_dir, config, finished)
     limit = config.failure.max_consecutive_failures
     failing = FailuresInARow(table, limit) if limit else None
+    disk_filled = DiskFilled()
     # A distributed trial's ranks go first, before its files are touched.
     ranks = [FreeRankReservations()] if config.resources.distributed else []
-    callbacks = [*ranks, DropResumeCheckpoints(exp, mirror), KeepTracebacks(exp),
+    # DiskFilled before the trials table: that write may meet the full disk too.
+    callbacks = [*ranks, disk_filled, DropResumeCheckpoints(exp, mirror), KeepTracebacks(exp),
                  RetryPolicy(table, config.failure.max_retries, exp),
                  TrialsTableRecorder(table, exp.trials_csv, prunes, planned=planned_columns(config)),
                  *([failing] if failing is not None else []),
@@ -589,7 +593,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
             name=session,
             storage_path=str(exp.tune_dir),
             callbacks=callbacks,
-            stop=CombinedStopper(FinishedTrials(), *(s for s in (budget, failing) if s is not None)),
+            stop=CombinedStopper(FinishedTrials(), disk_filled, *(s for s in (budget, failing) if s is not None)),
             verbose=2 if verbose else 0,
             # Tune's own choice in a notebook clears the cell's output as the search starts:
             # the warnings just given, and every earlier search's lines in the cell
@@ -607,7 +611,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
                 _message_dropped(TUNE_INCOMPLETE_NOTICE, True), _tune_staging_removed(session):
             tuner.fit()
         outcome = _session_outcome(searcher.is_complete(), budget is not None and budget.reached,
-                                   failing is not None and failing.reached)
+                                   failing is not None and failing.reached, disk_filled.reached)
     finally:
         quiet_trial_tracebacks(False)
         if decisions is not None:
@@ -649,9 +653,12 @@ def planned_columns(config: ExperimentConfig):
     return planned
 
 
-def _session_outcome(complete: bool, budget_reached: bool, failures_reached: bool) -> str:
-    """Tune returns from ``fit`` for four reasons; a stop signal is the one left when the
-    study is not complete and neither the budget nor failing trials ended it."""
+def _session_outcome(complete: bool, budget_reached: bool, failures_reached: bool, disk_filled: bool) -> str:
+    """Tune returns from ``fit`` for five reasons; a stop signal is the one left when the
+    study is not complete and neither the budget, failing trials nor a full disk ended it
+    (a trial paused by a full disk leaves the study incomplete)."""
+    if disk_filled:
+        return SESSION_DISK_FULL
     if complete:
         return SESSION_COMPLETE
     if failures_reached:

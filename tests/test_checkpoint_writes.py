@@ -86,3 +86,34 @@ def test_an_ended_trial_keeps_its_best_checkpoint_and_nothing_a_killed_write_lef
         (folder / name).write_bytes(b"x")
     drop_resume_checkpoints(tmp_path)
     assert [path.name for path in folder.iterdir()] == ["best.ckpt"]
+
+
+@pytest.mark.parametrize("disk_full", [True, False])
+def test_a_checkpoint_write_that_fails_on_a_full_disk_says_so(tmp_path, monkeypatch, disk_full):
+    """torch.save on a full disk raises a RuntimeError with no errno ("unexpected pos 576 vs
+    534"), which a trial retried as its own fault, where a full disk pauses it (audit 55).
+    Where the disk is full it is an ENOSPC OSError; the half-written file, and the space
+    it holds, is gone either way; another fault stays as it was."""
+    import errno
+
+    from hpsearch.search import checkpoint_writes
+
+    def save_until_full(checkpoint, path):
+        path.write_bytes(b"x" * 100)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    monkeypatch.setattr(checkpoint_writes.torch, "save", save_until_full)
+    monkeypatch.setattr(checkpoint_writes, "disk_is_full", lambda folder: disk_full)
+    target = tmp_path / "epoch-0001.ckpt"
+    with pytest.raises(OSError if disk_full else RuntimeError) as raised:
+        checkpoint_writes.CheckpointFileWriter().save_checkpoint({"state": 1}, str(target))
+    assert (raised.value.errno == errno.ENOSPC) if disk_full else not isinstance(raised.value, OSError)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_disk_with_room_is_not_full(tmp_path):
+    import shutil
+
+    from hpsearch.search.checkpoint_writes import FULL_BELOW_BYTES, disk_is_full
+
+    assert (shutil.disk_usage(tmp_path).free < FULL_BELOW_BYTES) == disk_is_full(tmp_path)

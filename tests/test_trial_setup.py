@@ -1778,3 +1778,24 @@ def test_rays_unhandled_trial_errors_stay_off_the_console_during_a_search(monkey
     during = [line for line in shown[:-1] if "flaky fault" in line]
     assert len(during) == (1 if verbose else 0) and "another error" in shown, shown
     assert "Unhandled error" in shown[-1] and "after the search" in shown[-1], shown
+
+
+def test_tunes_log_of_a_full_disk_met_as_a_trial_ended_stays_off_the_console():
+    """A full disk met by the trials table's write as a trial ended: Ray Tune logged
+    "Error stopping trial" with 40 lines of traceback, then the search stopped at its next
+    write with hpsearch's own message (audit 55). Its other errors there stay shown."""
+    import logging
+    import sys
+
+    from hpsearch.search.errors import DiskFullError
+    from hpsearch.search.tune_callbacks import TRIAL_TRACEBACKS
+
+    def record(error: Exception) -> logging.LogRecord:
+        try:
+            raise error
+        except Exception:
+            return logging.LogRecord("ray.tune.execution.tune_controller", logging.ERROR, __file__, 1,
+                                     "Trial %s: Error stopping trial.", ("t",), sys.exc_info())
+
+    assert not TRIAL_TRACEBACKS.filter(record(DiskFullError("disk full while writing trials.csv")))
+    assert TRIAL_TRACEBACKS.filter(record(RuntimeError("a callback's own bug")))
