@@ -225,6 +225,8 @@ def _run_command(args) -> int:
             if getattr(args, "retry_failed", False) else ""
         again = (f"; nothing ran, and the study is as it was{queued}: continue it with:\n  "
                  f"{resume_command(args.experiment_dir, args.address)}" if args.command == "resume" else "")
+        if args.command == "run":  # one that lands once the study is made is an Interrupted (api.run)
+            again = " before the search started; no study was made"
         print(f"\ninterrupted{again}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
@@ -506,7 +508,8 @@ def cmd_stop(args) -> int:
     holder = stop_holder(exp)
     print(f"asked pid {holder['pid']} ({holder.get('command', '')}) to stop, as Ctrl+C would (a first stop lets its "
           f"running trials stop, keeping their checkpoints, and evaluates the best trial so far; a second stops it "
-          f"at once)", flush=True)
+          f"at once, as does a first once every trial has ended and the best is being evaluated: resume evaluates "
+          f"it then)", flush=True)
     if not args.wait:
         return 0
     try:

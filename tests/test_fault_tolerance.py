@@ -509,7 +509,9 @@ def test_ctrl_c_during_start_up_stops_a_background_job_too(tmp_path):
     code, output = finish(process, timeout=120)
     # 130 (a lost Ctrl+C runs the search); not ended by SIGINT (see the test after the next)
     assert code == 130 and "interrupted" in output, output
-    assert not any(r["state"] == "COMPLETE" for r in rows(tmp_path / "runs" / "early"))
+    # and says that nothing is left to resume (audit 55: "interrupted" alone)
+    assert "interrupted before the search started; no study was made" in output, output
+    assert not (tmp_path / "runs" / "early").exists()
 
 
 
