@@ -15,17 +15,23 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 setup: $(VENV)/.installed
 
-# The venv's torch follows TORCH_SPEC: a spec other than the one installed last takes the
-# installed torch out first, since pip keeps 2.13.0+cpu for "torch==2.13.0 --index-url
-# .../cu128" (a local version matches ==2.13.0), and `make setup TORCH_SPEC=...` did nothing.
+# A TORCH_SPEC given on the command line or in the environment is the torch the venv must
+# hold: one other than the spec installed last takes the installed torch out first, since
+# pip keeps 2.13.0+cpu for "torch==2.13.0 --index-url .../cu128" (a local version matches
+# ==2.13.0), and `make setup TORCH_SPEC=...` did nothing. The default changes nothing: a
+# later `make test` keeps a CUDA torch. The spec reaches the shell through the environment,
+# so quotes in it are the user's.
+export TORCH_SPEC
+SPEC_GIVEN := $(filter-out file,$(origin TORCH_SPEC))
 $(VENV)/.torch-spec: FORCE
 	@mkdir -p $(VENV)
-	@[ "$$(cat $@ 2>/dev/null)" = '$(TORCH_SPEC)' ] || echo '$(TORCH_SPEC)' > $@
+	@if [ ! -f $@ ] || [ -n "$(SPEC_GIVEN)" ]; then \
+	  [ "$$(cat $@ 2>/dev/null)" = "$$TORCH_SPEC" ] || printf '%s\n' "$$TORCH_SPEC" > $@; fi
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.torch-spec
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	if [ -f $@ ] && ! cmp -s $(VENV)/.torch-spec $(VENV)/.torch-installed; then \
-	  $(PY) -m pip uninstall --yes --quiet torch; fi
+	if [ -f $@ ] && { [ -f $(VENV)/.torch-installed ] || [ -n "$(SPEC_GIVEN)" ]; } && \
+	  ! cmp -s $(VENV)/.torch-spec $(VENV)/.torch-installed; then $(PY) -m pip uninstall --yes --quiet torch; fi
 	$(PIP) $(TORCH_SPEC)
 	cp $(VENV)/.torch-spec $(VENV)/.torch-installed
 	$(PIP) -c constraints.txt -e ".[test]"

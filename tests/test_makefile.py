@@ -17,31 +17,57 @@ echo "$*" >> "$(dirname "$0")/../calls.log"
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
-def _setup(project: Path, *args: str) -> list[str]:
+def _setup(project: Path, *args: str, env: dict | None = None) -> list[str]:
+    import os
+
     log = project / ".venv" / "calls.log"
     log.unlink(missing_ok=True)
+    environment = {name: value for name, value in os.environ.items() if name != "TORCH_SPEC"}
     subprocess.run(["make", "--no-print-directory", "setup", *args], cwd=project, check=True,
-                   capture_output=True, text=True)
+                   capture_output=True, text=True, env={**environment, **(env or {})})
     return log.read_text().splitlines() if log.exists() else []
+
+
+def _torch_calls(calls: list[str]) -> list[str]:
+    return [call for call in calls if "torch" in call and "-e" not in call]
+
+
+def _project(root: Path) -> Path:
+    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
+        shutil.copy(ROOT / name, root / name)
+    python = root / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(RECORDING_PYTHON)
+    python.chmod(0o755)
+    return root
+
+
+def test_a_venv_set_up_before_the_spec_was_recorded_keeps_its_torch(tmp_path):
+    """Its torch may be a CUDA build installed by hand: with no spec given, none is taken out."""
+    project = _project(tmp_path)
+    (project / ".venv" / ".installed").touch()
+    assert not any("uninstall" in call for call in _setup(project))
 
 
 def test_setup_with_another_torch_spec_replaces_the_installed_torch(tmp_path):
     """``make setup TORCH_SPEC=<a CUDA build>`` after ``make demo`` did nothing: the venv's
     stamp followed only pyproject.toml and constraints.txt, and pip takes 2.13.0+cpu for
     ``torch==2.13.0`` from any index (audit 56). The GPU machines' recipe in README runs it."""
-    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
-        shutil.copy(ROOT / name, tmp_path / name)
-    python = tmp_path / ".venv" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.write_text(RECORDING_PYTHON)
-    python.chmod(0o755)
-
+    _project(tmp_path)
     first = _setup(tmp_path)
     assert any(call.endswith("install --quiet --disable-pip-version-check torch==2.13.0") for call in first), first
     assert not any("uninstall" in call for call in first), first
     assert _setup(tmp_path) == []  # nothing changed: nothing to do
     cuda = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
     switched = _setup(tmp_path, f"TORCH_SPEC={cuda}")
-    assert [call for call in switched if "torch" in call and "-e" not in call] == [
+    assert _torch_calls(switched) == [
         "-m pip uninstall --yes --quiet torch", f"-m pip install --quiet --disable-pip-version-check {cuda}"], switched
     assert _setup(tmp_path, f"TORCH_SPEC={cuda}") == []
+    # The default is no request: `make test` after the GPU recipe kept the CUDA build only
+    # until this fix's first version, which put the CPU one back (audit 57).
+    assert _setup(tmp_path) == []
+    # A spec from the environment counts as given; quotes in it are the shell's (audit 57:
+    # "cannot open 2.14"), as they were before.
+    quoted = _setup(tmp_path, env={"TORCH_SPEC": "'torch>=2.13,<2.14'"})
+    assert _torch_calls(quoted) == [
+        "-m pip uninstall --yes --quiet torch", "-m pip install --quiet --disable-pip-version-check torch>=2.13,<2.14"]
