@@ -127,6 +127,11 @@ def run(
                     return _took(called, _search(config, exp, verbose, concurrency, callbacks, home.mirror, address,
                                                  search_ray.local_environment))
             except KeyboardInterrupt:  # before the session began: the study exists, and resume starts it
+                if home.mirror is not None:  # from the storage the command names (audit 57: it held nothing)
+                    try:
+                        home.mirror.push_study_files()
+                    except (Exception, KeyboardInterrupt):  # noqa: BLE001 - storage that fails, a second Ctrl+C
+                        pass
                 raise Interrupted(exp.root, address) from None
 
 

@@ -230,3 +230,37 @@ def test_a_study_in_s3_survives_its_machine_and_resumes_from_a_fresh_process(s3_
     assert f"hpsearch.load_trial({uri!r}, {resumed})" in shown.stdout, shown.stdout
     assert not list((tmp_path / "laptop").rglob("*.ckpt"))
     assert not Path(cache_a).exists()
+
+
+def test_a_ctrl_c_as_a_study_in_storage_is_made_leaves_it_there_to_resume(s3_server, tmp_path, monkeypatch,
+                                                                          example_config):
+    """The resume command a Ctrl+C printed once the study was made named the study in
+    storage, where nothing had been pushed yet: "holds no hpsearch study" (audit 57)."""
+    from contextlib import nullcontext
+
+    import hpsearch
+    from hpsearch.search import api, tuner
+    from hpsearch.search.errors import Interrupted
+
+    real_write_config = api.write_config
+
+    def written_then_interrupted(exp, config):
+        real_write_config(exp, config)
+        raise KeyboardInterrupt
+
+    for name, value in s3_server.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HPSEARCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(api, "prepare", lambda config, preflight=None: None)
+    monkeypatch.setattr(api, "_plan", lambda config, local: 1)
+    monkeypatch.setattr(tuner, "ray_for_search", lambda config, address, verbose: nullcontext(tuner.SearchRay(False)))
+    monkeypatch.setattr(api, "write_config", written_then_interrupted)
+    example_config["storage"] = f"s3://{BUCKET}/interrupted"
+    try:
+        with pytest.raises(Interrupted) as caught:
+            hpsearch.run(example_config)
+    except KeyboardInterrupt:
+        pytest.fail("the Ctrl+C passed out of run as it was, not as Interrupted")
+    uri = f"s3://{BUCKET}/interrupted/{example_config['name']}"
+    assert str(caught.value).endswith(f"hpsearch resume {uri}"), str(caught.value)
+    assert f"interrupted/{example_config['name']}/experiment.yaml" in keys(s3_server, "interrupted/")
