@@ -686,10 +686,16 @@ class KeepBestCheckpoints(Callback):
         self._drop_all_but_the_best()
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        self._drop_all_but_the_best(int(trial.config[TRIAL_NUMBER]))
+        self._trial_ended(int(trial.config[TRIAL_NUMBER]))
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._drop_all_but_the_best(int(trial.config[TRIAL_NUMBER]))
+        self._trial_ended(int(trial.config[TRIAL_NUMBER]))
+
+    def _trial_ended(self, number: int) -> None:
+        # A trial a full disk paused ends in Tune's eyes, not the study's: a resume continues
+        # it from its checkpoints (audit 58: its best.ckpt went, and the study's best with it).
+        if self.table.row(number).get("state") in FINISHED_STATES:
+            self._drop_all_but_the_best(number)
 
     def _rank(self, row: dict[str, Any]) -> tuple[tuple[float, int], int] | None:
         """A scored ended trial's place: better values first, then lower numbers."""

@@ -344,6 +344,9 @@ def test_keep_checkpoints_leaves_the_best_ended_trials_theirs(tmp_path, mode):
     table.row(4).update(state="COMPLETE", best=0.95 if mode == "max" else 0.05)
     keeper.on_trial_complete(0, [], SimpleNamespace(config={TRIAL_NUMBER: 4}))
     assert {n for n in ended.keys() | {4} if checkpoint(n).exists()} == {3, 4}  # the paused trial's is untouched
+    # a trial paused by a full disk comes through Tune's end of a trial: it keeps its own (audit 58)
+    keeper.on_trial_complete(0, [], SimpleNamespace(config={TRIAL_NUMBER: 3}))
+    assert checkpoint(3).exists()
 
 
 def test_a_best_checkpoint_that_storage_will_not_delete_warns_and_the_search_goes_on(tmp_path):
