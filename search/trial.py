@@ -167,13 +167,22 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         settings = config.with_trainer_params(params)
         # What the trial trains with, its sampled trainer settings applied: the best trial is
         # evaluated and described by it (each rank writes the same, atomically).
-        write_json(trial_dir / TRIAL_SETTINGS, {**experiment, "trainer": settings.model_dump(mode="json")})
+        try:
+            write_json(trial_dir / TRIAL_SETTINGS, {**experiment, "trainer": settings.model_dump(mode="json")})
+        except Exception as exc:
+            if not _disk_full(exc):
+                raise
+            _paused_by_a_full_disk(report, number, exc)
+            return
         device = trial_device(settings, config.loader, config.resources)
         reuses_before = WORKER_DATA.reuses
         try:
             datamodule = build_datamodule(config, data_class, params, device.loader_options)
             model = build_model(config, model_class, params, datamodule)
         except Exception as exc:
+            if _disk_full(exc):
+                _paused_by_a_full_disk(report, number, exc)
+                return
             if isinstance(exc, OSError) and not _unreadable_file(exc):
                 raise  # reading files: another try, or another node, may succeed
             # The sampled values themselves are at fault (a bad combination the constructor
@@ -385,7 +394,15 @@ def _stand_in_ray_can_copy(exc: BaseException) -> RuntimeError | None:
 
 
 def _disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+    """A full disk, raised as it is or under another error (hpsearch's own ``DiskFullError``
+    of a file it writes, a library's error raised from it)."""
+    return any(isinstance(error, OSError) and error.errno == errno.ENOSPC for error in exception_chain(exc))
+
+
+def _paused_by_a_full_disk(report: Callable[[dict], None], number: int, exc: BaseException) -> None:
+    """Report that the trial met a full disk before it trained: paused, not failed (see
+    ``outcome.DISK_FULL``); its set-up raised ENOSPC, which was retried, then FAILED (audit 58)."""
+    report({TRIAL_NUMBER: number, FINISHED: True, DISK_FULL: f"disk full: {first_line(exc)}"[:300]})
 
 
 def _unreadable_file(exc: BaseException) -> bool:

@@ -326,12 +326,15 @@ def test_trials_failing_in_a_row_stop_the_search_and_resume_goes_on_once_fixed(t
     assert "TypeError" not in output.split("This session's failures:")[1], output
 
 
-def test_a_trial_whose_disk_fills_is_paused_with_its_checkpoints_and_resume_continues_it(tmp_path):
+@pytest.mark.parametrize("where", ["training", "constructor"])
+def test_a_trial_whose_disk_fills_is_paused_with_its_checkpoints_and_resume_continues_it(tmp_path, where):
     """A full disk failed the trial that met it, for good: its epoch checkpoints were
     deleted as an ended trial's, and a resume once there was space left it FAILED (audit
     55: the study's best run was lost, 3 times of 3). A full disk is no fault of the
-    trial's values: the trial is paused, with its checkpoints, and the session stops."""
-    path = experiment(tmp_path, "disk", num_trials=4, faults={"1": "disk_full_once"})
+    trial's values: the trial is paused, with its checkpoints, and the session stops. Met
+    in its set-up, it was retried, then FAILED (audit 58)."""
+    fault = {"training": "disk_full_once", "constructor": "disk_full_at_init_once"}[where]
+    path = experiment(tmp_path, "disk", num_trials=4, faults={"1": fault})
     exp_dir = tmp_path / "runs" / "disk"
     code, output = finish(start("run", path.name, cwd=tmp_path))
     assert code == 1, output
@@ -340,7 +343,8 @@ def test_a_trial_whose_disk_fills_is_paused_with_its_checkpoints_and_resume_cont
     assert f"once there is space, continue the study with: hpsearch resume {exp_dir}" in output, output
     row = next(r for r in rows(exp_dir) if r["trial"] == "1")
     assert row["state"] == "PAUSED" and row["reason"].startswith("disk full"), row
-    assert list((exp_dir / "trials" / "trial_0001" / "checkpoints").glob("epoch-*.ckpt")), "its checkpoints were kept"
+    if where == "training":  # at its second epoch
+        assert list((exp_dir / "trials" / "trial_0001" / "checkpoints").glob("epoch-*.ckpt")), "its checkpoints kept"
     assert study(exp_dir, "disk").trials[1].state.name == "RUNNING"  # not FAIL: a resume continues it
     code, output = finish(start("status", str(exp_dir), cwd=tmp_path), timeout=60)
     assert code == 0 and "its last session stopped on a full disk; once there is space, " \
@@ -349,7 +353,7 @@ def test_a_trial_whose_disk_fills_is_paused_with_its_checkpoints_and_resume_cont
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
     assert code == 0, output
     assert_complete_study(exp_dir, "disk", num_trials=4)  # trial 1 too, its epochs each once
-    assert next(r for r in rows(exp_dir) if r["trial"] == "1")["resumed"] == "True"
+    assert next(r for r in rows(exp_dir) if r["trial"] == "1")["resumed"] == str(where == "training")
     outcomes = [s["outcome"] for s in json.loads((exp_dir / "sessions.json").read_text())]
     assert outcomes == ["disk_full", "complete"], outcomes
 
