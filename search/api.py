@@ -690,16 +690,18 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
         outcome = SESSION_INTERRUPTED
         _release_reservations_since(held_before)
         raise Interrupted(exp.root, address) from None
-    except DiskFullError as exc:
-        outcome = SESSION_DISK_FULL  # recorded if there is room for it
-        _release_reservations_since(held_before)
-        # the search stops there; nothing finished is lost (audit 27: it said only the first part)
-        raise DiskFullError(f"{exc}. The search stopped; finished trials are kept, and the running ones "
-                            f"continue from their last checkpoints: once there is space, continue the study "
-                            f"with: {resume_command(exp.root, address)}") from exc
     except Exception as exc:
         _release_reservations_since(held_before)  # a Python session's next search needs them
-        raise _user_error_in(exc) or _callback_error_in(exc, callbacks, exp) or exc
+        # A full disk, also one Ray Tune met in a callback as it ended a trial and raised as
+        # that trial's failure (audit 58: it ended the session as "crashed", without this)
+        full = next((error for error in exception_chain(exc) if isinstance(error, DiskFullError)), None)
+        if full is None:
+            raise _user_error_in(exc) or _callback_error_in(exc, callbacks, exp) or exc
+        outcome = SESSION_DISK_FULL  # recorded if there is room for it
+        # the search stops there; nothing finished is lost (audit 27: it said only the first part)
+        raise DiskFullError(f"{full}. The search stopped; finished trials are kept, and the running ones "
+                            f"continue from their last checkpoints: once there is space, continue the study "
+                            f"with: {resume_command(exp.root, address)}") from exc
     finally:
         try:
             record_session(exp, started_at, time.time(), outcome, search_complete)

@@ -371,3 +371,33 @@ def test_a_best_checkpoint_that_storage_will_not_delete_warns_and_the_search_goe
             0, [], SimpleNamespace(config={TRIAL_NUMBER: 1}))
     assert not (exp.trial_dir("trial_0001") / "checkpoints" / "best.ckpt").exists()  # the local copy went
     assert (exp.trial_dir("trial_0000") / "checkpoints" / "best.ckpt").exists()
+
+
+def test_a_full_disk_tune_raised_as_another_error_still_stops_the_search_as_a_full_disk(example_config, tmp_path,
+                                                                                         monkeypatch):
+    """Ray Tune met the trials table's full disk in a callback as it ended a trial, and
+    raised it on as that trial's failure: the session ended "crashed", and the message
+    lacked the resume command (audit 58)."""
+    from contextlib import nullcontext
+
+    import hpsearch
+    from hpsearch.search import api, tuner
+    from hpsearch.search.errors import DiskFullError
+
+    def tune_raised_it_on(*args, **kwargs):
+        try:
+            raise DiskFullError("disk full while writing trials.csv; the previous version is intact")
+        except DiskFullError as full:
+            raise RuntimeError("Trial train_trial_1: Error stopping trial.") from full
+
+    monkeypatch.setattr(api, "prepare", lambda config, preflight=None: None)
+    monkeypatch.setattr(api, "_plan", lambda config, local: 1)
+    monkeypatch.setattr(tuner, "ray_for_search", lambda config, address, verbose: nullcontext(tuner.SearchRay(False)))
+    monkeypatch.setattr(tuner, "run_session", tune_raised_it_on)
+    example_config["storage"] = str(tmp_path / "runs")
+    exp_dir = tmp_path / "runs" / example_config["name"]
+    with pytest.raises(DiskFullError) as raised:
+        hpsearch.run(example_config)
+    assert str(raised.value).startswith("disk full while writing trials.csv"), str(raised.value)
+    assert str(raised.value).endswith(f"once there is space, continue the study with: hpsearch resume {exp_dir}")
+    assert json.loads((exp_dir / "sessions.json").read_text())[-1]["outcome"] == "disk_full"
