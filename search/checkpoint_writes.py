@@ -39,7 +39,8 @@ class CheckpointFileWriter(TorchCheckpointIO):
         try:
             torch.save(checkpoint, partial)
         except Exception as exc:
-            full = disk_is_full(partial.parent)
+            # the stream's errors, not one of pickling the checkpoint (on a small volume, nearly full)
+            full = isinstance(exc, (RuntimeError, OSError)) and disk_is_full(partial.parent)
             partial.unlink(missing_ok=True)  # half a file, and the space it holds
             if full:
                 raise OSError(errno.ENOSPC, f"No space left on device (torch.save: {exc})", str(partial)) from exc

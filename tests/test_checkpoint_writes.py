@@ -111,9 +111,28 @@ def test_a_checkpoint_write_that_fails_on_a_full_disk_says_so(tmp_path, monkeypa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_disk_with_room_is_not_full(tmp_path):
-    import shutil
+def test_a_disk_is_full_below_a_mebibyte_left_to_this_user(tmp_path, monkeypatch):
+    from types import SimpleNamespace
 
-    from hpsearch.search.checkpoint_writes import FULL_BELOW_BYTES, disk_is_full
+    from hpsearch.search import checkpoint_writes
 
-    assert (shutil.disk_usage(tmp_path).free < FULL_BELOW_BYTES) == disk_is_full(tmp_path)
+    def left(blocks: int):
+        return lambda folder: SimpleNamespace(f_bavail=blocks, f_bfree=blocks + 10**6, f_frsize=4096)
+
+    monkeypatch.setattr(checkpoint_writes.os, "statvfs", left(255))  # 1020 KiB: full
+    assert checkpoint_writes.disk_is_full(tmp_path)
+    monkeypatch.setattr(checkpoint_writes.os, "statvfs", left(257))  # 1028 KiB
+    assert not checkpoint_writes.disk_is_full(tmp_path)
+    monkeypatch.undo()
+    assert not checkpoint_writes.disk_is_full(tmp_path / "gone")  # no file system to ask: not said full
+
+
+def test_a_checkpoint_that_cannot_be_pickled_is_no_full_disk(tmp_path, monkeypatch):
+    import pickle
+
+    from hpsearch.search import checkpoint_writes
+
+    monkeypatch.setattr(checkpoint_writes, "disk_is_full", lambda folder: True)  # a small volume, nearly full
+    with pytest.raises((pickle.PicklingError, AttributeError)) as raised:  # torch's: "Can't pickle local object"
+        checkpoint_writes.CheckpointFileWriter().save_checkpoint({"f": lambda: 0}, str(tmp_path / "e.ckpt"))
+    assert not isinstance(raised.value, OSError) and list(tmp_path.iterdir()) == []
