@@ -145,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("run", "resume"):
         _ctrl_c_heard()
         _stop_signals_act_as_ctrl_c()
+        if not args.verbose:
+            # Ray's log of a failed try's unfetched error, with its traceback, which the search
+            # drops (tuner.RAY_UNHANDLED_ERROR_NOTICE), came also as Ray disconnected after it
+            # (audit 58): Ray's own switch, for this process, which is the command's
+            os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     with _console_reader_may_leave(getattr(args, "verbose", False)):
         try:
             return _run_command(args)

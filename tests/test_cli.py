@@ -1550,3 +1550,24 @@ def test_the_study_run_names_the_best_trial_once_per_change_across_sessions(tmp_
     said = [(t.step, t.tensor_proto.string_val[0].decode()) for t in accumulator.Tensors("study/best_trial")]
     assert said == [(1, "trial_0002-lr=0.01: val_acc = 0.5 after 1 epoch"),
                     (4, "trial_0007-lr=0.02: val_acc = 0.75 after 3 epochs")], said
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_search_commands_process_keeps_rays_unhandled_error_logs_off_unless_verbose(monkeypatch, verbose):
+    """Ray logged a failed try's unfetched error, with its traceback, also as the command
+    disconnected from Ray after the search (audit 58)."""
+    import signal
+
+    from hpsearch.search import cli
+
+    seen = {}
+    monkeypatch.delenv("RAY_IGNORE_UNHANDLED_ERRORS", raising=False)
+    monkeypatch.setattr(cli, "_run_command", lambda args: seen.setdefault(
+        "ignored", os.environ.get("RAY_IGNORE_UNHANDLED_ERRORS")) and 0)
+    handlers = {name: signal.getsignal(name) for name in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        cli.main(["resume", "runs/x", *(["-v"] if verbose else [])])
+    finally:
+        for name, handler in handlers.items():
+            signal.signal(name, handler)
+    assert seen["ignored"] == (None if verbose else "1")
