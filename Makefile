@@ -19,21 +19,23 @@ setup: $(VENV)/.installed
 # hold: one other than the spec installed last takes the installed torch out first, since
 # pip keeps 2.13.0+cpu for "torch==2.13.0 --index-url .../cu128" (a local version matches
 # ==2.13.0), and `make setup TORCH_SPEC=...` did nothing. The default changes nothing: a
-# later `make test` keeps a CUDA torch. The spec reaches the shell through the environment,
-# so quotes in it are the user's.
+# later `make test` keeps a CUDA torch. .torch-installed holds the spec last installed,
+# .torch-spec the one last asked for (a change remakes the venv). The spec reaches the
+# shell as a variable, split into words but never parsed again: `<` in it is no redirection.
 export TORCH_SPEC
 SPEC_GIVEN := $(filter-out file,$(origin TORCH_SPEC))
 $(VENV)/.torch-spec: FORCE
 	@mkdir -p $(VENV)
-	@if [ ! -f $@ ] || [ -n "$(SPEC_GIVEN)" ]; then \
-	  [ "$$(cat $@ 2>/dev/null)" = "$$TORCH_SPEC" ] || printf '%s\n' "$$TORCH_SPEC" > $@; fi
+	@if [ ! -f $@ ] || { [ -n "$(SPEC_GIVEN)" ] && \
+	  [ "$$(cat $(VENV)/.torch-installed 2>/dev/null)" != "$$TORCH_SPEC" ]; }; then printf '%s\n' "$$TORCH_SPEC" > $@; fi
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.torch-spec
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	if [ -f $@ ] && { [ -f $(VENV)/.torch-installed ] || [ -n "$(SPEC_GIVEN)" ]; } && \
-	  ! cmp -s $(VENV)/.torch-spec $(VENV)/.torch-installed; then $(PY) -m pip uninstall --yes --quiet torch; fi
-	$(PIP) $(TORCH_SPEC)
-	cp $(VENV)/.torch-spec $(VENV)/.torch-installed
+	if [ -n "$(SPEC_GIVEN)" ] && [ -f $@ ] && [ "$$(cat $(VENV)/.torch-installed 2>/dev/null)" != "$$TORCH_SPEC" ]; \
+	  then $(PY) -m pip uninstall --yes --quiet torch; fi
+	$(PIP) $$TORCH_SPEC
+	if [ -n "$(SPEC_GIVEN)" ] || [ ! -f $(VENV)/.torch-installed ]; then \
+	  printf '%s\n' "$$TORCH_SPEC" > $(VENV)/.torch-installed; fi
 	$(PIP) -c constraints.txt -e ".[test]"
 	touch $@
 

@@ -12,19 +12,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RECORDING_PYTHON = """#!/bin/sh
 echo "$*" >> "$(dirname "$0")/../calls.log"
+case "$*" in *cu128*) [ -f "$(dirname "$0")/../cuda-index-down" ] && exit 1;; esac
+exit 0
 """
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
-def _setup(project: Path, *args: str, env: dict | None = None) -> list[str]:
+def _setup(project: Path, *args: str, env: dict | None = None, fails: bool = False) -> list[str]:
     import os
 
     log = project / ".venv" / "calls.log"
     log.unlink(missing_ok=True)
     environment = {name: value for name, value in os.environ.items() if name != "TORCH_SPEC"}
-    subprocess.run(["make", "--no-print-directory", "setup", *args], cwd=project, check=True,
-                   capture_output=True, text=True, env={**environment, **(env or {})})
+    done = subprocess.run(["make", "--no-print-directory", "setup", *args], cwd=project,
+                          capture_output=True, text=True, env={**environment, **(env or {})})
+    assert (done.returncode != 0) == fails, done.stdout + done.stderr
+    assert not list(project.glob("=*")), "a spec's '>' made a file"
     return log.read_text().splitlines() if log.exists() else []
 
 
@@ -66,8 +70,22 @@ def test_setup_with_another_torch_spec_replaces_the_installed_torch(tmp_path):
     # The default is no request: `make test` after the GPU recipe kept the CUDA build only
     # until this fix's first version, which put the CPU one back (audit 57).
     assert _setup(tmp_path) == []
-    # A spec from the environment counts as given; quotes in it are the shell's (audit 57:
-    # "cannot open 2.14"), as they were before.
-    quoted = _setup(tmp_path, env={"TORCH_SPEC": "'torch>=2.13,<2.14'"})
-    assert _torch_calls(quoted) == [
+    # A spec from the environment counts as given; its '<' and '>' are no redirections
+    # (audit 57: "cannot open 2.14"; audit 59: and a file named "=2.13,")
+    ranged = _setup(tmp_path, env={"TORCH_SPEC": "torch>=2.13,<2.14"})
+    assert _torch_calls(ranged) == [
         "-m pip uninstall --yes --quiet torch", "-m pip install --quiet --disable-pip-version-check torch>=2.13,<2.14"]
+
+
+def test_a_failed_cuda_install_is_not_taken_for_an_installed_one(tmp_path):
+    """After the GPU recipe failed (its index down), a plain `make setup` put the CPU build
+    in and recorded the CUDA spec as installed; the recipe again then did nothing (audit 59)."""
+    project = _project(tmp_path)
+    assert _torch_calls(_setup(project))[-1].endswith("torch==2.13.0")
+    cuda = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+    (project / ".venv" / "cuda-index-down").touch()
+    _setup(project, f"TORCH_SPEC={cuda}", fails=True)
+    assert _torch_calls(_setup(project)) == ["-m pip install --quiet --disable-pip-version-check torch==2.13.0"]
+    (project / ".venv" / "cuda-index-down").unlink()
+    assert _torch_calls(_setup(project, f"TORCH_SPEC={cuda}")) == [
+        "-m pip uninstall --yes --quiet torch", f"-m pip install --quiet --disable-pip-version-check {cuda}"]
