@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class, shipped_code_first
 from .config import ExperimentConfig
-from .errors import ConfigError, UnreadableDataFile, exception_chain, first_line
-from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, trial_name, write_json
+from .errors import ConfigError, HpsearchError, UnreadableDataFile, exception_chain, first_line
+from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, atomic_write_text, trial_name, write_json
 from .checkpoints import latest_good_checkpoint, resumed_at
 from .gc_pause import collector_paused
 from .seeding import training_seed
@@ -109,9 +109,24 @@ def load_training_stack(config: ExperimentConfig) -> tuple[type, type]:
 
 
 def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
-              report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0,
-              stopped_by_scheduler: Callable[[Any, dict], bool] | None = None,
-              started_at: float | None = None) -> None:
+              report: Callable[[dict], None], **how: Any) -> None:
+    """Train one sampled configuration (``_fit_trial``, which ``how`` is passed to). A full
+    disk met anywhere in it pauses the trial (``outcome.DISK_FULL``): met in its set-up
+    (its folder, its settings file, a constructor), it was retried, then FAILED for good
+    (audits 58 and 59); met in its training, ``_fit_trial`` reports it with its figures."""
+    try:
+        _fit_trial(trial_config, experiment, experiment_dir, report=report, **how)
+    except Exception as exc:
+        if not _disk_full(exc):
+            raise
+        report({TRIAL_NUMBER: int(trial_config[TRIAL_NUMBER]), FINISHED: True,
+                DISK_FULL: f"disk full: {first_line(exc)}"[:300]})
+
+
+def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experiment_dir: str, *,
+               report: Callable[[dict], None], parallel: Parallelism, workers_start_s: float = 0.0,
+               stopped_by_scheduler: Callable[[Any, dict], bool] | None = None,
+               started_at: float | None = None) -> None:
     """Train one sampled configuration in this process (a Ray worker), reporting after
     every validation; what the process prints meanwhile is also kept in the trial's
     ``output.log`` (see ``trial_output``). ``workers_start_s``: how long the trial had
@@ -167,24 +182,15 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
         settings = config.with_trainer_params(params)
         # What the trial trains with, its sampled trainer settings applied: the best trial is
         # evaluated and described by it (each rank writes the same, atomically).
-        try:
-            write_json(trial_dir / TRIAL_SETTINGS, {**experiment, "trainer": settings.model_dump(mode="json")})
-        except Exception as exc:
-            if not _disk_full(exc):
-                raise
-            _paused_by_a_full_disk(report, number, exc)
-            return
+        write_json(trial_dir / TRIAL_SETTINGS, {**experiment, "trainer": settings.model_dump(mode="json")})
         device = trial_device(settings, config.loader, config.resources)
         reuses_before = WORKER_DATA.reuses
         try:
             datamodule = build_datamodule(config, data_class, params, device.loader_options)
             model = build_model(config, model_class, params, datamodule)
         except Exception as exc:
-            if _disk_full(exc):
-                _paused_by_a_full_disk(report, number, exc)
-                return
-            if isinstance(exc, OSError) and not _unreadable_file(exc):
-                raise  # reading files: another try, or another node, may succeed
+            if _disk_full(exc) or isinstance(exc, OSError) and not _unreadable_file(exc):
+                raise  # reading files: another try, or another node, may succeed; a full disk pauses
             # The sampled values themselves are at fault (a bad combination the constructor
             # rejects), or a file that fails whenever read (audit 50: UnreadableDataFile was
             # retried): every retry would raise the same, so the trial fails at once.
@@ -393,16 +399,17 @@ def _stand_in_ray_can_copy(exc: BaseException) -> RuntimeError | None:
     return None
 
 
-def _disk_full(exc: BaseException) -> bool:
-    """A full disk, raised as it is or under another error (hpsearch's own ``DiskFullError``
-    of a file it writes, a library's error raised from it)."""
-    return any(isinstance(error, OSError) and error.errno == errno.ENOSPC for error in exception_chain(exc))
-
-
-def _paused_by_a_full_disk(report: Callable[[dict], None], number: int, exc: BaseException) -> None:
-    """Report that the trial met a full disk before it trained: paused, not failed (see
-    ``outcome.DISK_FULL``); its set-up raised ENOSPC, which was retried, then FAILED (audit 58)."""
-    report({TRIAL_NUMBER: number, FINISHED: True, DISK_FULL: f"disk full: {first_line(exc)}"[:300]})
+def _disk_full(exc: BaseException | None) -> bool:
+    """A full disk, raised as it is or as the cause of another error (hpsearch's own
+    ``DiskFullError`` of a file it writes, a library's error raised from it). Not an error
+    raised while an ENOSPC was being handled: the user's code may have handled it, and
+    its next error is its own (audit 59: a sampled value's ValueError paused its trial at
+    every resume)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _unreadable_file(exc: BaseException) -> bool:
@@ -418,12 +425,13 @@ def _unreadable_file(exc: BaseException) -> bool:
 def _save_traceback(exc: BaseException, trial_dir: Path, rank: int | None) -> Path | None:
     """The full traceback of the fault that ended the trial, beside its checkpoints (where
     the driver copies a retried fault's too: ``tune_callbacks.KeepTracebacks``); None if
-    it could not be written."""
+    it could not be written (on a full disk, the file an earlier try left stays whole: it
+    was left empty; audit 59)."""
     import traceback
 
     path = trial_dir / (TRIAL_TRACEBACK if rank is None else f"error-rank{rank}.txt")
     try:
-        path.write_text("".join(traceback.format_exception(exc)))
-    except OSError:
+        atomic_write_text(path, "".join(traceback.format_exception(exc)))
+    except (OSError, HpsearchError):  # HpsearchError: DiskFullError
         return None
     return path

@@ -1799,3 +1799,61 @@ def test_tunes_log_of_a_full_disk_met_as_a_trial_ended_stays_off_the_console():
 
     assert not TRIAL_TRACEBACKS.filter(record(DiskFullError("disk full while writing trials.csv")))
     assert TRIAL_TRACEBACKS.filter(record(RuntimeError("a callback's own bug")))
+
+
+def test_a_full_disk_anywhere_in_a_trial_pauses_it_and_a_handled_one_does_not():
+    """Met in a trial's set-up (its folder, its settings file), a full disk was retried,
+    then FAILED for good (audit 59). An error the user's code raised while handling an
+    ENOSPC of its own is that error: it paused its trial at every resume (audit 59)."""
+    import errno
+
+    from hpsearch.search import trial
+    from hpsearch.search.errors import DiskFullError
+    from hpsearch.search.outcome import DISK_FULL, TRIAL_NUMBER
+
+    def full() -> OSError:
+        return OSError(errno.ENOSPC, "No space left on device", "trials/trial_0003")
+
+    def handled_then_own_error():
+        try:
+            raise full()
+        except OSError:
+            raise ValueError("lr too high for this width")
+
+    def written_over_a_full_disk():
+        try:
+            raise full()
+        except OSError as exc:
+            raise DiskFullError("disk full while writing experiment.json") from exc
+
+    for fault, pauses in ((lambda: (_ for _ in ()).throw(full()), True), (written_over_a_full_disk, True),
+                          (handled_then_own_error, False)):
+        reports = []
+        original = trial._fit_trial
+        trial._fit_trial = lambda *args, **kwargs: fault()
+        try:
+            if pauses:
+                trial.fit_trial({TRIAL_NUMBER: 3}, {}, "/study", report=reports.append)
+                assert reports and reports[0][TRIAL_NUMBER] == 3 and reports[0][DISK_FULL].startswith("disk full: ")
+            else:
+                with pytest.raises(ValueError):
+                    trial.fit_trial({TRIAL_NUMBER: 3}, {}, "/study", report=reports.append)
+                assert reports == []
+        finally:
+            trial._fit_trial = original
+
+
+def test_a_traceback_that_meets_a_full_disk_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+    """It left error.txt empty, the earlier try's traceback gone (audit 59)."""
+    import errno
+
+    from hpsearch.search import experiment, trial
+
+    (tmp_path / "error.txt").write_text("the earlier try's traceback")
+
+    def no_room(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(experiment.os, "fsync", no_room)
+    assert trial._save_traceback(RuntimeError("this try"), tmp_path, None) is None
+    assert (tmp_path / "error.txt").read_text() == "the earlier try's traceback"
