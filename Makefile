@@ -19,8 +19,9 @@ setup: $(VENV)/.installed
 # hold: one other than the spec installed last takes the installed torch out first, since
 # pip keeps 2.13.0+cpu for "torch==2.13.0 --index-url .../cu128" (a local version matches
 # ==2.13.0), and `make setup TORCH_SPEC=...` did nothing. The default changes nothing: a
-# later `make test` keeps a CUDA torch. .torch-installed holds the spec last installed,
-# .torch-spec the one last asked for (a change remakes the venv). The spec reaches the
+# later `make test` keeps a CUDA torch. .torch-installed holds the spec last installed (none
+# once it is taken out: an install that then fails leaves none), .torch-spec the one last
+# asked for (a change remakes the venv). The spec reaches the
 # shell as a variable, split into words but never parsed again: `<` in it is no redirection.
 export TORCH_SPEC
 SPEC_GIVEN := $(filter-out file,$(origin TORCH_SPEC))
@@ -32,7 +33,7 @@ $(VENV)/.torch-spec: FORCE
 $(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.torch-spec
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	if [ -n "$(SPEC_GIVEN)" ] && [ -f $@ ] && [ "$$(cat $(VENV)/.torch-installed 2>/dev/null)" != "$$TORCH_SPEC" ]; \
-	  then $(PY) -m pip uninstall --yes --quiet torch; fi
+	  then $(PY) -m pip uninstall --yes --quiet torch && rm -f $(VENV)/.torch-installed; fi
 	$(PIP) $$TORCH_SPEC
 	if [ -n "$(SPEC_GIVEN)" ] || [ ! -f $(VENV)/.torch-installed ]; then \
 	  printf '%s\n' "$$TORCH_SPEC" > $(VENV)/.torch-installed; fi

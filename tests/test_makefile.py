@@ -89,3 +89,11 @@ def test_a_failed_cuda_install_is_not_taken_for_an_installed_one(tmp_path):
     (project / ".venv" / "cuda-index-down").unlink()
     assert _torch_calls(_setup(project, f"TORCH_SPEC={cuda}")) == [
         "-m pip uninstall --yes --quiet torch", f"-m pip install --quiet --disable-pip-version-check {cuda}"]
+    # another CUDA build that fails to install, after its uninstall: the plain setup's CPU
+    # build is then the one installed, and the first recipe puts CUDA back (audit 60: nothing)
+    (project / ".venv" / "cuda-index-down").touch()
+    _setup(project, f"TORCH_SPEC={cuda.replace('cu128', 'cu128-other')}", fails=True)
+    assert _torch_calls(_setup(project)) == ["-m pip install --quiet --disable-pip-version-check torch==2.13.0"]
+    (project / ".venv" / "cuda-index-down").unlink()
+    assert _torch_calls(_setup(project, f"TORCH_SPEC={cuda}")) == [
+        "-m pip uninstall --yes --quiet torch", f"-m pip install --quiet --disable-pip-version-check {cuda}"]
