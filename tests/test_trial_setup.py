@@ -1841,6 +1841,15 @@ def test_a_full_disk_anywhere_in_a_trial_pauses_it_and_a_handled_one_does_not():
                 assert reports == []
         finally:
             trial._fit_trial = original
+    # a rank of a distributed trial raises it on, for its worker group to end (audit 60: one
+    # rank's report ended it alone, and the others waited for it: the search hung)
+    original = trial._fit_trial
+    trial._fit_trial = lambda *args, **kwargs: (_ for _ in ()).throw(full())
+    try:
+        with pytest.raises(OSError):
+            trial.fit_trial({TRIAL_NUMBER: 3}, {}, "/study", report=reports.append, parallel=trial.Parallelism(2))
+    finally:
+        trial._fit_trial = original
 
 
 def test_a_traceback_that_meets_a_full_disk_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
