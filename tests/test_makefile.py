@@ -83,17 +83,13 @@ def test_a_failed_cuda_install_is_not_taken_for_an_installed_one(tmp_path):
     project = _project(tmp_path)
     assert _torch_calls(_setup(project))[-1].endswith("torch==2.13.0")
     cuda = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
-    (project / ".venv" / "cuda-index-down").touch()
-    _setup(project, f"TORCH_SPEC={cuda}", fails=True)
-    assert _torch_calls(_setup(project)) == ["-m pip install --quiet --disable-pip-version-check torch==2.13.0"]
-    (project / ".venv" / "cuda-index-down").unlink()
-    assert _torch_calls(_setup(project, f"TORCH_SPEC={cuda}")) == [
-        "-m pip uninstall --yes --quiet torch", f"-m pip install --quiet --disable-pip-version-check {cuda}"]
-    # another CUDA build that fails to install, after its uninstall: the plain setup's CPU
-    # build is then the one installed, and the first recipe puts CUDA back (audit 60: nothing)
-    (project / ".venv" / "cuda-index-down").touch()
-    _setup(project, f"TORCH_SPEC={cuda.replace('cu128', 'cu128-other')}", fails=True)
-    assert _torch_calls(_setup(project)) == ["-m pip install --quiet --disable-pip-version-check torch==2.13.0"]
-    (project / ".venv" / "cuda-index-down").unlink()
-    assert _torch_calls(_setup(project, f"TORCH_SPEC={cuda}")) == [
-        "-m pip uninstall --yes --quiet torch", f"-m pip install --quiet --disable-pip-version-check {cuda}"]
+    index_down = project / ".venv" / "cuda-index-down"
+    # the first fails with the CPU build in; the second after the CUDA build's uninstall, which
+    # left the CPU build recorded as the CUDA one, and the recipe then did nothing (audit 60)
+    for failing in (cuda, cuda.replace("cu128", "cu128-other")):
+        index_down.touch()
+        _setup(project, f"TORCH_SPEC={failing}", fails=True)
+        assert _torch_calls(_setup(project)) == ["-m pip install --quiet --disable-pip-version-check torch==2.13.0"]
+        index_down.unlink()
+        assert _torch_calls(_setup(project, f"TORCH_SPEC={cuda}")) == [
+            "-m pip uninstall --yes --quiet torch", f"-m pip install --quiet --disable-pip-version-check {cuda}"]
