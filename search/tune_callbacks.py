@@ -91,23 +91,22 @@ class FailuresInARow(Callback, Stopper):
         return self.reached
 
 
-class DiskFilled(Callback, Stopper):
-    """Ends the session once a trial's disk has filled (the trial reports ``DISK_FULL``,
-    and ``classify`` makes it PAUSED, its checkpoints kept): every trial after it would
-    meet the same full disk, and be paused in turn after a start-up of its own. The trials
-    it paused, by number, with what each said, for the session's message."""
+def paused_by_a_full_disk(trial) -> bool:
+    """Whether the trial Tune just ended reported a full disk (``DISK_FULL``): paused, not
+    ended, in the study (``classify``)."""
+    return bool((getattr(trial, "last_result", None) or {}).get(DISK_FULL))
 
-    def __init__(self) -> None:
-        self.paused: dict[int, str] = {}
+
+class DiskFilled(Callback, Stopper):
+    """Ends the session once a trial's disk has filled (``paused_by_a_full_disk``; its
+    checkpoints kept): every trial after it would meet the same full disk, and be paused
+    in turn after a start-up of its own. The session's message names the paused trials
+    from trials.csv (``api._paused_by_a_full_disk``)."""
+
+    reached = False
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        said = (getattr(trial, "last_result", None) or {}).get(DISK_FULL)
-        if said:
-            self.paused[int(trial.config[TRIAL_NUMBER])] = str(said)
-
-    @property
-    def reached(self) -> bool:
-        return bool(self.paused)
+        self.reached = self.reached or paused_by_a_full_disk(trial)
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         return False
@@ -637,7 +636,7 @@ class DropResumeCheckpoints(Callback):
         self.exp, self.mirror = exp, mirror
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        if not (getattr(trial, "last_result", None) or {}).get(DISK_FULL):  # paused, not ended: a resume continues it
+        if not paused_by_a_full_disk(trial):  # paused, not ended: a resume continues it
             self._drop(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
