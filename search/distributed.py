@@ -13,6 +13,11 @@ Two details keep it from starving itself on small machines:
 The ranks' reports reach Tune without waiting for its decision, so at ASHA's rungs rank 0
 waits for it and tells the other ranks (``stopped_at_rung``, ``rung_decisions``).
 
+A rank that ends its trial on a fault of its own (a NaN, a bug, a full disk) raises
+``RankEndedTrial`` rather than reporting it: one rank's report waits for every rank's, and
+the others wait in their next collective for it, so the trial hung (audit 61). Its error
+ends the worker group, and the Tune trial reports the ending as a one-process trial does.
+
 The Lightning glue (cluster environment, strategies) is written against
 ``pytorch_lightning`` here, because Ray's own helpers import the ``lightning`` package
 first whenever it is installed, and the two must not be mixed.
@@ -28,7 +33,8 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .errors import ConfigError
-from .outcome import EPOCH, FINISHED, GIVE_UP, PLACEMENT_GROUP, RESTORED, TRIAL_NUMBER
+from .errors import HpsearchError
+from .outcome import DISK_FULL, EPOCH, FAILURE, FINISHED, GIVE_UP, PLACEMENT_GROUP, RESTORED, TRIAL_NUMBER
 from .rung_decisions import WAIT_LIMIT_S, RungDecisions
 from .storage import study_root
 from .trial import Parallelism, fit_trial, load_training_stack
@@ -36,6 +42,18 @@ from .trial import Parallelism, fit_trial, load_training_stack
 # The Tune trial that drives a Train run asks for this much memory and no CPU
 # (Ray cannot place an empty resource request).
 DRIVER_MEMORY_BYTES = 1024 * 1024
+
+
+class RankEndedTrial(HpsearchError):
+    """A rank ends its trial with this report (a failure, or a full disk that pauses it);
+    raised, so that Ray Train ends the other ranks too (see the module's docstring)."""
+
+    def __init__(self, final_report: dict[str, Any]) -> None:
+        super().__init__(str(final_report.get(FAILURE) or final_report.get(DISK_FULL)))
+        self.final_report = final_report
+
+    def __reduce__(self):
+        return self.__class__, (self.final_report,)
 
 
 def driver_resources() -> dict[str, float]:
@@ -59,7 +77,7 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
                             decisions: RungDecisions | None = None) -> None:
     """Ray Tune function trainable for trials of ``workers_per_trial`` > 1 processes.
     ``decisions``: where the scheduler publishes its decisions at rungs (None: it stops no trial)."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -85,7 +103,25 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
             failure_config=FailureConfig(max_failures=0, max_preemption_failures=0),
         ),
     )
-    trainer.fit()
+    try:
+        trainer.fit()
+    except TrainingFailedError as error:
+        ended = rank_ended_trial(error)
+        if ended is None:
+            raise  # Tune retries it (failure.max_retries)
+        from ray import tune
+
+        tune.report(ended.final_report)
+
+
+def rank_ended_trial(error: BaseException) -> RankEndedTrial | None:
+    """The ending that a rank raised into Ray Train's ``error`` (the lowest rank's, if several
+    did); None if none did, a fault a retry may outlive."""
+    failures = getattr(error, "worker_failures", None) or {}
+    for rank in sorted(failures):
+        if isinstance(failures[rank], RankEndedTrial):
+            return failures[rank]
+    return None
 
 
 def lean_torch_trainer() -> type:
@@ -134,8 +170,14 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     named = {PLACEMENT_GROUP: reservation.id.hex()} if reservation is not None else {}
     decisions = loop_config["decisions"]
     _quiet_report_log()
+
+    def report(metrics: dict[str, Any]) -> None:
+        if metrics.get(FAILURE) or metrics.get(DISK_FULL):
+            raise RankEndedTrial({**metrics, **named})
+        ray.train.report({**metrics, **named})
+
     fit_trial(loop_config["trial_config"], loop_config["experiment"], loop_config["experiment_dir"],
-              report=lambda metrics: ray.train.report({**metrics, **named}), parallel=parallel,
+              report=report, parallel=parallel,
               workers_start_s=workers_start_s, started_at=started_at,
               stopped_by_scheduler=None if decisions is None else partial(
                   stopped_at_rung, decisions, int(loop_config["trial_config"][TRIAL_NUMBER])))

@@ -114,14 +114,11 @@ def fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experime
     disk met anywhere in it pauses the trial (``outcome.DISK_FULL``): met in its set-up
     (its folder, its settings file, a constructor), it was retried, then FAILED for good
     (audits 58 and 59); met in its training, ``_fit_trial`` reports it with its figures.
-    A rank of a distributed trial raises it on: alone, it cannot end its trial, whose other
-    ranks waited for it (audit 60: the search hung), while its worker group ends on an
-    error, which is retried as before."""
+    (A rank of a distributed trial reports its ending by raising it, see ``distributed``.)"""
     try:
         _fit_trial(trial_config, experiment, experiment_dir, report=report, **how)
     except Exception as exc:
-        parallel = how.get("parallel")
-        if not _disk_full(exc) or (parallel is not None and parallel.world_size > 1):
+        if not _disk_full(exc):
             raise
         report({TRIAL_NUMBER: int(trial_config[TRIAL_NUMBER]), FINISHED: True,
                 DISK_FULL: f"disk full: {first_line(exc)}"[:300]})

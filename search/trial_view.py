@@ -206,8 +206,17 @@ def _files(folder: Path, checkpoint_kept: bool) -> str:
     present += ["checkpoints/best.ckpt"] if checkpoint_kept else []
     # a paused or running trial's, which a resume continues from (Lightning counts epochs from 0)
     present += sorted(f"checkpoints/{path.name}" for path in folder.glob("checkpoints/epoch-*.ckpt"))
-    present += sorted(path.name for pattern in ("error-rank*.txt", "crash*.txt") for path in folder.glob(pattern))
+    present += sorted(path.name for path in folder.glob("error-rank*.txt"))
+    # a rank ended by its worker group's end leaves its crash account empty (nothing crashed)
+    present += sorted(path.name for path in folder.glob("crash*.txt") if _has_text(path))
     return f" ({', '.join(present)})" if present else " (empty)" if folder.is_dir() else " (not there)"
+
+
+def _has_text(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:  # gone since it was listed
+        return False
 
 
 def _traceback(folder: Path) -> tuple[Path, list[str]] | None:

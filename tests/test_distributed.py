@@ -107,6 +107,50 @@ def test_only_rank_zero_wrote_logs_and_checkpoints(ddp_search):
     assert best["state"] == "COMPLETE" and best["checkpoint"].endswith("best.ckpt")
 
 
+@pytest.mark.slow
+def test_a_fault_in_one_rank_ends_its_whole_trial(tmp_path):
+    """A rank that met a fault not worth a retry reported its trial's end alone: its report
+    waited for the other ranks', and they for it in their next collective, and the search
+    hung for good (audit 61). A full disk met by one rank pauses the trial, as it does a
+    one-process trial, and the resume continues it."""
+    import subprocess
+
+    shutil.copytree(FIXTURES / "userpkg", tmp_path / "userpkg")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    faults = {"0": "type_error_on_rank1", "1": "disk_full_on_rank0_once"}
+    write_yaml(tmp_path / "exp.yaml", {
+        "name": "onerank",
+        "model": {"class_path": "userpkg.ddp_probe:OneRankFaults",
+                  "init_args": {"probe_dir": str(probe), "faults": faults}},
+        "data": {"class_path": "userpkg.ddp_probe:IndexedData"},
+        "space": {"model.lr": {"type": "float", "low": 0.01, "high": 0.1, "log": True}},
+        "metric": "val_loss", "mode": "min",
+        "search": {"num_trials": 2, "max_concurrent": 1, "sampler": "random", "seed": 3},
+        "scheduler": {"type": "none", "max_epochs": 2},
+        "resources": {"workers_per_trial": 2, "cpus_per_worker": 1},
+        "storage": "runs",
+    })
+    exp_dir = tmp_path / "runs" / "onerank"
+    try:
+        first = run_cli("run", "exp.yaml", cwd=tmp_path, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the search hung on a fault in one rank")
+    rows = {r["trial"]: r for r in csv.DictReader((exp_dir / "trials.csv").open())}
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert rows["0"]["state"] == "FAILED", rows["0"]
+    assert rows["0"]["reason"].startswith("TypeError: rank 1's batch has no labels"), rows["0"]["reason"]
+    assert "error-rank1.txt" in rows["0"]["reason"] and (exp_dir / "trials/trial_0000/error-rank1.txt").exists()
+    assert rows["1"]["state"] == "PAUSED" and rows["1"]["reason"].startswith("disk full: "), rows["1"]
+    assert "hpsearch resume" in first.stderr, first.stderr
+
+    resumed = run_cli("resume", str(exp_dir), cwd=tmp_path, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    rows = {r["trial"]: r for r in csv.DictReader((exp_dir / "trials.csv").open())}
+    assert [(rows[n]["state"], rows[n]["epochs"]) for n in "01"] == [("FAILED", "1"), ("COMPLETE", "2")], rows
+    assert rows["1"]["resumed"] == "True", rows["1"]
+
+
 def test_a_distributed_trial_starts_no_helper_actors_it_does_not_use():
     """Ray Train starts a Ray Data shard manager and a placement-group cleaner for every
     run, each a new process that competed with the ranks' start on a small machine; the
@@ -152,9 +196,58 @@ def test_a_distributed_trial_out_of_retries_ends_before_importing_the_classes_it
     experiment = shrunk_example(FIXTURES, **{"resources/workers_per_trial": 2})
     reason = "failed 2 times the same way, at the same point: ImportError: cannot import name 'Model'"
     trial_config = {TRIAL_NUMBER: 3, "params": {}, GIVE_UP: reason}
-    distributed._train_rank({"trial_config": trial_config, "experiment": experiment, "experiment_dir": "unused",
-                             "trial_started_at": 0.0, "decisions": None})
-    assert reports == [{TRIAL_NUMBER: 3, FAILURE: reason, FINISHED: True}]
+    with pytest.raises(distributed.RankEndedTrial) as ended:  # the trial's end, which ends every rank
+        distributed._train_rank({"trial_config": trial_config, "experiment": experiment,
+                                 "experiment_dir": "unused", "trial_started_at": 0.0, "decisions": None})
+    assert ended.value.final_report == {TRIAL_NUMBER: 3, FAILURE: reason, FINISHED: True} and reports == []
     with pytest.raises(ImportError):  # a trial with retries left still imports them first
         distributed._train_rank({"trial_config": {TRIAL_NUMBER: 3, "params": {}}, "experiment": experiment,
                                  "experiment_dir": "unused", "trial_started_at": 0.0, "decisions": None})
+
+
+def test_the_tune_trial_reports_the_ending_a_rank_raised_and_retries_any_other_fault(monkeypatch):
+    """A rank's ending crosses Ray Train as its error (pickled, in ``worker_failures``); the
+    Tune trial reports it as a one-process trial would, the lowest rank's where several
+    ranks raised one. Any other worker error stays an error, which Tune retries."""
+    import pickle
+
+    from ray import tune
+    from ray.train import WorkerGroupError
+    from ray.train.v2.api.callback import UserCallback
+    from ray.tune.integration import ray_train
+
+    from hpsearch.search import distributed
+    from hpsearch.search.outcome import DISK_FULL, FAILURE, FINISHED, TRIAL_NUMBER
+
+    def ending(rank: int, **what) -> distributed.RankEndedTrial:
+        ended = distributed.RankEndedTrial({TRIAL_NUMBER: 4, FINISHED: True, "rank": rank, **what})
+        return pickle.loads(pickle.dumps(ended))  # as Ray hands it over
+
+    raised: list[Exception] = []
+
+    class FailingTrainer:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def fit(self):
+            raise raised[-1]
+
+    reports = []
+    monkeypatch.setattr(distributed, "lean_torch_trainer", lambda: FailingTrainer)
+    monkeypatch.setattr(tune, "report", reports.append)
+    monkeypatch.setattr(ray_train, "TuneReportCallback", UserCallback)  # the real one asks for a Tune session
+    experiment = shrunk_example(FIXTURES, **{"resources/workers_per_trial": 2})
+
+    def run_trial() -> None:
+        distributed.train_distributed_trial({TRIAL_NUMBER: 4, "params": {}}, experiment=experiment,
+                                            experiment_dir="/study")
+
+    raised.append(WorkerGroupError("two ranks", {3: ending(3, **{FAILURE: "NaN"}),
+                                                 1: ending(1, **{DISK_FULL: "disk full: ..."})}))
+    run_trial()
+    assert reports == [{TRIAL_NUMBER: 4, FINISHED: True, "rank": 1, DISK_FULL: "disk full: ..."}]
+    assert str(ending(2, **{FAILURE: "NaN/inf loss"})) == "NaN/inf loss"
+    raised.append(WorkerGroupError("a lost peer", {0: RuntimeError("Connection closed by peer")}))
+    with pytest.raises(WorkerGroupError):
+        run_trial()
+    assert len(reports) == 1

@@ -1841,15 +1841,16 @@ def test_a_full_disk_anywhere_in_a_trial_pauses_it_and_a_handled_one_does_not():
                 assert reports == []
         finally:
             trial._fit_trial = original
-    # a rank of a distributed trial raises it on, for its worker group to end (audit 60: one
-    # rank's report ended it alone, and the others waited for it: the search hung)
+    # a rank of a distributed trial reports it too: its report raises it (distributed.RankEndedTrial),
+    # which ends the other ranks as well (audit 60 retried it instead; audit 61)
     original = trial._fit_trial
     trial._fit_trial = lambda *args, **kwargs: (_ for _ in ()).throw(full())
+    reports = []
     try:
-        with pytest.raises(OSError):
-            trial.fit_trial({TRIAL_NUMBER: 3}, {}, "/study", report=reports.append, parallel=trial.Parallelism(2))
+        trial.fit_trial({TRIAL_NUMBER: 3}, {}, "/study", report=reports.append, parallel=trial.Parallelism(2))
     finally:
         trial._fit_trial = original
+    assert [report[DISK_FULL][:10] for report in reports] == ["disk full:"]
 
 
 def test_a_traceback_that_meets_a_full_disk_leaves_the_earlier_one_whole(tmp_path, monkeypatch):

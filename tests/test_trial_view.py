@@ -106,3 +106,10 @@ def test_a_trials_last_epoch_is_split_into_its_parts_and_its_folder_names_the_ch
     (tmp_path / "output.log").write_text("")
     assert _files(tmp_path, checkpoint_kept=True) == (
         " (output.log, checkpoints/best.ckpt, checkpoints/epoch-0013.ckpt, checkpoints/epoch-0014.ckpt)")
+    # a distributed trial's ranks: rank 0, ended with its worker group, left its crash account empty
+    (tmp_path / "checkpoints" / "epoch-0013.ckpt").unlink()
+    (tmp_path / "crash.txt").write_text("")
+    (tmp_path / "error-rank1.txt").write_text("Traceback ...")
+    (tmp_path / "crash-rank1.txt").write_text("Fatal Python error: Segmentation fault")
+    assert _files(tmp_path, checkpoint_kept=False) == (
+        " (output.log, checkpoints/epoch-0014.ckpt, error-rank1.txt, crash-rank1.txt)")
