@@ -594,9 +594,15 @@ def _last_error_line(trial, exp=None) -> str:
     else:
         return "unknown error"
     line = _PROCESS_DEATH.sub(_process_death_in_short, line)[:300]
-    if exp is not None and PROCESS_DIED in line:
+    if exp is not None and (PROCESS_DIED in line or _PEER_LOST.search(line)):
         line = crash_line(crash_account(trial_dir_of(trial, exp))) or line
     return line[:300]
+
+
+# What a rank of a distributed trial raises when another rank's process is gone: a crash or
+# a hang that rank's own account names, which is the trial's fault, not this (audit 61:
+# every try of a segfault in one rank said only "Connection closed by peer [127.0.0.1]:41882")
+_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|remote process exited|communicator was aborted")
 
 
 # Ray's account of a trial's (or a rank's) process that died without a Python error

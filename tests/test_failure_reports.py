@@ -374,3 +374,49 @@ def test_a_trial_that_ends_on_its_own_leaves_no_account_and_faulthandler_as_it_w
     assert not (tmp_path / "crash.txt").exists() and faulthandler.is_enabled() == was
     # without a watchdog, no hook at every step of every trial
     assert TrialWatch(hang_timeout_s=None).callbacks() == [] and len(TrialWatch(hang_timeout_s=5).callbacks()) == 1
+
+
+PEER_CRASHED = """\
+Failure # 1 (occurred at 2026-12-07_14-20-00)
+\x1b[36mray::ImplicitFunc.train()\x1b[39m (pid=16899, ip=192.0.2.2, actor_id=52fd, repr=tune_with_parameters)
+  File "/venv/ray/train/v2/api/data_parallel_trainer.py", line 201, in fit
+    raise result.error
+ray.train.WorkerGroupError: Training failed due to worker errors:
+[Rank 0 Error Snippet]:
+RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer \
+[127.0.0.1]:{port}. This is typically caused by a remote worker crashing. Check the logs of the remote worker \
+before reporting an error. GLHF
+"""
+
+RANK_SEGFAULT = """\
+Fatal Python error: Segmentation fault
+
+Current thread 0x00007fb698b2a6c0 (most recent call first):
+  File "/home/me/userpkg/model.py", line 42 in training_step
+  File "/venv/pytorch_lightning/core/module.py", line 1 in step
+"""
+
+
+def test_a_rank_that_crashed_is_the_fault_of_its_distributed_trial_not_its_peers_lost_connection(tmp_path):
+    """Every try of a segfault in one rank was named by another rank's error, "Connection
+    closed by peer [127.0.0.1]:41882", its port new at each try: the crash went unnamed, and
+    a crash repeated at one point got a third try (audit 61)."""
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.outcome import EPOCH, GIVE_UP, TRIAL_NUMBER
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tune_callbacks import RetryPolicy
+
+    exp = ExperimentDir(tmp_path)
+    trial = error_file(tmp_path, PEER_CRASHED.format(port=41882))
+    trial.config, trial.run_metadata, trial.last_result = {TRIAL_NUMBER: 0}, SimpleNamespace(num_failures=1), {EPOCH: 1}
+    assert "Connection closed by peer" in _last_error_line(trial, exp)  # no rank left an account
+    exp.trial_dir("trial_0000").mkdir(parents=True)
+    (exp.trial_dir("trial_0000") / "crash-rank1.txt").write_text(RANK_SEGFAULT)
+    (exp.trial_dir("trial_0000") / "crash.txt").write_text("")  # rank 0's, ended with its worker group
+    crashed = "its process crashed: Segmentation fault (at /home/me/userpkg/model.py:42 in training_step)"
+    assert _last_error_line(trial, exp) == crashed
+    policy = RetryPolicy(TrialsTable("val_acc", "max", []), max_retries=2, exp=exp)
+    policy.on_trial_recover(0, [], trial)
+    trial.error_file = error_file(tmp_path, PEER_CRASHED.format(port=9615)).error_file
+    policy.on_trial_recover(0, [], trial)  # the same crash at the same point, another port
+    assert trial.config[GIVE_UP].startswith(f"failed 2 times the same way, at the same point: {crashed}")
