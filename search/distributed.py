@@ -36,8 +36,10 @@ from .errors import ConfigError
 from .errors import HpsearchError
 from .outcome import DISK_FULL, EPOCH, FAILURE, FINISHED, GIVE_UP, PLACEMENT_GROUP, RESTORED, TRIAL_NUMBER
 from .rung_decisions import WAIT_LIMIT_S, RungDecisions
+from .experiment import ExperimentDir, trial_name
 from .storage import study_root
 from .trial import Parallelism, fit_trial, load_training_stack
+from .trial_watch import drop_empty_accounts
 
 # The Tune trial that drives a Train run asks for this much memory and no CPU
 # (Ray cannot place an empty resource request).
@@ -112,6 +114,9 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
         from ray import tune
 
         tune.report(ended.final_report)
+    finally:
+        trial_dir = ExperimentDir(study_root(experiment_dir)).trial_dir(trial_name(int(trial_config[TRIAL_NUMBER])))
+        drop_empty_accounts(trial_dir)
 
 
 def rank_ended_trial(error: BaseException) -> RankEndedTrial | None:

@@ -116,6 +116,17 @@ class TrialWatch:
                 os._exit(HUNG_EXIT_CODE)  # the driver retries it, or gives it up, as a process that died
 
 
+def drop_empty_accounts(trial_dir: Path) -> None:
+    """Removes the accounts a distributed trial's ranks left empty: ranks that Ray Train
+    ended with their worker group (another rank's fault), before ``recording`` could."""
+    for path in trial_dir.glob("crash*.txt"):
+        try:
+            if path.stat().st_size == 0:
+                path.unlink()
+        except OSError:  # gone already, or being written by a rank of a new try
+            pass
+
+
 def crash_account(trial_dir: Path) -> str:
     """What the trial's processes wrote of their death, all ranks'; empty if nothing."""
     texts = []

@@ -205,10 +205,11 @@ def test_a_distributed_trial_out_of_retries_ends_before_importing_the_classes_it
                                  "experiment_dir": "unused", "trial_started_at": 0.0, "decisions": None})
 
 
-def test_the_tune_trial_reports_the_ending_a_rank_raised_and_retries_any_other_fault(monkeypatch):
+def test_the_tune_trial_reports_the_ending_a_rank_raised_and_retries_any_other_fault(monkeypatch, tmp_path):
     """A rank's ending crosses Ray Train as its error (pickled, in ``worker_failures``); the
     Tune trial reports it as a one-process trial would, the lowest rank's where several
-    ranks raised one. Any other worker error stays an error, which Tune retries."""
+    ranks raised one. Any other worker error stays an error, which Tune retries. Either way
+    the crash accounts left empty by ranks that Ray Train ended go (audit 61: 23 were left)."""
     import pickle
 
     from ray import tune
@@ -238,9 +239,17 @@ def test_the_tune_trial_reports_the_ending_a_rank_raised_and_retries_any_other_f
     monkeypatch.setattr(ray_train, "TuneReportCallback", UserCallback)  # the real one asks for a Tune session
     experiment = shrunk_example(FIXTURES, **{"resources/workers_per_trial": 2})
 
+    trial_dir = tmp_path / "study" / "trials" / "trial_0004"
+
     def run_trial() -> None:
-        distributed.train_distributed_trial({TRIAL_NUMBER: 4, "params": {}}, experiment=experiment,
-                                            experiment_dir="/study")
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        (trial_dir / "crash.txt").write_text("")  # rank 0's, ended by its worker group's end
+        (trial_dir / "crash-rank1.txt").write_text("Fatal Python error: Segmentation fault")
+        try:
+            distributed.train_distributed_trial({TRIAL_NUMBER: 4, "params": {}}, experiment=experiment,
+                                                experiment_dir=str(tmp_path / "study"))
+        finally:
+            assert sorted(path.name for path in trial_dir.iterdir()) == ["crash-rank1.txt"]
 
     raised.append(WorkerGroupError("two ranks", {3: ending(3, **{FAILURE: "NaN"}),
                                                  1: ending(1, **{DISK_FULL: "disk full: ..."})}))
