@@ -168,6 +168,7 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
         strategy=make_strategy(config),
         strategy_name=strategy_name(config),
         report_on_every_rank=True,
+        rank=context.get_world_rank(),
     )
     # Every report names the placement group that holds this trial's ranks, so the driver
     # can free it once the trial ends, however it ends (see FreeRankReservations).

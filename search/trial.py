@@ -43,6 +43,12 @@ class Parallelism:
     strategy: Any = "auto"  # a Lightning strategy object for distributed ranks
     strategy_name: str = "single"
     report_on_every_rank: bool = False  # Ray Train collects a report from every rank
+    rank: int = 0  # this process's, among the trial's
+
+    @property
+    def traceback_rank(self) -> int | None:
+        """The rank that names this process's traceback file: None for a one-process trial."""
+        return self.rank if self.world_size > 1 else None
 
 
 def train_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], experiment_dir: str) -> None:
@@ -194,10 +200,15 @@ def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experim
                 raise  # reading files: another try, or another node, may succeed; a full disk pauses
             # The sampled values themselves are at fault (a bad combination the constructor
             # rejects), or a file that fails whenever read (audit 50: UnreadableDataFile was
-            # retried): every retry would raise the same, so the trial fails at once.
+            # retried): every retry would raise the same, so the trial fails at once. Named
+            # by the user's line, its traceback kept, as a fault in training is (audit 61).
+            where, saved = raised_at(exc), _save_traceback(exc, trial_dir, parallel.traceback_rank)
+            if mirror is not None and parallel.rank == 0:
+                mirror.push(*own_files)
+            reason = (f"building the trial's {_class_name(raised_by(exc, data_class, model_class))} raised "
+                      f"{type(exc).__name__}: {first_line(exc)[:200]}{f' (at {where})' if where else ''}")
             report({TRIAL_NUMBER: number, FINISHED: True,
-                    FAILURE: f"building the trial's {_class_name(raised_by(exc, data_class, model_class))} raised "
-                             f"{type(exc).__name__}: {first_line(exc)}"[:300]})
+                    FAILURE: f"{reason} (traceback: {saved})"[:400] if saved else reason[:300]})
             return
         resume_from, checkpoint_notes = latest_good_checkpoint(trial_dir)
         if resume_from is not None:
@@ -239,7 +250,7 @@ def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experim
                                 strategy=parallel.strategy, profiler=reporter.fetch_timer,
                                 resumed_at=resumed_at(resume_from) if resume_from else None)
         try:
-            with watch.recording(crash_file(trial_dir, trainer.global_rank if parallel.world_size > 1 else None)):
+            with watch.recording(crash_file(trial_dir, parallel.traceback_rank)):
                 trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
             if reporter.stopped_by_tune:
                 raise SystemExit(0)  # the end of the trial's thread that Ray's stop at a report asks for
@@ -255,7 +266,7 @@ def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experim
                 raise  # Tune retries it from the last checkpoint (failure.max_retries); Tune's stop ends the thread
             # Not worth a retry: end the trial as failed, with the reason and where its
             # traceback is kept, and let the search go on.
-            saved = _save_traceback(exc, trial_dir, trainer.global_rank if parallel.world_size > 1 else None)
+            saved = _save_traceback(exc, trial_dir, parallel.traceback_rank)
             if publish is not None and trainer.global_rank == 0:
                 publish()
             said = f"{reason} (traceback: {saved})"[:400] if saved else reason

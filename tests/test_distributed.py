@@ -190,7 +190,8 @@ def test_a_distributed_trial_out_of_retries_ends_before_importing_the_classes_it
     reports = []
     monkeypatch.setattr(distributed, "load_training_stack", import_fails)
     monkeypatch.setattr(distributed, "make_strategy", lambda config: "ddp")
-    monkeypatch.setattr(ray.train, "get_context", lambda: types.SimpleNamespace(get_world_size=lambda: 2))
+    monkeypatch.setattr(ray.train, "get_context", lambda: types.SimpleNamespace(get_world_size=lambda: 2,
+                                                                                 get_world_rank=lambda: 1))
     monkeypatch.setattr(ray.train, "report", reports.append)
     monkeypatch.setattr(ray.util, "get_current_placement_group", lambda: None)
     experiment = shrunk_example(FIXTURES, **{"resources/workers_per_trial": 2})
@@ -285,7 +286,8 @@ def test_a_ranks_ending_carries_its_last_epoch_which_ray_train_may_not_have_pass
     monkeypatch.setattr(distributed, "fit_trial", trains)
     monkeypatch.setattr(distributed, "load_training_stack", lambda config: None)
     monkeypatch.setattr(distributed, "make_strategy", lambda config: "ddp")
-    monkeypatch.setattr(ray.train, "get_context", lambda: types.SimpleNamespace(get_world_size=lambda: 2))
+    monkeypatch.setattr(ray.train, "get_context", lambda: types.SimpleNamespace(get_world_size=lambda: 2,
+                                                                                 get_world_rank=lambda: 1))
     reported = []
     monkeypatch.setattr(ray.train, "report", reported.append)
     monkeypatch.setattr(ray.util, "get_current_placement_group", lambda: None)

@@ -1145,8 +1145,12 @@ def test_a_datamodule_that_cannot_read_a_file_in_its_constructor_fails_its_trial
     assert done.returncode == 0, done.stdout + done.stderr
     [report] = [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines()
                 if line.startswith("REPORT ")]
-    assert report[FINISHED] and report[FAILURE] == ("building the trial's Reading raised UnreadableDataFile: cannot "
-                                                    "read labels.csv: bad row 3"), report
+    # named by the user's line, its traceback kept, as a fault in training is (audit 61: neither)
+    traceback = tmp_path / "study" / "trials" / "trial_0000" / "error.txt"
+    assert report[FINISHED] and report[FAILURE] == (
+        "building the trial's Reading raised UnreadableDataFile: cannot read labels.csv: bad row 3 "
+        f"(at {tmp_path / 'reading_data.py'}:7 in __init__) (traceback: {traceback})"), report
+    assert "raise UnreadableDataFile('cannot read labels.csv: bad row 3')" in traceback.read_text()
     assert "RAISED OSError [Errno 5] Input/output error" in done.stdout, done.stdout  # for Ray Tune to retry
 
 
