@@ -113,10 +113,46 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
             raise  # Tune retries it (failure.max_retries)
         from ray import tune
 
+        forwarded_reports_taken()
         tune.report(ended.final_report)
     finally:
         trial_dir = ExperimentDir(study_root(experiment_dir)).trial_dir(trial_name(int(trial_config[TRIAL_NUMBER])))
         drop_empty_accounts(trial_dir)
+
+
+def forwarded_reports_taken(limit_s: float = 10.0) -> None:
+    """Waits (up to ``limit_s``) until the Tune session has taken the ranks' reports that
+    ``TuneReportCallback`` forwarded, so a report from this thread comes after them.
+
+    The session's main thread takes a forwarded report from a queue between actors and
+    puts it on the queue that this thread's ``tune.report`` also puts on, which holds one,
+    and only the main thread empties. Reported while a forwarded one was still pending, the
+    ending either overtook it (the epoch was lost: 9 of 23 trials in audit 61) or filled that
+    queue first, and the main thread then waited on it for good (a trial hung, once in about
+    a dozen). Ray's own last report of a finished function meets the same race, with the
+    controller's shutdown as its margin."""
+    import sys
+    import threading
+
+    from ray.train._internal.session import get_session
+
+    session = get_session()
+    pending = getattr(session, "_inter_actor_queue", None)
+    if pending is None:  # nothing forwarded; or another Ray, whose reports take another way
+        return
+    main = threading.main_thread().ident
+
+    def handing_over() -> bool:  # the main thread is passing a taken report on (its ``report``)
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            if frame.f_code.co_name in ("report", "_report_training_result") and "session" in frame.f_code.co_filename:
+                return True
+            frame = frame.f_back
+        return False
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and (not pending.empty() or handing_over()):
+        time.sleep(0.02)
 
 
 def rank_ended_trial(error: BaseException) -> RankEndedTrial | None:

@@ -304,3 +304,45 @@ def test_a_ranks_ending_carries_its_last_epoch_which_ray_train_may_not_have_pass
     with pytest.raises(distributed.RankEndedTrial) as ended:
         distributed._train_rank(loop_config)
     assert ended.value.final_report == ending
+
+
+def test_the_ending_waits_until_the_tune_session_has_taken_the_reports_forwarded_before_it(monkeypatch):
+    """Reported while the session's main thread had a forwarded epoch still to take, or was
+    passing one on, the ending overtook that epoch (lost) or filled the one-report queue the
+    main thread then waited to put the epoch on (a trial hung; audit 62)."""
+    import threading
+    import time
+    import types
+
+    from ray.train._internal import session as train_session
+
+    from hpsearch.search import distributed
+
+    polls = {"left": 3}
+
+    class Forwarded:  # the queue between actors: a report is still there for three looks
+        def empty(self) -> bool:
+            polls["left"] -= 1
+            return polls["left"] < 0
+
+    monkeypatch.setattr(train_session, "get_session", lambda: types.SimpleNamespace(_inter_actor_queue=Forwarded()))
+    distributed.forwarded_reports_taken(limit_s=5)
+    assert polls["left"] < 0
+
+    # the main thread passing a taken report on: inside the session's ``report``
+    polls["left"] = 0
+    scope: dict = {}
+    exec(compile("import time\ndef report(seconds):\n    time.sleep(seconds)\n    return time.monotonic()\n",
+                 "ray/train/_internal/session.py", "exec"), scope)
+    waited = {}
+
+    def ending() -> None:
+        time.sleep(0.1)  # the main thread is in ``report`` by now
+        distributed.forwarded_reports_taken(limit_s=5)
+        waited["until"] = time.monotonic()
+
+    thread = threading.Thread(target=ending)
+    thread.start()
+    left_report = scope["report"](0.6)
+    thread.join()
+    assert waited["until"] >= left_report
