@@ -611,7 +611,9 @@ def raised_at(exc: BaseException) -> str | None:
 
 def innermost_user_frame(frames: Iterable[tuple[str, int | None, str]]) -> str | None:
     """Of a traceback's (file, line, function) frames, outermost first, the innermost
-    outside Python, torch, Lightning, Ray and hpsearch, as 'file:line in function'."""
+    outside Python, torch, Lightning, Ray, TensorBoard and hpsearch, as 'file:line in
+    function'. (TensorBoard's writer thread waits in every hung trial's stacks: a rank
+    hung in a collective, with no frame of the user's, was said to hang there; audit 62.)"""
     import sysconfig
 
     import pytorch_lightning
@@ -619,7 +621,7 @@ def innermost_user_frame(frames: Iterable[tuple[str, int | None, str]]) -> str |
 
     libraries = tuple(str(Path(p).resolve()) + os.sep for p in (
         sysconfig.get_paths()["stdlib"], Path(torch.__file__).parent, Path(pytorch_lightning.__file__).parent,
-        Path(__file__).parent, *_package_dirs("lightning_fabric", "ray")))
+        Path(__file__).parent, *_package_dirs("lightning_fabric", "ray", "tensorboard")))
     for filename, lineno, name in reversed(list(frames)):
         # '<frozen os>': a standard module Python keeps frozen in itself (os.environ's lookup)
         if not filename.startswith("<frozen ") and not str(Path(filename).resolve()).startswith(libraries):

@@ -420,3 +420,28 @@ def test_a_rank_that_crashed_is_the_fault_of_its_distributed_trial_not_its_peers
     trial.error_file = error_file(tmp_path, PEER_CRASHED.format(port=9615)).error_file
     policy.on_trial_recover(0, [], trial)  # the same crash at the same point, another port
     assert trial.config[GIVE_UP].startswith(f"failed 2 times the same way, at the same point: {crashed}")
+
+
+def test_a_rank_hung_in_a_collective_is_not_said_to_hang_in_tensorboard(tmp_path):
+    """The rank whose watchdog fired first waited in DDP's backward for a rank that slept:
+    no frame of the user's in its training thread, and the line named TensorBoard's writer
+    thread, which waits in every trial (audit 62); its place then differed at every try."""
+    from pathlib import Path
+
+    import tensorboard
+
+    from hpsearch.search.trial_watch import crash_line
+
+    writer = Path(tensorboard.__file__).parent / "summary" / "writer" / "event_file_writer.py"
+    torch_file = Path(__import__("torch").__file__).parent / "autograd" / "graph.py"
+    ours = Path(crash_line.__code__.co_filename).parent
+    account = (
+        "hung: no batch finished for 15 s (failure.hang_timeout_s); the stack of every thread, most recent call first:\n"
+        "Thread 0x00007f0000000001 (most recent call first):\n"
+        f'  File "{writer}", line 269 in _run\n'
+        "Thread 0x00007f0000000002 (most recent call first):\n"
+        f'  File "{torch_file}", line 829 in _engine_run_backward\n'
+        f'  File "{ours / "trial.py"}", line 250 in fit_trial\n'
+        "Current thread 0x00007f0000000003 (most recent call first):\n"
+        f'  File "{ours / "trial_watch.py"}", line 120 in _watch\n')
+    assert crash_line(account) == "hung: no batch finished for 15 s (failure.hang_timeout_s)"
