@@ -32,11 +32,10 @@ from functools import partial
 from typing import Any
 
 from .config import ExperimentConfig
-from .errors import ConfigError
-from .errors import HpsearchError
+from .errors import ConfigError, HpsearchError
+from .experiment import ExperimentDir, trial_name
 from .outcome import DISK_FULL, EPOCH, FAILURE, FINISHED, GIVE_UP, PLACEMENT_GROUP, RESTORED, TRIAL_NUMBER
 from .rung_decisions import WAIT_LIMIT_S, RungDecisions
-from .experiment import ExperimentDir, trial_name
 from .storage import study_root
 from .trial import Parallelism, fit_trial, load_training_stack
 from .trial_watch import drop_empty_accounts

@@ -19,7 +19,7 @@ from .journal_reader import one_trial
 from .outcome import FIRST_TRIAL
 from .storage import join_uri, study_address
 from .study_lock import dead_holder
-from .trial_watch import CRASH_FILE
+from .trial_watch import CRASH_FILE, written_accounts
 from .trials_table import read_rows
 
 if TYPE_CHECKING:
@@ -207,16 +207,8 @@ def _files(folder: Path, checkpoint_kept: bool) -> str:
     # a paused or running trial's, which a resume continues from (Lightning counts epochs from 0)
     present += sorted(f"checkpoints/{path.name}" for path in folder.glob("checkpoints/epoch-*.ckpt"))
     present += sorted(path.name for path in folder.glob("error-rank*.txt"))
-    # a rank ended by its worker group's end leaves its crash account empty (nothing crashed)
-    present += sorted(path.name for path in folder.glob("crash*.txt") if _has_text(path))
+    present += [path.name for path in written_accounts(folder)]
     return f" ({', '.join(present)})" if present else " (empty)" if folder.is_dir() else " (not there)"
-
-
-def _has_text(path: Path) -> bool:
-    try:
-        return path.stat().st_size > 0
-    except OSError:  # gone since it was listed
-        return False
 
 
 def _traceback(folder: Path) -> tuple[Path, list[str]] | None:

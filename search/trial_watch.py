@@ -116,15 +116,27 @@ class TrialWatch:
                 os._exit(HUNG_EXIT_CODE)  # the driver retries it, or gives it up, as a process that died
 
 
+def written_accounts(trial_dir: Path) -> list[Path]:
+    """The trial's crash accounts that say something: a distributed trial's rank that Ray
+    Train ended with its worker group (another rank's fault) leaves its own empty."""
+    return sorted(path for path in trial_dir.glob("crash*.txt") if _size(path))
+
+
 def drop_empty_accounts(trial_dir: Path) -> None:
-    """Removes the accounts a distributed trial's ranks left empty: ranks that Ray Train
-    ended with their worker group (another rank's fault), before ``recording`` could."""
+    """Removes the accounts such ranks left empty, which ``recording`` had no time to."""
     for path in trial_dir.glob("crash*.txt"):
-        try:
-            if path.stat().st_size == 0:
+        if _size(path) == 0:
+            try:
                 path.unlink()
-        except OSError:  # gone already, or being written by a rank of a new try
-            pass
+            except OSError:  # gone already
+                pass
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:  # gone since it was listed
+        return None
 
 
 def crash_account(trial_dir: Path) -> str:
