@@ -17,6 +17,9 @@ A rank that ends its trial on a fault of its own (a NaN, a bug, a full disk) rai
 ``RankEndedTrial`` rather than reporting it: one rank's report waits for every rank's, and
 the others wait in their next collective for it, so the trial hung (audit 61). Its error
 ends the worker group, and the Tune trial reports the ending as a one-process trial does.
+Ray Train passes an epoch on to Tune only once it has every rank's report: a rank that
+crashed outright (a segfault) just after its report took that report with it, so rank 0
+also keeps its last report where the Tune trial reads it (``RankZeroLastReport``).
 
 The Lightning glue (cluster environment, strategies) is written against
 ``pytorch_lightning`` here, because Ray's own helpers import the ``lightning`` package
@@ -26,8 +29,11 @@ first whenever it is installed, and the two must not be mixed.
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import time
+import uuid
 import warnings
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -55,6 +61,34 @@ class RankEndedTrial(HpsearchError):
 
     def __reduce__(self):
         return self.__class__, (self.final_report,)
+
+
+@dataclass(frozen=True)
+class RankZeroLastReport:
+    """Rank 0's last report in one Train run, kept in Ray's key-value store (kept by the
+    cluster's head, which every node reaches), for the Tune trial to send on when the run
+    fails before Ray Train passed it on: Train forwards an epoch only once it has polled
+    every rank's report, and a rank that crashed outright just after its own took it with
+    it. The trial then failed with no value, its retries crashing the same way (audit 62)."""
+
+    key: bytes = field(default_factory=lambda: uuid.uuid4().hex.encode())
+    namespace: str = "hpsearch-last-report"
+
+    def keep(self, report: dict[str, Any]) -> None:
+        """Rank 0's side, before it reports."""
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(self.key, pickle.dumps(report), namespace=self.namespace)
+
+    def take(self) -> dict[str, Any] | None:
+        """The Tune trial's side: the last report rank 0 kept (None if none), removed."""
+        from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get, _internal_kv_initialized
+
+        if not _internal_kv_initialized():
+            return None
+        kept = _internal_kv_get(self.key, namespace=self.namespace)
+        _internal_kv_del(self.key, namespace=self.namespace)
+        return None if kept is None else pickle.loads(kept)
 
 
 def driver_resources() -> dict[str, float]:
@@ -87,10 +121,12 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
     resources = config.resources
     use_gpu = resources.worker_gpus > 0
     per_worker = {"CPU": resources.worker_cpus, **({"GPU": resources.worker_gpus} if use_gpu else {})}
+    last_report = RankZeroLastReport()
     trainer = lean_torch_trainer()(
         _train_rank,
         train_loop_config={"trial_config": trial_config, "experiment": experiment, "experiment_dir": experiment_dir,
-                           "trial_started_at": trial_started_at, "decisions": decisions},
+                           "trial_started_at": trial_started_at, "decisions": decisions,
+                           "last_report": last_report},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=resources.workers_per_trial, use_gpu=use_gpu,
                                      resources_per_worker=per_worker, placement_strategy="PACK"),
@@ -107,14 +143,22 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
     try:
         trainer.fit()
     except TrainingFailedError as error:
-        ended = rank_ended_trial(error)
-        if ended is None:
-            raise  # Tune retries it (failure.max_retries)
         from ray import tune
 
+        ended = rank_ended_trial(error)
+        if ended is None:
+            kept = last_report.take()
+            if kept is not None:
+                # Sent again: the study keeps its record of it if it had one (trials_table).
+                forwarded_reports_taken()
+                tune.report({**kept, RESTORED: True})
+                if kept.get(FINISHED):
+                    return  # the trial had ended as rank 0 said; a rank crashed after that
+            raise  # Tune retries it (failure.max_retries)
         forwarded_reports_taken()
         tune.report(ended.final_report)
     finally:
+        last_report.take()  # (a cluster outlives its searches)
         trial_dir = ExperimentDir(study_root(experiment_dir)).trial_dir(trial_name(int(trial_config[TRIAL_NUMBER])))
         drop_empty_accounts(trial_dir)
 
@@ -210,6 +254,7 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     reservation = ray.util.get_current_placement_group()
     named = {PLACEMENT_GROUP: reservation.id.hex()} if reservation is not None else {}
     decisions = loop_config["decisions"]
+    kept_by_rank_zero = loop_config["last_report"] if parallel.rank == 0 else None
     _quiet_report_log()
 
     last_epoch: dict[str, Any] = {}
@@ -220,6 +265,8 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
             # on to Tune before this error ends the worker group (audit 61: a finished epoch
             # lost in 9 of 23 trials ended so). Tune's record of it, if it had one, stands.
             raise RankEndedTrial({**last_epoch, **({RESTORED: True} if last_epoch else {}), **metrics, **named})
+        if kept_by_rank_zero is not None:
+            kept_by_rank_zero.keep({**metrics, **named})
         ray.train.report({**metrics, **named})
         if not metrics.get(FINISHED):
             last_epoch.clear()

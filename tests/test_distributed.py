@@ -112,13 +112,15 @@ def test_a_fault_in_one_rank_ends_its_whole_trial(tmp_path):
     """A rank that met a fault not worth a retry reported its trial's end alone: its report
     waited for the other ranks', and they for it in their next collective, and the search
     hung for good (audit 61). A full disk met by one rank pauses the trial, as it does a
-    one-process trial, and the resume continues it."""
+    one-process trial, and the resume continues it. A rank that crashed outright just after
+    reporting an epoch took its report with it, and Ray Train passed that epoch on to Tune
+    only with every rank's: the trial failed with no value (audit 62)."""
     import subprocess
 
     shutil.copytree(FIXTURES / "userpkg", tmp_path / "userpkg")
     probe = tmp_path / "probe"
     probe.mkdir()
-    faults = {"0": "type_error_on_rank1", "1": "disk_full_on_rank0_once"}
+    faults = {"0": "type_error_on_rank1", "1": "disk_full_on_rank0_once", "2": "exit_on_rank1"}
     write_yaml(tmp_path / "exp.yaml", {
         "name": "onerank",
         "model": {"class_path": "userpkg.ddp_probe:OneRankFaults",
@@ -126,9 +128,10 @@ def test_a_fault_in_one_rank_ends_its_whole_trial(tmp_path):
         "data": {"class_path": "userpkg.ddp_probe:IndexedData"},
         "space": {"model.lr": {"type": "float", "low": 0.01, "high": 0.1, "log": True}},
         "metric": "val_loss", "mode": "min",
-        "search": {"num_trials": 2, "max_concurrent": 1, "sampler": "random", "seed": 3},
+        "search": {"num_trials": 3, "max_concurrent": 1, "sampler": "random", "seed": 3},
         "scheduler": {"type": "none", "max_epochs": 2},
         "resources": {"workers_per_trial": 2, "cpus_per_worker": 1},
+        "failure": {"max_retries": 0},  # trial 2's crash repeats at every try
         "storage": "runs",
     })
     exp_dir = tmp_path / "runs" / "onerank"
@@ -147,8 +150,14 @@ def test_a_fault_in_one_rank_ends_its_whole_trial(tmp_path):
     resumed = run_cli("resume", str(exp_dir), cwd=tmp_path, timeout=240)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     rows = {r["trial"]: r for r in csv.DictReader((exp_dir / "trials.csv").open())}
-    assert [(rows[n]["state"], rows[n]["epochs"]) for n in "01"] == [("FAILED", "1"), ("COMPLETE", "2")], rows
+    assert [(rows[n]["state"], rows[n]["epochs"]) for n in "012"] == [
+        ("FAILED", "1"), ("COMPLETE", "2"), ("FAILED", "1")], rows
     assert rows["1"]["resumed"] == "True", rows["1"]
+    from hpsearch.search.searcher import open_study
+
+    crashed = open_study(exp_dir, "onerank", "min").trials[2]
+    assert list(crashed.intermediate_values) == [1] and rows["2"]["best"] == rows["2"]["last"] != "", rows["2"]
+    assert float(rows["2"]["best"]) == pytest.approx(crashed.intermediate_values[1], rel=1e-4)
 
 
 def test_a_distributed_trial_starts_no_helper_actors_it_does_not_use():
