@@ -17,13 +17,17 @@ LOADER_WARNINGS_SAID_BEFORE = (r"This DataLoader will create \d+ worker processe
                                r"'pin_memory' argument is set as true but no accelerator")
 
 
-def has_test_split(model, datamodule) -> bool:
+def has_test_split(model, datamodule, test_fraction: float | None = None) -> bool:
+    """Whether the model tests and the DataModule has a test split: both override Lightning's
+    hooks, and a DataModule that holds one out by ``test_fraction`` (the built-in ones) was
+    not built with 0 (its ``test_dataloader`` then refuses: the preflight failed on a valid
+    setting). ``test_fraction``: the value for a DataModule class, where it is no attribute."""
     from pytorch_lightning import LightningDataModule, LightningModule
     from pytorch_lightning.utilities.model_helpers import is_overridden
 
+    held_out = getattr(datamodule, "test_fraction", test_fraction)
     return is_overridden("test_step", model, LightningModule) and is_overridden(
-        "test_dataloader", datamodule, LightningDataModule
-    )
+        "test_dataloader", datamodule, LightningDataModule) and held_out != 0
 
 
 def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], checkpoint: str,

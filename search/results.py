@@ -35,7 +35,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     test_metrics, test_error = {}, None
     _drop_earlier_evaluations(exp, number)
     if checkpoint.is_file():
-        if _has_test_split(config):  # it can take a while: say what runs
+        if _has_test_split(config, params):  # it can take a while: say what runs
             # progress, with the search's own on stderr: stdout holds the result (audit 51)
             print(f"evaluating the best trial ({number}) on the test split", file=sys.stderr, flush=True)
         try:
@@ -110,12 +110,13 @@ def _test_metrics_in_tensorboard(config: ExperimentConfig, exp: ExperimentDir, n
         warnings.warn(f"the best trial's test metrics were not written to TensorBoard: {exc}", stacklevel=2)
 
 
-def _has_test_split(config: ExperimentConfig) -> bool:
+def _has_test_split(config: ExperimentConfig, params: dict[str, Any]) -> bool:
     from .components import resolve_class
     from .evaluation import has_test_split
 
+    test_fraction = params.get("data.test_fraction", config.data.init_args.get("test_fraction"))
     return has_test_split(resolve_class("model", config.model.class_path),
-                          resolve_class("data", config.data.class_path))
+                          resolve_class("data", config.data.class_path), test_fraction)
 
 
 def trained_with(config: ExperimentConfig, exp: ExperimentDir, number: int) -> ExperimentConfig:

@@ -69,6 +69,25 @@ def runtime_dependencies(name: str, extras: frozenset[str] = frozenset(), found:
     return found
 
 
+def test_a_datamodule_built_without_a_test_split_is_not_evaluated_on_one(example_config):
+    """``test_fraction: 0`` is a valid setting of the built-in DataModules, which then have no
+    test split; their ``test_dataloader`` is still defined (and says so), and the preflight
+    ran the test batch it refuses: every search with it was refused."""
+    from hpsearch.search.components import check_components
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.evaluation import has_test_split
+    from hpsearch.search.preflight import run_preflight
+    from hpsearch.search.results import _has_test_split
+
+    model = CNNClassifier(input_shape=(1, 8, 8), num_classes=10)
+    assert has_test_split(model, DigitsDataModule(test_fraction=0.2))
+    assert not has_test_split(model, DigitsDataModule(test_fraction=0.0))
+    example_config["data"]["init_args"]["test_fraction"] = 0.0
+    config = load_config(example_config)
+    assert "val_acc" in run_preflight(config, *check_components(config))
+    assert not _has_test_split(config, {}) and _has_test_split(config, {"data.test_fraction": 0.1})
+
+
 def test_runtime_dependencies_do_not_bring_scipy():
     """With SciPy installed, every Lightning import also imports ``scipy.signal``
     (torchmetrics does), about 1.3 CPU-seconds in each trial worker here; the digits data
