@@ -558,13 +558,13 @@ def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str |
     only when the evaluation needs a trial's GPUs (see ``results.evaluate_on_cluster``).
     It is a session of the study all the same (sessions.json: its time counts in the
     study's wall time)."""
-    from .results import finalize
+    from .results import evaluation_needs_ray, finalize
 
     started_at = time.time()
     record_session(exp, started_at, None, "running", search_complete=True, address=cluster_address(address))
     outcome = "crashed"
     try:
-        if config.resources.gpus_per_trial > 0:
+        if evaluation_needs_ray(config):
             from .tuner import ray_for_search
 
             with ray_for_search(config, address, verbose):

@@ -175,6 +175,14 @@ def trained_seed(row: dict[str, Any]) -> int | None:
     return None if seed in (None, "") else int(seed)
 
 
+def evaluation_needs_ray(config: ExperimentConfig) -> bool:
+    """Whether the test evaluation runs as a Ray task: where one rank of a trial has a GPU.
+    One rank's resources: a distributed trial's GPUs may be given per worker alone, and its
+    evaluation then ran on the driver's CPU; and a resume that ran only the evaluation
+    started no Ray for it, and Ray's task started a default one of its own."""
+    return config.resources.worker_gpus > 0
+
+
 def evaluate_on_cluster(config: ExperimentConfig, params: dict[str, Any], checkpoint: str,
                         mirror: Mirror | None = None, seed: int | None = None) -> dict[str, float]:
     """The test evaluation: in the driver for CPU trials (it has torch loaded already, and a
@@ -183,9 +191,7 @@ def evaluate_on_cluster(config: ExperimentConfig, params: dict[str, Any], checkp
     trial's training seed (``evaluate_checkpoint``)."""
     from .evaluation import evaluate_checkpoint
 
-    # One rank's resources: a distributed trial's GPUs may be given per worker alone, and its
-    # evaluation then ran on the driver's CPU.
-    if config.resources.worker_gpus == 0:
+    if not evaluation_needs_ray(config):
         return evaluate_checkpoint(config.model_dump(mode="json"), params, checkpoint, seed=seed)
     import ray
 

@@ -321,3 +321,24 @@ def test_a_distributed_gpu_trials_evaluation_runs_on_one_ranks_gpu(example_confi
                         lambda *args: pytest.fail("evaluated in the driver"))
     assert results.evaluate_on_cluster(config, {}, "best.ckpt") == {"test_acc": 1.0}
     assert asked == {"num_cpus": 3, "num_gpus": 1}
+
+
+def test_a_resume_that_only_evaluates_starts_the_ray_a_per_worker_gpu_evaluation_runs_on(example_config, tmp_path,
+                                                                                          monkeypatch):
+    """A complete study whose evaluation failed resumes to run it alone, starting Ray only
+    where the evaluation needs a GPU. It judged that by ``gpus_per_trial``: a distributed
+    trial's GPUs given per worker alone started none, and the evaluation's Ray task started
+    a default Ray of its own, one that ``--address`` did not name (audit 64)."""
+    from contextlib import nullcontext
+
+    from hpsearch.search import api, results, tuner
+    from hpsearch.search.experiment import ExperimentDir
+
+    example_config["resources"].update(workers_per_trial=2, gpus_per_worker=1, cpus_per_worker=1)
+    (tmp_path / "trials.csv").write_text("trial,state\n")
+    started = []
+    monkeypatch.setattr(tuner, "ray_for_search", lambda config, address, verbose: started.append(address) or
+                        nullcontext())
+    monkeypatch.setattr(results, "finalize", lambda config, exp, mirror: None)
+    api._evaluate_again(load_config(example_config), ExperimentDir(tmp_path), "10.0.0.1:6379", False, None)
+    assert started == ["10.0.0.1:6379"]
