@@ -124,14 +124,14 @@ class TrialsTableRecorder(Callback):
     """Keeps ``trials.csv`` current: every trial's state, params, metric and telemetry.
 
     Results rewrite the file at most every ``min_interval_s``; trial ends always do.
-    ``planned``: a trial's columns known from its params before it reports (its device,
-    precision, strategy), filled in at its start where the row has none: a trial that
+    ``planned``: a trial's columns known from its config before it reports (its device,
+    precision, strategy, seed), filled in at its start where the row has none: a trial that
     failed before its first report, on its precision or strategy say, showed none of them.
     Its reports replace them with what it used.
     """
 
     def __init__(self, table: TrialsTable, path: Path, prunes: PruneLog, min_interval_s: float = 2.0,
-                 planned: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 planned: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self.table, self.path, self.prunes = table, path, prunes
         self.min_interval_s = min_interval_s
         self.planned = planned
@@ -148,7 +148,7 @@ class TrialsTableRecorder(Callback):
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         row = self._row(trial)
         row["state"], row["reason"] = RUNNING, ""
-        planned = self.planned(int(trial.config[TRIAL_NUMBER]), trial.config.get("params", {})) if self.planned else {}
+        planned = self.planned(trial.config) if self.planned else {}
         for column, value in planned.items():
             if row.get(column) in (None, ""):
                 row[column] = value

@@ -27,7 +27,7 @@ from .config import ExperimentConfig
 from .errors import counted, warn_user
 from .experiment import ExperimentDir
 from .outcome import (RUNNING, SESSION_COMPLETE, SESSION_DISK_FULL, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED,
-                      SESSION_TIME_BUDGET, PruneLog)
+                      SESSION_TIME_BUDGET, TRAINING_SEED, TRIAL_NUMBER, PruneLog)
 from .storage import Mirror
 from .tensorboard_layout import backfill_trial_sessions
 from .trials_table import TrialsTable
@@ -642,13 +642,17 @@ def planned_columns(config: ExperimentConfig):
     fixed = {"device": "gpu" if on_gpu else "cpu", "world_size": config.resources.workers_per_trial,
              "strategy": strategy_name(config)}
 
-    def planned(number: int, params: dict) -> dict:
-        precision = config.with_trainer_params(params).precision
+    def planned(trial_config: dict) -> dict:
+        precision = config.with_trainer_params(trial_config.get("params", {})).precision
         # a GPU trial's as asked, until its reports say what its GPU ran (one without bf16)
         planned_precision = without_auto(precision, on_gpu=True) if on_gpu else resolve_precision(precision, False)
-        return {**fixed, "precision": planned_precision,
-                # at its first start: a resumed trial goes on with its checkpoint's random state
-                "seed": training_seed(config.search.seed, number)}
+        # The one the trial trains with: fixed when the study handed it out (``searcher``), not
+        # drawn again from search.seed, which a resume may have changed since (a trial handed out
+        # and paused before it started had none in its row; audit 64). A resumed trial goes on
+        # with its checkpoint's random state.
+        seed = trial_config[TRAINING_SEED] if TRAINING_SEED in trial_config else \
+            training_seed(config.search.seed, int(trial_config[TRIAL_NUMBER]))
+        return {**fixed, "precision": planned_precision, "seed": seed}
 
     return planned
 

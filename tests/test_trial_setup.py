@@ -249,12 +249,12 @@ def test_the_default_precision_is_mixed_on_a_gpu_and_full_on_a_cpu(example_confi
     assert config.trainer.precision == "auto"
     assert resolve_precision("auto", on_gpu=False) == "32-true"
     assert trial_device(config.trainer, config.loader, config.resources).precision == "32-true"
-    assert planned_columns(config)(0, {})["precision"] == "32-true"
+    assert planned_columns(config)({"hps_trial_number": 0})["precision"] == "32-true"
     for bf16, expected in ((True, "bf16-mixed"), (False, "16-mixed")):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, bf16=bf16, **kwargs: bf16)
         assert resolve_precision("auto", on_gpu=True) == expected
     gpu = load_config(example_config, ["resources.gpus_per_trial=1"])
-    assert planned_columns(gpu)(0, {})["precision"] == "bf16-mixed"  # until its reports say what ran
+    assert planned_columns(gpu)({"hps_trial_number": 0})["precision"] == "bf16-mixed"  # until its reports say what ran
 
 
 def test_bf16_mixed_trains_on_cpu(tmp_path, example_config):

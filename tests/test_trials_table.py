@@ -183,6 +183,12 @@ def test_a_trials_planned_techniques_are_in_its_row_from_its_start(tmp_path, exa
     config.search.seed = 5  # a resume that changed search.seed
     recorder.on_trial_start(0, [], trial)
     assert recorder.table.row(1)["seed"] == training_seed(0, 1)
+    # a trial the study handed out before the change, paused before it started (its row has no
+    # seed): the seed the study gave it, which it trains with, not one drawn from the new seed
+    recorder.table.row(2).update(state="PAUSED")
+    handed_out = SimpleNamespace(trial_id="t2", config={"hps_trial_number": 2, "params": {}, "hps_training_seed": 77})
+    recorder.on_trial_start(0, [], handed_out)
+    assert recorder.table.row(2)["seed"] == 77
     assert [(r["device"], r["precision"], r["world_size"], r["strategy"]) for r in rows] == [
         ("cpu", "bf16-mixed", 1, "single"), ("cpu", "64-true", 1, "single")]  # as a CPU trial runs them
     recorder.on_trial_result(0, [], trial, {"val_acc": 0.5, "epoch": 1, "hps_precision": "32-true"})
