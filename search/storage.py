@@ -212,8 +212,9 @@ class Mirror:
                 del self._pushed[key]
         return len(doomed)
 
-    def pull(self, *relatives: str) -> int:
-        """Download the given files or directories that are missing or older here."""
+    def pull(self, *relatives: str, missing_only: bool = False) -> int:
+        """Download the given files or directories that are missing or older here (only
+        those missing, with ``missing_only``)."""
         import pyarrow.fs as pafs
 
         filesystem, base = self._fs()
@@ -230,6 +231,8 @@ class Mirror:
                 key = item.path[len(base) + 1:]
                 target = self.local / key
                 here = target.stat() if target.is_file() else None
+                if here is not None and missing_only:
+                    continue
                 if here is not None and item.mtime_ns is not None and (
                         here.st_mtime_ns > item.mtime_ns  # written here after the upload: keep it
                         or (here.st_mtime_ns == item.mtime_ns and here.st_size == item.size)):  # in sync
@@ -346,6 +349,17 @@ class StudyHome:
         mirror = Mirror.for_uri(str(location))
         if not mirror.exists():
             raise ExperimentError(f"{location!r} holds no hpsearch study (no experiment.yaml)")
-        mirror.pull(*STUDY_FILES, *parts)
+        # A search running on this machine works in this copy: its files are the newest, and
+        # a pull replaced those it writes (the study's TensorBoard run, whose later events then
+        # went to a deleted file; the Optuna journal it appends to), since each upload is newer
+        # than its local write. Only what is missing here is fetched then: other nodes' files.
+        mirror.pull(*STUDY_FILES, *parts, missing_only=_searched_here(mirror.local))
         mirror.mark_working_copy()
         return ExperimentDir.existing(mirror.local), mirror
+
+
+def _searched_here(working_copy: Path) -> bool:
+    """Whether a search on this machine holds the study whose working copy this is."""
+    from .study_lock import LOCK_FILE, is_held
+
+    return (working_copy / LOCK_FILE).is_file() and is_held(ExperimentDir(working_copy))

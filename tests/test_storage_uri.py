@@ -135,6 +135,46 @@ def test_a_working_copy_given_by_its_path_stands_for_its_study_in_storage(s3_ser
     assert [item["Key"] for item in listed.get("Contents", [])] == [], listed
 
 
+def test_a_command_on_the_machine_a_search_runs_on_never_replaces_the_files_it_writes(s3_server, tmp_path,
+                                                                                     monkeypatch):
+    """``status`` or ``tensorboard`` given the study (or its working copy, as README's live
+    TensorBoard on the head is) pulled the study's files into the working copy the search
+    writes in: each upload is newer than its local write, so the pull replaced the files,
+    and the search's later TensorBoard events went to a deleted file, and its journal's
+    appends could be lost (audit 64). Files only storage has (another node's trial) come."""
+    import os
+    import time
+
+    from hpsearch.search.storage import StudyHome
+    from hpsearch.search.study_lock import study_lock
+
+    for name, value in s3_server.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HPSEARCH_CACHE", str(tmp_path / "cache"))
+    home = StudyHome.new(f"s3://{BUCKET}/live", "study")
+    exp = home.create()
+    (exp.root / "experiment.yaml").write_text("name: study\n")
+    written = [exp.root / "optuna.journal", exp.root / "tensorboard" / "study" / "events.out.tfevents.1"]
+    for path in written:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("appended to by the search\n")
+    home.mirror.push_study_files()
+    home.mirror.push("tensorboard")
+    for path in written:  # written before their upload, as the search's files are
+        os.utime(path, (time.time() - 60, time.time() - 60))
+    client(s3_server).put_object(Bucket=BUCKET, Key="live/study/tensorboard/trial_0001/events.out.tfevents.2",
+                                 Body=b"another node's trial")
+    files = [*written, exp.root / "experiment.yaml"]
+    with study_lock(exp):
+        open_files = [path.stat().st_ino for path in files]
+        StudyHome.existing(f"s3://{BUCKET}/live/study", "tensorboard")
+        StudyHome.existing(str(exp.root), "tensorboard")
+        assert [path.stat().st_ino for path in files] == open_files
+        assert (exp.root / "tensorboard/trial_0001/events.out.tfevents.2").read_bytes() == b"another node's trial"
+    StudyHome.existing(str(exp.root), "tensorboard")  # no search: the copy is brought up to date
+    assert written[0].stat().st_ino != open_files[0]
+
+
 def test_a_gcs_storage_that_cannot_be_reached_is_an_error_not_a_hang(tmp_path):
     """Without the network, `check` of a gs:// storage hung silently in GCS's retries, which
     have no limit of their own (audit 36: killed at 540 s). With the limit at 2 s the probe
