@@ -5,10 +5,15 @@ the trial its progress. Resume takes the newest checkpoint that reads back whole
 moves a damaged one aside (``*.corrupt``), with a warning, rather than failing. A trial
 that has ended is never resumed: its epoch checkpoints are then deleted, and only the
 best stays.
+
+A DeepSpeed trial's checkpoint is a directory of shards under the same name (Lightning's
+``DeepSpeedStrategy`` writes it so); what is done here to a checkpoint file is done to
+such a directory too (read back, removed, its epoch read from rank 0's model states).
 """
 
 from __future__ import annotations
 
+import shutil
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -37,16 +42,44 @@ def drop_resume_checkpoints(trial_dir: Path) -> None:
     """Delete an ended trial's epoch checkpoints (``best.ckpt`` stays), and any file a
     process killed while writing it left half written (``*.partial``, see ``checkpoint_writes``)."""
     for path in [*epoch_checkpoints(trial_dir), *checkpoint_dir(trial_dir).glob("*.partial")]:
+        remove_checkpoint(path)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """A checkpoint file, or a sharded checkpoint's directory (``unlink`` raised on one)."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
         path.unlink(missing_ok=True)
 
 
 def is_readable(path: Path) -> bool:
-    """torch.save writes a zip archive: a cut-off or emptied file fails its CRC check."""
+    """torch.save writes a zip archive: a cut-off or emptied file fails its CRC check. A
+    sharded checkpoint reads back if each of its shards does (every one was taken for
+    damaged, and the trial restarted from its first epoch)."""
+    shards = sorted(path.rglob("*.pt")) if path.is_dir() else [path]
+    return bool(shards) and all(map(_reads_back, shards))
+
+
+def _reads_back(path: Path) -> bool:
     try:
         with zipfile.ZipFile(path) as archive:
             return archive.testzip() is None
     except (OSError, zipfile.BadZipFile, EOFError):
         return False
+
+
+def _trainer_state(path: Path) -> Path:
+    """The file that holds a checkpoint's epoch and loops: the checkpoint itself, or in a
+    DeepSpeed checkpoint's directory, rank 0's model states (Lightning's state goes there
+    as DeepSpeed's client state: ``mp_rank_00_model_states.pt``, under ZeRO-3
+    ``zero_pp_rank_0_mp_rank_00_model_states.pt``)."""
+    if not path.is_dir():
+        return path
+    states = sorted(path.rglob("*model_states.pt"))
+    if not states:
+        raise FileNotFoundError(f"{path} holds no model states (*model_states.pt)")
+    return states[0]
 
 
 def latest_good_checkpoint(trial_dir: Path) -> tuple[Path | None, list[str]]:
@@ -85,7 +118,7 @@ def epochs_trained(path: Path) -> int:
     """The epochs a checkpoint taken at an epoch's end holds (it keeps the epoch's index, from 0)."""
     import torch
 
-    return int(torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("epoch", -1)) + 1
+    return int(torch.load(_trainer_state(path), map_location="cpu", weights_only=False, mmap=True).get("epoch", -1)) + 1
 
 
 def resumed_at(path: Path) -> ResumedAt:
@@ -95,7 +128,7 @@ def resumed_at(path: Path) -> ResumedAt:
     makes again on restoring (memory-mapped, cheap)."""
     import torch
 
-    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    state = torch.load(_trainer_state(path), map_location="cpu", weights_only=False, mmap=True)
     epoch_loop = state.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
     if "_batches_that_stepped" in epoch_loop:
         batch = int(epoch_loop["_batches_that_stepped"]) + 1

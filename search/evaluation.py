@@ -64,6 +64,11 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
         model = build_model(config, model_class, params, datamodule)
         if not has_test_split(model, datamodule):
             return {}
+        if Path(checkpoint).is_dir():  # recorded as the evaluation's test_error, which says what to do
+            raise NotImplementedError(
+                f"{checkpoint} is a directory of DeepSpeed shards, which the test evaluation cannot load on one "
+                f"device: make one file of it with pytorch_lightning.utilities.deepspeed."
+                f"convert_zero_checkpoint_to_fp32_state_dict and test that")
         # A logger, as the trials and the preflight have: a test_step that logs through
         # ``self.logger`` (sample predictions, images) passed the preflight and then failed here
         # after the whole search. What it logs lands beside the checkpoint's trial: test/.

@@ -34,7 +34,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     checkpoint = checkpoint_dir(exp.trial_dir(trial_name(number))) / BEST_CHECKPOINT
     test_metrics, test_error = {}, None
     _drop_earlier_evaluations(exp, number)
-    if checkpoint.is_file():
+    if checkpoint.exists():
         if _has_test_split(config, params):  # it can take a while: say what runs
             # progress, with the search's own on stderr: stdout holds the result (audit 51)
             print(f"evaluating the best trial ({number}) on the test split", file=sys.stderr, flush=True)
@@ -49,7 +49,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
                 # ("Writer is closed"): an interrupt, not the test code's fault (audit 32)
                 raise KeyboardInterrupt from exc
             test_error = _evaluation_failure(exc, exp)
-    best_epoch = epochs_trained(checkpoint) if checkpoint.is_file() else None
+    best_epoch = epochs_trained(checkpoint) if checkpoint.exists() else None
     best = {
         "experiment": config.name,
         "experiment_dir": str(exp.root),
@@ -68,9 +68,9 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         "precision": row.get("precision") or None,
         "params": params,
         "config": resolved_config(config, params),
-        "checkpoint": str(checkpoint) if checkpoint.is_file() else None,
+        "checkpoint": str(checkpoint) if checkpoint.exists() else None,
         "checkpoint_uri": join_uri(mirror.uri, str(checkpoint.relative_to(exp.root)))
-        if mirror is not None and checkpoint.is_file() else None,
+        if mirror is not None and checkpoint.exists() else None,
         "test_metrics": test_metrics,
         "test_error": test_error,  # why the evaluation failed; hpsearch resume runs it again
         # a pruned trial that scored better: not a candidate (TrialsTable.best_row), but said

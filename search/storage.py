@@ -192,8 +192,8 @@ class Mirror:
         return sent
 
     def delete_matching(self, folder: str, pattern: str) -> int:
-        """Delete the stored files directly in ``folder`` (relative to the study) whose
-        names match ``pattern`` (``fnmatch``); returns how many."""
+        """Delete the stored files and folders (a sharded checkpoint's) directly in ``folder``
+        (relative to the study) whose names match ``pattern`` (``fnmatch``); returns how many."""
         import fnmatch
 
         import pyarrow.fs as pafs
@@ -201,14 +201,18 @@ class Mirror:
         filesystem, base = self._fs()
         try:
             infos = filesystem.get_file_info(pafs.FileSelector(f"{base}/{folder}", allow_not_found=True))
-            doomed = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.base_name, pattern)]
-            for path in doomed:
-                filesystem.delete_file(path)
+            doomed = [i for i in infos if i.type in (pafs.FileType.File, pafs.FileType.Directory)
+                      and fnmatch.fnmatch(i.base_name, pattern)]
+            for info in doomed:
+                if info.type == pafs.FileType.Directory:
+                    filesystem.delete_dir(info.path)
+                else:
+                    filesystem.delete_file(info.path)
         except OSError as exc:
             raise StorageError(f"cannot delete {folder}/{pattern} in {self.uri!r}: {exc}") from None
         for key in list(self._pushed):
-            parent, _, file_name = key.rpartition("/")
-            if parent == folder and fnmatch.fnmatch(file_name, pattern):
+            inside = key[len(folder) + 1:] if key.startswith(f"{folder}/") else None
+            if inside is not None and fnmatch.fnmatch(inside.split("/", 1)[0], pattern):
                 del self._pushed[key]
         return len(doomed)
 

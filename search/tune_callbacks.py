@@ -719,7 +719,7 @@ class KeepBestCheckpoints(Callback):
         return {number for _, number in self._best} | ({int(best["trial"])} if best else set())
 
     def _drop_all_but_the_best(self, ended: int | None = None) -> None:
-        from .checkpoints import BEST_CHECKPOINT, checkpoint_dir
+        from .checkpoints import BEST_CHECKPOINT, checkpoint_dir, remove_checkpoint
 
         if self._held is None:
             self._held = {int(row["trial"]) for row in self.table.rows.values() if row.get("state") in FINISHED_STATES}
@@ -728,7 +728,7 @@ class KeepBestCheckpoints(Callback):
         for number in sorted(self._held - self.kept(ended)):
             folder = checkpoint_dir(self.exp.trial_dir(trial_name(number)))
             try:
-                (folder / BEST_CHECKPOINT).unlink(missing_ok=True)
+                remove_checkpoint(folder / BEST_CHECKPOINT)
                 if self.mirror is not None:
                     self.mirror.delete_matching(folder.relative_to(self.exp.root).as_posix(), BEST_CHECKPOINT)
                 self._held.discard(number)

@@ -104,6 +104,13 @@ def test_mirror_pushes_changes_deletes_rotated_files_and_pulls_into_a_fresh_copy
     assert driver.delete_matching("trials/trial_0000/checkpoints", "epoch-*.ckpt") == 2
     assert keys(s3_server, "unit/study/") == {"unit/study/trials/trial_0000/checkpoints/best.ckpt"}
     assert driver.delete_matching("trials/trial_9999/checkpoints", "epoch-*.ckpt") == 0  # none there: no error
+    # a sharded (DeepSpeed) checkpoint is a folder of files: it goes whole
+    shards = checkpoints / "epoch-0003.ckpt" / "checkpoint"
+    shards.mkdir(parents=True)
+    (shards / "mp_rank_00_model_states.pt").write_bytes(b"rank 0")
+    first.push("trials/trial_0000")
+    assert driver.delete_matching("trials/trial_0000/checkpoints", "epoch-*.ckpt") == 1
+    assert keys(s3_server, "unit/study/") == {"unit/study/trials/trial_0000/checkpoints/best.ckpt"}
 
 
 def test_a_working_copy_given_by_its_path_stands_for_its_study_in_storage(s3_server, tmp_path, monkeypatch):
