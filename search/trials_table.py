@@ -215,11 +215,13 @@ COUNT_COLUMNS = ("node_losses",)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """trials.csv as typed rows, in trial order."""
+    """trials.csv as typed rows, in trial order, naming the study's files where it is now
+    (``_moved_to``), as ``TrialsTable.load`` does."""
     with path.open(newline="") as handle:
         rows = [{k: _parse(v) for k, v in raw.items()} for raw in csv.DictReader(handle)]
     for row in rows:
         row.update({name: 0 for name in COUNT_COLUMNS if row.get(name) == ""})
+        _moved_to(row, path.parent)
     return sorted(rows, key=lambda r: r["trial"])
 
 

@@ -197,7 +197,9 @@ def test_a_trials_planned_techniques_are_in_its_row_from_its_start(tmp_path, exa
 
 def test_a_moved_studys_rows_name_its_files_where_it_is_now(tmp_path):
     """After ``mv runs/a elsewhere/`` and a resume, best.json's paths were the new ones and
-    trials.csv's trial_dir and traceback paths still the old ones (audit 24)."""
+    trials.csv's trial_dir and traceback paths still the old ones (audit 24). Before a resume,
+    what reads the rows (``status``, ``status --trial``, ``SearchResult.trials``) named the
+    old ones, though ``load_trial`` and the evaluation took the new (audit 64)."""
     from hpsearch.search.trials_table import TrialsTable
 
     root = tmp_path / "moved here"
@@ -211,6 +213,9 @@ def test_a_moved_studys_rows_name_its_files_where_it_is_now(tmp_path):
     assert table.rows[0]["trial_dir"] == str(root / "trials" / "trial_0000")
     assert table.rows[0]["reason"] == f"ValueError: x (traceback: {root / 'trials' / 'trial_0000' / 'error.txt'})"
     assert table.rows[1]["trial_dir"] == str(root / "trials" / "trial_0001")
+    read = read_rows(root / "trials.csv")
+    assert [row["trial_dir"] for row in read] == [str(root / "trials" / name) for name in ("trial_0000", "trial_0001")]
+    assert read[0]["reason"] == table.rows[0]["reason"]
 
 
 def test_only_failures_in_an_unbroken_row_stop_the_session():
