@@ -36,7 +36,7 @@ from .errors import (CallbackError, ConfigError, DiskFullError, HpsearchError, I
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import (FINISHED_STATES, PAUSED, SESSION_COMPLETE, SESSION_DISK_FULL, SESSION_FAILURES_IN_A_ROW,
-                      SESSION_INTERRUPTED, SESSION_RAY_LOST)
+                      SESSION_CRASHED, SESSION_INTERRUPTED, SESSION_RAY_LOST, SESSION_RUNNING)
 from .ray_watch import RayLostWatch
 from .storage import Mirror, StudyHome, study_address
 from .study_lock import GRACEFUL, sigterm_stops_gracefully, study_lock
@@ -561,8 +561,8 @@ def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str |
     from .results import evaluation_needs_ray, finalize
 
     started_at = time.time()
-    record_session(exp, started_at, None, "running", search_complete=True, address=cluster_address(address))
-    outcome = "crashed"
+    record_session(exp, started_at, None, SESSION_RUNNING, search_complete=True, address=cluster_address(address))
+    outcome = SESSION_CRASHED
     try:
         if evaluation_needs_ray(config):
             from .tuner import ray_for_search
@@ -645,13 +645,13 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
     close_killed_sessions(exp)
     rows_before = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     finished_before = _finished(rows_before)
-    record_session(exp, started_at, None, "running", address=cluster_address(address),
+    record_session(exp, started_at, None, SESSION_RUNNING, address=cluster_address(address),
                    finished_before=finished_before)
     keep_settings(exp.root, config, FROZEN_ON_RESUME)
     _queue_first_trials(exp, config)
     if mirror is not None:
         mirror.push_study_files()
-    outcome, search_complete = "crashed", False
+    outcome, search_complete = SESSION_CRASHED, False
     ended_before = {str(row["trial"]) for row in rows_before if row.get("state") in FINISHED_STATES}
     held_before = _reservations()
 
@@ -678,7 +678,7 @@ def _search(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, concurr
                 raise DiskFullError(_paused_by_a_full_disk(exp))
             if ended == SESSION_COMPLETE:
                 search_complete = True  # recorded now, in case the evaluation below is killed
-                record_session(exp, started_at, None, "running", search_complete)
+                record_session(exp, started_at, None, SESSION_RUNNING, search_complete)
             # After a graceful stop too: best.json then holds the best trial so far.
             best = finalize(config, exp, mirror) if exp.trials_csv.is_file() else None
             for callback in wrapped:  # one that raised once the trials had ended, now the result is saved

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from .errors import DiskFullError, ExperimentError, first_line, resume_command
+from .outcome import SESSION_KILLED
 from .yaml_io import dump_yaml, load_yaml
 
 
@@ -304,7 +305,7 @@ def close_killed_sessions(exp: ExperimentDir) -> int:
         started = float(session["started_at"])
         next_start = float(sessions[index + 1]["started_at"]) if index + 1 < len(sessions) else time.time()
         ended = min(max(last_write, started), next_start)
-        session.update(ended_at=ended, outcome="killed", seconds=round(ended - started, 3))
+        session.update(ended_at=ended, outcome=SESSION_KILLED, seconds=round(ended - started, 3))
         closed += 1
     if closed:
         write_json(exp.sessions_json, sessions)

@@ -25,6 +25,10 @@ SESSION_RAY_LOST = "ray_lost"  # its Ray stopped answering (see ray_watch.py)
 SESSION_FAILURES_IN_A_ROW = "failures_in_a_row"
 # a trial's disk filled (see tune_callbacks.DiskFilled)
 SESSION_DISK_FULL = "disk_full"
+# still running, as its record says (``study_lock.search_runs`` tells one whose driver died)
+SESSION_RUNNING = "running"
+SESSION_CRASHED = "crashed"  # its driver met an error of hpsearch's own or of Ray's
+SESSION_KILLED = "killed"  # its driver was killed outright: closed by the next session
 
 # Result keys the trial reports besides the user's own metrics.
 EPOCH = "epoch"

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from .errors import counted, resume_command
 from .journal_reader import WAITING, trial_states
-from .outcome import SESSION_DISK_FULL, SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, best_of
+from .outcome import SESSION_DISK_FULL, SESSION_FAILURES_IN_A_ROW, SESSION_RAY_LOST, SESSION_RUNNING, best_of
 from .experiment import STUDY_FILE, ExperimentDir, latest_session
 from .storage import study_address
 from .study_lock import dead_holder, holder
@@ -115,8 +115,8 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
                       f"--address ADDRESS on another cluster.", soft_wrap=True)
         gone = None
     else:
-        gone = dead_holder(exp) if running or last_session.get("outcome") == "running" else None
-        if gone is None and last_session.get("outcome") == "running" and (driver := holder(exp)) is not None:
+        gone = dead_holder(exp) if running or last_session.get("outcome") == SESSION_RUNNING else None
+        if gone is None and last_session.get("outcome") == SESSION_RUNNING and (driver := holder(exp)) is not None:
             stop = f"`hpsearch stop {study_address(exp.root)}` stops it" if driver["host"] == socket.gethostname() \
                 else f"it runs on {driver['host']}: `hpsearch stop` stops it there"
             console.print(f"A search is running on the study: pid {driver['pid']} on {driver['host']}, since "

@@ -21,7 +21,8 @@ from typing import Iterator
 from filelock import FileLock, Timeout
 
 from .errors import ExperimentError
-from .experiment import ExperimentDir, write_json
+from .experiment import ExperimentDir, latest_session, write_json
+from .outcome import SESSION_RUNNING
 
 LOCK_FILE = ".driver.lock"
 HOLDER_FILE = "driver.json"
@@ -107,6 +108,14 @@ def _process_started(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command's name
+
+
+def search_runs(exp: ExperimentDir) -> bool:
+    """Whether a search is running on the study, as ``status`` tells it: its last session
+    is still running and its driver is not known to be gone. (The report and ``compare``
+    of a study being searched had said that its search ended before evaluating the best
+    trial, and that ``resume`` would: the lock refuses it.)"""
+    return latest_session(exp).get("outcome") == SESSION_RUNNING and dead_holder(exp) is None
 
 
 def is_held(exp: ExperimentDir) -> bool:

@@ -13,9 +13,9 @@ from typing import Any
 
 from .config import SchedulerConfig
 from .config_loading import flat_settings
-from .experiment import ExperimentDir, distinct_labels, latest_session, read_sessions
+from .experiment import ExperimentDir, distinct_labels, read_sessions
 from .outcome import FINISHED_STATES, PAUSED, RUNNING
-from .study_lock import dead_holder
+from .study_lock import search_runs
 from .trials_table import TrialsTable, read_rows
 
 
@@ -76,7 +76,7 @@ def summarize(exp: ExperimentDir) -> StudySummary:
         wall_s=_wall_seconds(exp), compute_s=sum(_number(r.get("compute_s")) for r in rows),
         saved_by_pruning_s=pruning, saved_by_early_stopping_s=stopping, rungs=rungs,
         settings=compared_settings(config),
-        search_running=_search_running(exp),
+        search_running=search_runs(exp),
     )
 
 
@@ -91,13 +91,6 @@ def compared_settings(config: dict[str, Any]) -> dict[str, Any]:
         for key in ("scheduler.grace_period", "scheduler.reduction_factor"):
             settings.pop(key, None)
     return settings
-
-
-def _search_running(exp: ExperimentDir) -> bool:
-    """The report and ``compare`` of a study being searched said that its search had ended
-    before evaluating the best trial, and that ``resume`` would (the lock refuses it)."""
-    last = latest_session(exp)
-    return last.get("outcome") == "running" and dead_holder(exp) is None
 
 
 def _best_not_yet_evaluated(exp: ExperimentDir, config: dict[str, Any]) -> dict[str, Any] | None:

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from .errors import ExperimentError, counted, resume_command
-from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, latest_session, trial_name
+from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, trial_name
 from .journal_reader import one_trial
 from .outcome import FIRST_TRIAL
 from .storage import join_uri, study_address
-from .study_lock import dead_holder
+from .study_lock import search_runs
 from .trial_watch import CRASH_FILE, written_accounts
 from .trials_table import read_rows
 
@@ -141,7 +141,7 @@ def _no_row(exp: ExperimentDir, number: int, state: str | None, rows: dict[int, 
     """Why trial ``number`` has no row in trials.csv, by its state in the journal: queued, or
     handed out and starting, is run by the search running on the study, else by a resume
     (audit 46); one that ended has lost its row, which a resume writes again (audit 47)."""
-    running, resume = _a_search_runs(exp), f"`{resume_command(exp.root)}`"
+    running, resume = search_runs(exp), f"`{resume_command(exp.root)}`"
     if state == "WAITING":
         return f"trial {number} is queued in the study and has not started; " + (
             "the search running on it runs it" if running else f"{resume} runs it")
@@ -153,13 +153,6 @@ def _no_row(exp: ExperimentDir, number: int, state: str | None, rows: dict[int, 
                 f"{resume} writes trials.csv again from the journal")
     held = f"its trials: {min(rows)}-{max(rows)}" if rows else "it has no trial yet"
     return f"{exp.root} has no trial {number} ({held})"
-
-
-def _a_search_runs(exp: ExperimentDir) -> bool:
-    """Whether a search is running on the study, as ``status`` tells it: its last session
-    is still running and its driver is not known to be gone."""
-    last = latest_session(exp)
-    return last.get("outcome") == "running" and dead_holder(exp) is None
 
 
 def _times(row: dict[str, Any]) -> str:
