@@ -8,6 +8,7 @@ the trial's folder), so it imports neither torch, Ray nor Optuna, like the rest 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from rich.console import Console
 from .errors import ExperimentError, counted, resume_command
 from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, trial_name
 from .journal_reader import one_trial
-from .outcome import FIRST_TRIAL
+from .outcome import FIRST_TRIAL, best_of
 from .storage import join_uri, study_address
 from .study_lock import search_runs
 from .trial_watch import CRASH_FILE, written_accounts
@@ -123,12 +124,13 @@ def _value(key: str, value: Any, spec: dict[str, Any]) -> str:
 def _metric(row: dict[str, Any], values: dict[int, Any], mode: str) -> str:
     """Its best value and the epoch of it, its last, and each epoch's (the journal's record
     of its reports; trials.csv's best and last lag it while the trial runs, audit 46)."""
-    scored = {epoch: value for epoch, value in values.items() if isinstance(value, (int, float)) and value == value}
+    scored = {epoch: value for epoch, value in values.items()
+              if isinstance(value, (int, float)) and math.isfinite(value)}
     if not scored and row.get("best") in (None, ""):
         return "no value reported"
     best, last, at = row.get("best"), row.get("last"), ""
     if scored:
-        best_epoch = (max if mode == "max" else min)(sorted(scored), key=scored.__getitem__)
+        best_epoch = best_of(sorted(scored), mode, key=scored.__getitem__)
         best, last, at = scored[best_epoch], values[max(values)], f" at epoch {best_epoch}"
     epochs = max(row.get("epochs") or 0, max(values, default=0))
     text = f"best {_number(best)}{at} ({mode}), last {_number(last)}, after {counted(epochs, 'epoch')}"
