@@ -131,7 +131,7 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
         scaling_config=ScalingConfig(num_workers=resources.workers_per_trial, use_gpu=use_gpu,
                                      resources_per_worker=per_worker, placement_strategy="PACK"),
         run_config=RunConfig(
-            name=f"trial_{int(trial_config['hps_trial_number']):04d}",
+            name=trial_name(int(trial_config[TRIAL_NUMBER])),
             storage_path=str(study_root(experiment_dir) / "tune" / "train"),
             callbacks=[TuneReportCallback()],
             # Retries belong to Tune's FailureConfig (failure.max_retries), once, not twice;
