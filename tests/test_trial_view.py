@@ -113,3 +113,20 @@ def test_a_trials_last_epoch_is_split_into_its_parts_and_its_folder_names_the_ch
     (tmp_path / "crash-rank1.txt").write_text("Fatal Python error: Segmentation fault")
     assert _files(tmp_path, checkpoint_kept=False) == (
         " (output.log, checkpoints/epoch-0014.ckpt, error-rank1.txt, crash-rank1.txt)")
+
+
+def test_the_journal_readers_copies_of_optunas_codes_are_optunas():
+    """``status`` reads the journal without importing Optuna, by its own copies of Optuna's
+    operation codes and trial states: a release that renumbered them would make it misread
+    every study, with nothing to say so."""
+    from optuna.storages.journal._storage import JournalOperation
+    from optuna.trial import TrialState
+
+    from hpsearch.search import journal_reader
+
+    assert [journal_reader.CREATE_TRIAL, journal_reader.SET_TRIAL_STATE_VALUES,
+            journal_reader.SET_TRIAL_INTERMEDIATE_VALUE, journal_reader.SET_TRIAL_USER_ATTR] == [
+        JournalOperation.CREATE_TRIAL, JournalOperation.SET_TRIAL_STATE_VALUES,
+        JournalOperation.SET_TRIAL_INTERMEDIATE_VALUE, JournalOperation.SET_TRIAL_USER_ATTR]
+    assert journal_reader.TRIAL_STATES == {state.value: state.name for state in TrialState}
+    assert journal_reader.WAITING == TrialState.WAITING.value
