@@ -51,8 +51,8 @@ class StudySummary:
 
 def summarize(exp: ExperimentDir) -> StudySummary:
     config = exp.stored_config()
-    scheduler = config.get("scheduler", {})
-    max_epochs = int(scheduler.get("max_epochs", 20))
+    scheduler = SchedulerConfig.model_validate(config.get("scheduler", {}))
+    max_epochs = scheduler.max_epochs
     rows = read_rows(exp.trials_csv) if exp.trials_csv.is_file() else []
     best = exp.stored_best() or _best_not_yet_evaluated(exp, config)
     counts = {state: sum(1 for r in rows if r.get("state") == state) for state in (*FINISHED_STATES, PAUSED, RUNNING)}
@@ -69,7 +69,7 @@ def summarize(exp: ExperimentDir) -> StudySummary:
             stopping += saved
     ran = [_number(r.get("epochs")) for r in rows]  # a paused trial reached its rungs too
     rungs = [RungCount(epoch, sum(1 for e in ran if e >= epoch), sum(1 for e in ran if e > epoch))
-             for epoch in SchedulerConfig.model_validate(scheduler).rung_epochs]
+             for epoch in scheduler.rung_epochs]
     return StudySummary(
         name=config.get("name", exp.root.name), experiment_dir=str(exp.root), metric=config["metric"],
         mode=config.get("mode", "max"), max_epochs=max_epochs, best=best, rows=rows, counts=counts,
