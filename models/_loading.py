@@ -20,7 +20,6 @@ def make_loader(
     pin_memory: bool,
     persistent_workers: bool,
     prefetch_factor: int | None,
-    seed_generator=None,
     collate_fn=None,
 ) -> DataLoader:
     """A DataLoader whose worker options are only passed where they are valid."""
@@ -35,7 +34,6 @@ def make_loader(
         shuffle=shuffle,
         num_workers=num_workers,
         pin_memory=pin_memory,
-        generator=seed_generator,
         collate_fn=collate_fn,
         **options,
     )

@@ -91,7 +91,7 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type) ->
         logged, in_training = _a_few_batches(config, params, model, datamodule, model_class, data_class)
         for precision in _other_searched_precisions(config, params):
             variant = with_value(config, values, "trainer.precision", precision)
-            pair = _classes_for(config, variant, params, model, datamodule, model_class, data_class, loader)
+            pair = _classes_for(config, variant, params, datamodule, model_class, data_class, loader)
             if pair is not None:  # else a class refuses these values, which the builds below report
                 _a_few_batches(config, variant, *pair, model_class, data_class, blame="space.trainer.precision")
         if config.metric not in logged:
@@ -116,7 +116,7 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type) ->
         return logged
 
 
-def _classes_for(config: ExperimentConfig, variant: dict[str, Any], params: dict[str, Any], model, datamodule,
+def _classes_for(config: ExperimentConfig, variant: dict[str, Any], params: dict[str, Any], datamodule,
                  model_class: type, data_class: type, loader: dict[str, Any]):
     """The (model, DataModule) to train ``variant`` with: a model built for it, never one
     trained before (a ``64-true`` or ``bf16-true`` precision converts the model it trains in

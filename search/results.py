@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 from .config import ExperimentConfig
@@ -79,7 +78,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     }
     write_json(exp.best_json, best)
     if test_metrics:
-        _test_metrics_in_tensorboard(config, exp, number, params, test_metrics, best_epoch, checkpoint, mirror)
+        _test_metrics_in_tensorboard(config, exp, number, params, test_metrics, best_epoch, mirror)
     return best
 
 
@@ -95,8 +94,7 @@ def _drop_earlier_evaluations(exp: ExperimentDir, best: int) -> None:
 
 
 def _test_metrics_in_tensorboard(config: ExperimentConfig, exp: ExperimentDir, number: int, params: dict[str, Any],
-                                 metrics: dict[str, float], epoch: int, checkpoint: Path,
-                                 mirror: Mirror | None) -> None:
+                                 metrics: dict[str, float], epoch: int, mirror: Mirror | None) -> None:
     """A failure here (a full disk, say) costs TensorBoard's copy, never the result."""
     import warnings
 
