@@ -140,9 +140,15 @@ class RandomStateInCheckpoint(pl.Callback):
     set again just before training goes on, after the trial's start has seeded it and
     built the model. Without it the resumed trial shuffled its batches (and drew its
     dropout) otherwise, and its later epochs' results differed from the uninterrupted
-    trial's. Kept as plain lists and tensors, which a weights-only load reads."""
+    trial's. Kept as plain lists and tensors, which a weights-only load reads.
 
-    def __init__(self) -> None:
+    Only a resumed trial's (``resuming``), from the checkpoint it resumes from: Lightning's
+    tuners (``BatchSizeFinder``, ``LearningRateFinder``) restore a checkpoint of their own
+    after their trial runs, and the random state went back to before them, where plain
+    Lightning trains on from after them (audit 63: other batches than plain Lightning's)."""
+
+    def __init__(self, resuming: bool) -> None:
+        self._resuming = resuming
         self._restored: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -154,7 +160,8 @@ class RandomStateInCheckpoint(pl.Callback):
                 "torch.cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._restored = state_dict
+        if self._resuming and self._restored is None:  # the resume's, which comes before a tuner's
+            self._restored = state_dict
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._restored is None:
@@ -254,7 +261,7 @@ def build_trainer(
     all_callbacks.append(LearningRateMonitor(logging_interval="epoch"))
     all_callbacks.append(PlateauStepOnResume())
     all_callbacks.append(StepLogsEveryEpoch())
-    all_callbacks.append(RandomStateInCheckpoint())
+    all_callbacks.append(RandomStateInCheckpoint(resuming=resumed_at is not None))
     all_callbacks.append(ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir)))
     all_callbacks.append(StepsByEpochInCheckpoint())
     logger = TrialLogger(tensorboard_run, resumed_at)  # a resumed attempt hides what it redoes

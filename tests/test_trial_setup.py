@@ -274,6 +274,47 @@ def test_bf16_mixed_trains_on_cpu(tmp_path, example_config):
     assert (tmp_path / "trial" / "checkpoints" / "epoch-0000.ckpt").is_file()
 
 
+def test_a_model_tuned_by_lightnings_batch_size_finder_trains_on_as_plain_lightning_does(tmp_path, example_config,
+                                                                                         monkeypatch):
+    """The finder restores a checkpoint of its own after its trial runs, and the trial's
+    random state went back to before them with it (the state a resume restores), where
+    plain Lightning trains on from after them: other batches, other values (audit 63)."""
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.callbacks import BatchSizeFinder
+
+    from conftest import FIXTURES
+    from hpsearch.search.devices import trial_device
+    from hpsearch.search.lightning_trainer import build_trainer
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    from userpkg.ddp_probe import IndexedData, RankProbe  # a shuffling DataLoader: its order draws from torch's
+
+    class DrawAtFirstEpoch(pl.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):  # after every callback's on_train_start
+            self.drawn = torch.rand(3).tolist()
+
+    example_config["trainer"].update(limit_train_batches=2, limit_val_batches=1)
+    config = load_config(example_config)
+    device = trial_device(config.trainer, config.loader, config.resources)
+    drawn = []
+    for plain in (False, True):
+        pl.seed_everything(7, verbose=False)
+        probe = DrawAtFirstEpoch()
+        callbacks = [BatchSizeFinder(mode="power", init_val=4, max_trials=2, steps_per_trial=1), probe]
+        if plain:
+            trainer = pl.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, logger=False,
+                                 enable_checkpointing=False, enable_progress_bar=False, callbacks=callbacks,
+                                 default_root_dir=tmp_path / "plain")
+        else:
+            trainer = build_trainer(config.trainer, device=device, metric="val_loss", mode="min", max_epochs=1,
+                                    trial_dir=tmp_path / "trial", tensorboard_run=tmp_path / "tb" / "trial",
+                                    callbacks=callbacks)
+        trainer.fit(RankProbe(str(tmp_path)), datamodule=IndexedData(batch_size=4))
+        drawn.append(probe.drawn)
+    assert drawn[0] == drawn[1]
+
+
 def test_preflight_names_a_metric_the_model_never_logs(example_config):
     example_config["metric"] = "val_f1"
     config = load_config(example_config)
