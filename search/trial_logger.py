@@ -63,6 +63,18 @@ class TrialLogger(TensorBoardLogger):
         self._trainer: weakref.ref[pl.Trainer] | None = None
         self.step_metrics: set[str] = set()  # the names written to the steps run
 
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, metrics: Any = None, step: int | None = None) -> None:
+        """The model's hyperparameters, kept as Lightning keeps them (``hparams.yaml``), and
+        ``metrics`` logged as scalars; but no HParams record goes to the trial's run. hpsearch
+        writes the trial's own at its end (its sampled values, state and epochs), and
+        TensorBoard shows only a run's first: Lightning's documented ``log_hyperparams(
+        self.hparams, {"hp/x": 0})`` in a model's ``on_train_start`` took the trial's place in
+        the HParams tab (audit 63)."""
+        super().log_hyperparams(params)  # with no metrics (and no default hp_metric): no record
+        if metrics is not None:
+            self.log_metrics(metrics if isinstance(metrics, Mapping) else {"hp_metric": metrics}, step)
+
     def follow(self, trainer: pl.Trainer) -> None:
         """The trainer whose loop tells an epoch's scalars from a step's."""
         self._trainer = weakref.ref(trainer)

@@ -155,6 +155,28 @@ def test_epoch_metrics_are_stepped_by_the_epoch_and_step_metrics_by_the_batch(tm
     assert steps_now == steps["step_loss"], steps_now
 
 
+def test_a_models_own_hparams_record_leaves_the_trials_record_its_place(tmp_path):
+    """Lightning's docs have a model call ``self.logger.log_hyperparams(self.hparams,
+    {"hp/x": 0})`` in ``on_train_start``: its HParams record sorted before the one hpsearch
+    writes at the trial's end, and TensorBoard, which shows a run's first, lost the trial's
+    values, state and epochs (audit 63). Its values and metrics are still kept."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from conftest import tensorboard_scalars
+    from hpsearch.search.trial_logger import TrialLogger
+
+    logger = TrialLogger(tmp_path / "run")
+    logger.log_hyperparams({"hidden": 16, "lr": 0.1}, {"hp/custom": 0.5})
+    logger.save()
+    logger.finalize("success")
+    accumulator = EventAccumulator(str(tmp_path / "run"))
+    accumulator.Reload()
+    with pytest.raises(KeyError):  # no HParams record at all
+        accumulator.PluginTagToContent("hparams")
+    assert "hp/custom" in tensorboard_scalars(tmp_path / "run")
+    assert dict(logger.hparams) == {"hidden": 16, "lr": 0.1} and (tmp_path / "run" / "hparams.yaml").is_file()
+
+
 def test_an_attempt_that_starts_over_hides_what_the_attempts_before_it_wrote(tmp_path):
     """A trial retried, or resumed, without a checkpoint (its attempt failed or was stopped
     in the first epoch) starts over: every point of the attempt before it was there twice,
