@@ -106,7 +106,9 @@ def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_lo
     evaluation does (``seeded_as_its_trial``): a DataModule that splits with the global
     generator then gives the test split the evaluation scored. The model is made whole as
     Lightning's own loading makes it: ``configure_model`` (where a model may build its
-    layers), then ``on_load_checkpoint``, then the weights."""
+    layers), then ``on_load_checkpoint``, then the weights. A model whose weights it still
+    lacks builds (or compiles) them in ``setup``, which the evaluation's test loop runs
+    first: it runs ``setup("test")`` too (it failed on the weights; audit 63)."""
     from .seeding import seeded_as_its_trial
 
     with seeded_as_its_trial(seed):  # all of it: imports and printing move the generators too
@@ -132,6 +134,9 @@ def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_lo
         state = torch.load(checkpoint, map_location=map_location, weights_only=False)
         if is_overridden("configure_model", model, LightningModule):
             model.configure_model()
+        if is_overridden("setup", model, LightningModule) and not set(state["state_dict"]) <= set(model.state_dict()):
+            with lightning_quieted():
+                model.setup("test")
         model.on_load_checkpoint(state)
         model.load_state_dict(state["state_dict"])
         if type(datamodule).__qualname__ in state:

@@ -120,3 +120,25 @@ def test_a_data_split_by_the_global_generator_is_the_trials_in_the_evaluation_an
     assert splits.read_text().splitlines()[-1].split()[2] == trained
     assert accuracy_on_test_split(loaded) == pytest.approx(best["test_metrics"]["test_acc"], abs=1e-6)
 
+
+
+def test_a_model_that_builds_its_layers_in_setup_is_loaded_with_its_weights(tmp_path, monkeypatch, example_config):
+    """The search's test evaluation runs the model's ``setup`` before loading its weights,
+    as Lightning's test loop does; load_trial did not, and failed on the weights of a model
+    that builds (or compiles) its layers there: "Unexpected key(s) in state_dict" (audit 63)."""
+    import torch
+
+    from conftest import FIXTURES
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.trained import _built_with_weights
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    from userpkg.global_rng import LayersInSetup
+
+    example_config["model"] = {"class_path": "userpkg.global_rng:LayersInSetup"}
+    example_config["space"] = {"model.lr": {"type": "float", "low": 0.005, "high": 0.05, "log": True}}
+    trained = LayersInSetup()
+    trained.setup("fit")
+    torch.save({"state_dict": trained.state_dict()}, tmp_path / "best.ckpt")
+    model, _ = _built_with_weights(load_config(example_config), {}, tmp_path / "best.ckpt", "cpu", None, seed=0)
+    assert all(torch.equal(model.state_dict()[key], value) for key, value in trained.state_dict().items())
