@@ -356,7 +356,7 @@ class TuneReporter(pl.Callback):
                 # Stopped after this report was composed: by a callback of the model's own
                 # (an EarlyStopping deciding at the epoch's end, Lightning's default) or by
                 # the model itself. The trial ends here, finished, not cut short.
-                pending[FINISHED], pending[STOP_REASON] = True, "early_stopping"
+                pending[FINISHED], pending[STOP_REASON] = True, self._stop_reason(trainer, pending[EPOCH], True)
             if pending.get(RESTORED):
                 if "hps_epoch_time_s" in pending:
                     # The epoch's end ran again just now (the model's own on_train_epoch_end
@@ -423,12 +423,24 @@ class TuneReporter(pl.Callback):
             candidates.append(float(callback.best_model_score))
         return best_of(candidates, self.mode)
 
+    def _stop_reason(self, trainer: pl.Trainer, epoch: int, finished: bool) -> str:
+        """Why the trial ends at this epoch ('' if it goes on): its last epoch; an
+        EarlyStopping's decision (the file's patience, or a callback of the model's own); or
+        the model's own ``trainer.should_stop``, which was called early stopping too (audit 63)."""
+        if epoch >= self.max_epochs:
+            return "max_epochs"
+        if not finished:
+            return ""
+        decided = any(isinstance(callback, EarlyStopping) and (
+            callback.wait_count >= callback.patience or callback.stopped_epoch > 0) for callback in trainer.callbacks)
+        return "early_stopping" if decided else "stopped_by_model"
+
     def _compose(self, trainer: pl.Trainer, metrics: dict[str, float], epoch: int, finished: bool,
                  epoch_seconds: float) -> dict[str, Any]:
         """The epoch's report: the logged metrics, the stop decision and the telemetry,
         measured now (the counters restart with the next epoch)."""
         self.best = self._best_so_far(trainer, metrics[self.metric])
-        reason = "max_epochs" if epoch >= self.max_epochs else ("early_stopping" if finished else "")
+        reason = self._stop_reason(trainer, epoch, finished)
         logged = ",".join(sorted(metrics))
         # those TensorBoard has at training steps, in the trial's steps run (``trial_logger``)
         at_steps = ",".join(sorted(getattr(trainer.logger, "step_metrics", set()) & set(metrics)))

@@ -65,7 +65,7 @@ def summarize(exp: ExperimentDir) -> StudySummary:
         saved = (max_epochs - epochs) * spent / epochs
         if row["state"] == "PRUNED":
             pruning += saved
-        elif "early_stopping" in str(row.get("reason", "")):
+        elif str(row.get("reason", "")) in ("early_stopping", "stopped_by_model"):
             stopping += saved
     ran = [_number(r.get("epochs")) for r in rows]  # a paused trial reached its rungs too
     rungs = [RungCount(epoch, sum(1 for e in ran if e >= epoch), sum(1 for e in ran if e > epoch))

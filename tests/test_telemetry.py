@@ -685,6 +685,22 @@ def test_a_models_own_early_stopping_and_the_files_patience_both_end_a_trial_as_
     assert [(r[FINISHED], r[STOP_REASON]) for r in reports] == [(False, ""), (False, ""), (True, "early_stopping")]
 
 
+class StopsItselfAtTheSecondEpoch(MLPClassifier):
+    def on_validation_epoch_end(self):
+        super().on_validation_epoch_end()
+        if self.current_epoch == 1 and not self.trainer.sanity_checking:
+            self.trainer.should_stop = True
+
+
+def test_a_model_that_stops_its_own_training_ends_its_trial_saying_so(tmp_path):
+    """No EarlyStopping decided it, and the reason said early_stopping (audit 63)."""
+    from hpsearch.search.outcome import FINISHED, STOP_REASON
+
+    data = SlowLoadingData(item_seconds=0.0)
+    reports = reports_of(tmp_path, mlp_for(data, StopsItselfAtTheSecondEpoch), data, epochs=4, reports_expected=2)
+    assert [(r[FINISHED], r[STOP_REASON]) for r in reports] == [(False, ""), (True, "stopped_by_model")]
+
+
 @pytest.mark.parametrize("own_patience, scores, reported", [
     (10, [1.0, 3.0, 2.0, 2.5, 2.6], [(3, False, ""), (4, False, ""), (5, True, "max_epochs")]),
     # its patience runs out at the restored epoch itself, in the epoch end Lightning reruns
