@@ -104,6 +104,13 @@ def _remembered_per_sys_path(lookup: Callable[..., Any]) -> Callable[..., Any]:
     return entry_points
 
 
+class SearchLearningRateMonitor(LearningRateMonitor):
+    """The learning rate in the trial's run at each epoch (``lr-<optimizer>``, a column of
+    TensorBoard's HParams). A class of its own, as ``SearchEarlyStopping`` is: a model's own
+    LearningRateMonitor (``configure_callbacks``) replaced it, and the trial's run had no
+    epoch's learning rate (audit 63). Both run now."""
+
+
 class SearchEarlyStopping(EarlyStopping):
     """``trainer.early_stopping_patience``. A class of its own because Lightning drops a
     Trainer callback when the model's ``configure_callbacks`` returns one of the same
@@ -258,7 +265,7 @@ def build_trainer(
             min_delta=settings.early_stopping_min_delta, check_finite=True,
             check_on_train_epoch_end=False,
         ))
-    all_callbacks.append(LearningRateMonitor(logging_interval="epoch"))
+    all_callbacks.append(SearchLearningRateMonitor(logging_interval="epoch"))
     all_callbacks.append(PlateauStepOnResume())
     all_callbacks.append(StepLogsEveryEpoch())
     all_callbacks.append(RandomStateInCheckpoint(resuming=resumed_at is not None))

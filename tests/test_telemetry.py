@@ -177,6 +177,25 @@ def test_a_models_own_hparams_record_leaves_the_trials_record_its_place(tmp_path
     assert dict(logger.hparams) == {"hidden": 16, "lr": 0.1} and (tmp_path / "run" / "hparams.yaml").is_file()
 
 
+class MonitorsItsLearningRateAtSteps(MLPClassifier):
+    def configure_callbacks(self):
+        from pytorch_lightning.callbacks import LearningRateMonitor
+
+        return [LearningRateMonitor(logging_interval="step")]
+
+
+def test_a_models_own_learning_rate_monitor_runs_beside_the_trials(tmp_path):
+    """Lightning drops a Trainer callback of the class a model's configure_callbacks returns:
+    the trial's run had no learning rate at its epochs, an HParams column (audit 63)."""
+    from conftest import tensorboard_scalars
+
+    data = SlowLoadingData(item_seconds=0.0)
+    reports_of(tmp_path, mlp_for(data, MonitorsItsLearningRateAtSteps), data, epochs=2)
+    epochs = tensorboard_scalars(tmp_path / "tb" / "run")
+    assert [steps for tag, steps in epochs.items() if tag.startswith("lr-")] == [[1, 2]], epochs
+    assert any(tag.startswith("lr-") for tag in tensorboard_scalars(tmp_path / "tb" / "run" / "steps"))  # the model's
+
+
 def test_an_attempt_that_starts_over_hides_what_the_attempts_before_it_wrote(tmp_path):
     """A trial retried, or resumed, without a checkpoint (its attempt failed or was stopped
     in the first epoch) starts over: every point of the attempt before it was there twice,
