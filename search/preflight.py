@@ -22,7 +22,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from .components import build_datamodule, build_model, raised_at, raised_by
+from .components import build_datamodule, build_model, innermost_user_frame, raised_at, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .devices import loader_in_use, loader_options, resolve_precision
 from .errors import ConfigError, warn_user
@@ -585,8 +585,17 @@ def _warnings_naming(built_with: str) -> Iterator[None]:
             warnings.simplefilter("always")
             yield
     finally:
-        for message in dict.fromkeys(str(warning.message) for warning in heard):
+        for message in dict.fromkeys(str(warning.message) for warning in heard if not _a_librarys_deprecation(warning)):
             warn_user(f"{built_with}: {message}")
+
+
+def _a_librarys_deprecation(warning: warnings.WarningMessage) -> bool:
+    """A deprecation warned of inside torch, Lightning or Python, such as those of the parts
+    of torch its first ``torch.compile`` imports: Python hides them by default, and no value
+    of the space causes them (audit 63: "torch.jit.script_method is deprecated" was said
+    of the value a model compiled with)."""
+    return issubclass(warning.category, (DeprecationWarning, PendingDeprecationWarning)) and \
+        innermost_user_frame([(warning.filename, warning.lineno, "")]) is None
 
 
 def _hparams_clash(model, datamodule) -> list[str]:

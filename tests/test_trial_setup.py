@@ -1474,6 +1474,33 @@ def test_a_warning_from_building_another_value_names_that_value(example_config):
                and message.endswith("): 8 channels are slow here") for message in said), said
 
 
+def test_a_librarys_own_deprecation_is_not_said_of_the_value_a_class_was_built_with(example_config):
+    """torch's first ``torch.compile`` imports parts of torch that warn of their own
+    deprecations, and the preflight said one of the value the model compiled with (audit
+    63). The class's own deprecations, and any other warning, are still said."""
+    import warnings
+
+    import torch
+
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule
+
+    class CompilesWhenWide(CNNClassifier):
+        def __init__(self, channels: int = 16, **kwargs):
+            if channels == 32:
+                warnings.warn_explicit("torch.jit.script_method is deprecated", DeprecationWarning,
+                                       str(Path(torch.__file__).parent / "jit" / "_script.py"), 365)
+                warnings.warn("channels=32 is deprecated here", DeprecationWarning)
+            super().__init__(channels=channels, **kwargs)
+
+    config = load_config(example_config)
+    with pytest.warns(UserWarning) as heard:
+        run_preflight(config, CompilesWhenWide, DigitsDataModule)
+    said = [str(warning.message) for warning in heard]
+    assert not any("script_method" in message for message in said), said
+    assert "space.model.channels = 32 (a value the search can sample): channels=32 is deprecated here" in said, said
+
+
 def test_annotations_other_than_plain_values_are_left_to_the_constructor():
     """A constructor annotated with ``Path``, an ``Enum``, ``Sequence[int]`` or a class may
     convert what the file gives (a string, a number) or map a name to a value, as the
