@@ -8,7 +8,7 @@
       trials/<name>/     checkpoints of one trial
       tensorboard/       TensorBoard: one run per trial (see tensorboard_layout.py)
       sessions.json      when each run/resume session started and ended
-      tune/              Ray Tune's own state, used by ``resume``
+      tune/              Ray Tune's own files of the last session, for a look; nothing reads them
 
 Platform files are written to a temporary file and renamed into place, so a crash
 never leaves one half-written.
@@ -180,9 +180,9 @@ def free_name(name: str, taken) -> str:
     return candidate
 
 
+STUDY_FILE = "optuna.journal"  # the Optuna study (searcher.py)
 # Beside a trial's checkpoints: the traceback of the fault that ended it, or of its last
 # failed try (written by the trial, or copied there by the driver).
-STUDY_FILE = "optuna.journal"  # the Optuna study (searcher.py)
 TRIAL_TRACEBACK = "error.txt"
 # Beside a trial's checkpoints: the experiment's settings the trial last trained with (a
 # resume may change some, the precision say), for its evaluation and best.json's config.

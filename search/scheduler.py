@@ -1,6 +1,6 @@
 """The scheduler that decides which trials continue: Ray's ASHA, keyed by trial number.
 
-Two things differ from a plain ``ASHAScheduler``:
+Three things differ from a plain ``ASHAScheduler``:
 
 * rungs are keyed by the study's trial number and counted in the trial's own
   ``epoch`` result, not Ray's trial id and report counter, so a trial resumed in a
