@@ -376,7 +376,7 @@ def _keep_checkpoints_now(exp: ExperimentDir, config: ExperimentConfig, mirror: 
     study's checkpoints was to add a trial (audit 40). experiment.yaml keeps it, as it keeps
     every setting a resume is given."""
     from .trials_table import TrialsTable
-    from .tune_callbacks import KeepBestCheckpoints
+    from .checkpoint_retention import KeepBestCheckpoints
 
     write_config(exp, config.model_dump(mode="json"))
     if mirror is not None:

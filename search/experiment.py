@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from .errors import DiskFullError, ExperimentError, first_line, resume_command
-from .outcome import SESSION_KILLED
+from .outcome import SESSION_KILLED, TRIAL_NUMBER
 from .yaml_io import dump_yaml, load_yaml
 
 
@@ -187,6 +187,11 @@ TRIAL_TRACEBACK = "error.txt"
 # Beside a trial's checkpoints: the experiment's settings the trial last trained with (a
 # resume may change some, the precision say), for its evaluation and best.json's config.
 TRIAL_SETTINGS = "experiment.json"
+
+
+def trial_dir_of(trial, exp: "ExperimentDir") -> Path:
+    """The study's folder of a Ray Tune trial."""
+    return exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER])))
 
 
 def trial_name(number: int) -> str:

@@ -63,6 +63,12 @@ def best_of(values, mode: str, key=None):
     return (max if mode == "max" else min)(values, key=key)
 
 
+def paused_by_a_full_disk(trial) -> bool:
+    """Whether the trial Tune just ended reported a full disk (``DISK_FULL``): paused, not
+    ended, in the study (``classify``)."""
+    return bool((getattr(trial, "last_result", None) or {}).get(DISK_FULL))
+
+
 @dataclass
 class PruneLog:
     """Trials the scheduler stopped, by Ray trial id, with the epoch at which it did."""

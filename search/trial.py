@@ -288,7 +288,7 @@ def _ranks_placement() -> dict[str, str]:
     """The Ray nodes that a distributed trial's ranks run on, gathered from every rank (a
     collective: each rank calls it at the training's start). When one of them is lost, the
     other ranks often fail first, on the broken connection to it, and the driver tells
-    that from a fault of the trial's own only by these nodes (``tune_callbacks.node_was_lost``)."""
+    that from a fault of the trial's own only by these nodes (``trial_faults.node_was_lost``)."""
     import ray
     import torch.distributed as dist
 
@@ -436,7 +436,7 @@ def _unreadable_file(exc: BaseException) -> bool:
 
 def _save_traceback(exc: BaseException, trial_dir: Path, rank: int | None) -> Path | None:
     """The full traceback of the fault that ended the trial, beside its checkpoints (where
-    the driver copies a retried fault's too: ``tune_callbacks.KeepTracebacks``); None if
+    the driver copies a retried fault's too: ``trial_faults.KeepTracebacks``); None if
     it could not be written (on a full disk, the file an earlier try left stays whole: it
     was left empty; audit 59)."""
     import traceback

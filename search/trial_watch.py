@@ -6,7 +6,7 @@ ended, and that file is gone with Ray's session logs at the next reboot. With
 ``failure.hang_timeout_s``, a watchdog thread ends a trial that has finished no batch for
 that long, with every thread's stack in the same file: a hung trial (a deadlocked loader,
 a collective waiting for a lost peer) otherwise held its slot until the search was
-stopped. The driver reads the file when a trial's process died (``tune_callbacks``), where
+stopped. The driver reads the file when a trial's process died (``trial_faults``), where
 the study's directory is shared with the trial's node (not for URI storage).
 """
 

@@ -1,15 +1,11 @@
 """Ray Tune callbacks in the driver: the trials table, TensorBoard's HParams rows, the
 live progress display, and the stoppers: finished trials, the search's time budget, trials
-failing in a row."""
+failing in a row, a full disk. (A trial's failed tries: ``trial_faults``; which
+checkpoints an ended trial keeps: ``checkpoint_retention``.)"""
 
 from __future__ import annotations
 
-import bisect
-import heapq
-import itertools
 import math
-import logging
-import re
 import sys
 import time
 import warnings
@@ -19,20 +15,15 @@ from typing import Any, Callable
 from ray.tune import Callback
 from ray.tune.stopper import Stopper, TimeoutStopper
 
+from .checkpoint_retention import has_epoch_checkpoint
 from .config import ExperimentConfig
-from .errors import DiskFullError, HpsearchError, counted
-from .experiment import atomic_write_text, trial_name
-from .outcome import (COMPLETE, DISK_FULL, EPOCH, FAILED, FINISHED, FINISHED_STATES, GIVE_UP, KNOWN_EPOCHS,
-                      PLACEMENT_GROUP, PRUNED, RANK_NODES, RESTORED, RUNNING, TRIAL_NUMBER, PruneLog, classify)
+from .errors import counted
+from .outcome import (EPOCH, FAILED, FINISHED, GIVE_UP, PLACEMENT_GROUP, RESTORED, RUNNING, TRIAL_NUMBER,
+                      PruneLog, classify, paused_by_a_full_disk)
 from .searcher import RAY_TRIAL_ID, RETRY_OF
 from .time_left import time_left
-from .trial_watch import crash_account, crash_line
-from .trials_table import RESULT_TO_COLUMN, TrialsTable, best_first, has_value
-
-
-NODE_LOST = "its node was lost"  # a fault's error line, when it was taken for a node loss
-NODE_LOSSES_FORGIVEN = 5  # per trial: node losses beyond these count as the trial's own faults
-PROCESS_DIED = "its process died without a Python error"  # a fault's line, for a killed or crashed process
+from .trial_faults import NODE_LOST, last_error_line, traceback_at
+from .trials_table import RESULT_TO_COLUMN, TrialsTable
 
 
 class FinishedTrials(Stopper):
@@ -89,12 +80,6 @@ class FailuresInARow(Callback, Stopper):
 
     def stop_all(self) -> bool:
         return self.reached
-
-
-def paused_by_a_full_disk(trial) -> bool:
-    """Whether the trial Tune just ended reported a full disk (``DISK_FULL``): paused, not
-    ended, in the study (``classify``)."""
-    return bool((getattr(trial, "last_result", None) or {}).get(DISK_FULL))
 
 
 class DiskFilled(Callback, Stopper):
@@ -200,7 +185,7 @@ class TrialsTableRecorder(Callback):
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         row = self._row(trial)
         row["state"], row["reason"] = FAILED, "error"
-        row["error"] = _last_error_line(trial)
+        row["error"] = last_error_line(trial)
         self._write(force=True)
 
     def on_experiment_end(self, trials, **info) -> None:
@@ -211,168 +196,6 @@ class TrialsTableRecorder(Callback):
         if force or now - self._last_write >= self.min_interval_s:
             self.table.save(self.path)
             self._last_write = now
-
-
-class RetryPolicy(Callback):
-    """``failure.max_retries`` counts the trial's own faults only; a node that dies under a
-    trial (a lost or pre-empted machine) is retried from the last checkpoint on another
-    node without using up a retry, up to ``NODE_LOSSES_FORGIVEN`` times a trial (a bound,
-    so that a fault taken for a node loss can never retry a trial forever).
-
-    Ray Tune counts every failure against ``FailureConfig.max_failures``, so Tune is given
-    one more than ``max_retries`` and this callback, which runs before the retry starts,
-    (a) takes a node loss back off Tune's count (``Trial.run_metadata.num_failures``, a
-    Ray internal this relies on; tested by the node-loss test), and (b) when the trial's
-    own faults exceed ``max_retries``, or (c) when a retry failed with the same error as
-    the attempt before it without reporting a later epoch, marks its config so the
-    restarted trial ends at once as FAILED with the last error: a retry starts from the
-    same checkpoint and runs the same batches, so a third try would fail the same way
-    (not so a killed process, whose killer may choose otherwise next time). (A bug the
-    trial itself recognises, say a ``TypeError``, is not retried at all: see
-    ``trial._failure_reason``.) The row's ``error`` says what this fault was taken for,
-    which the other callbacks read rather than judge it again.
-    """
-
-    def __init__(self, table: TrialsTable, max_retries: int, exp) -> None:
-        self.table, self.max_retries, self.exp = table, max_retries, exp
-        self._last_fault: dict[int, tuple[str, Any]] = {}  # trial number -> (error line, last epoch reported)
-
-    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        """A retry's report, again, of an epoch its checkpoint holds: the attempt before it
-        had got that far, though its own report of that epoch may never have left it (a
-        crash or kill after the epoch's checkpoint was written and before its report), so
-        that attempt's fault came after that epoch."""
-        number = int(trial.config[TRIAL_NUMBER])
-        if result.get(RESTORED) and number in self._last_fault:
-            error, epoch = self._last_fault[number]
-            if result.get(EPOCH) is not None and (epoch is None or result[EPOCH] > epoch):
-                self._last_fault[number] = (error, result[EPOCH])
-
-    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
-        number = int(trial.config[TRIAL_NUMBER])
-        row = self.table.row(number)
-        # The retry sends again only the epochs its checkpoint holds beyond those the study has.
-        reported = int((trial.last_result or {}).get(EPOCH) or 0)
-        trial.config[KNOWN_EPOCHS] = max(int(trial.config.get(KNOWN_EPOCHS) or 0), reported)
-        node_losses = int(row.get("node_losses") or 0)
-        if node_losses < NODE_LOSSES_FORGIVEN and node_was_lost(trial):
-            trial.run_metadata.num_failures = max(0, trial.run_metadata.num_failures - 1)
-            row["node_losses"], row["error"] = node_losses + 1, NODE_LOST
-            return
-        faults = int(row.get("attempts") or 1)  # attempts so far, each ended by a fault
-        fault = (_last_error_line(trial, self.exp), (trial.last_result or {}).get(EPOCH))
-        row["error"] = fault[0]
-        # A killed process may live on a retry: the out-of-memory killer's choice turns on
-        # what else runs on the node, not only on the trial's own batches.
-        repeated = self._last_fault.get(number) == fault and PROCESS_DIED not in fault[0]
-        self._last_fault[number] = fault
-        if faults > self.max_retries or repeated:
-            how = " the same way, at the same point" if repeated else ""
-            where = _raised_at(trial)
-            trial.config[GIVE_UP] = f"failed {faults} time{'s' if faults != 1 else ''}{how}: {fault[0]}" \
-                                    f"{f' (at {where})' if where else ''}{_traceback_at(trial, self.exp)}"
-        else:
-            row["attempts"] = faults + 1
-
-
-def node_was_lost(trial) -> bool:
-    """True when the trial's worker, or one rank of a distributed trial, died with its
-    node (not of an error of its own): the actor is gone or unreachable and, by Ray's
-    message or by the cluster's view, the node it last ran on is dead; or, for a
-    distributed trial, a rank failed while a node that held one of its ranks is gone."""
-    from ray.exceptions import RayActorError, RayTaskError
-
-    error = _pickled_error(trial)
-    if isinstance(error, RayTaskError):
-        return _a_rank_lost_its_node(error) or _a_rank_failed_beside_a_lost_node(error, trial)
-    return isinstance(error, RayActorError) and _actor_lost_its_node(error, (trial.last_result or {}).get("hps_node_id"))
-
-
-def _a_rank_failed_beside_a_lost_node(error, trial) -> bool:
-    """A distributed trial over several nodes, one of which is lost: the ranks on the
-    others often fail first, on their broken connection to its ranks (gloo's "Connection
-    reset by peer", NCCL's errors), before Ray Train hears of the lost ranks themselves.
-    Whether one of the nodes that held the trial's ranks (rank 0 reports them, see
-    ``trial._ranks_placement``) is gone tells that from a fault of the trial's own, which
-    leaves every node up. A node lost before the trial's first report is not seen so."""
-    from ray.train import WorkerGroupError
-
-    nodes = str((trial.last_result or {}).get(RANK_NODES) or "")
-    return isinstance(getattr(error, "cause", None), WorkerGroupError) and any(
-        _node_is_gone(node) for node in nodes.split(",") if node)
-
-
-def _node_is_gone(node: str) -> bool:
-    """Dead by the cluster's view, or its raylet not answering: the survivors' errors come
-    as soon as the node's processes die, and Ray declares a node dead only after several
-    missed health checks (half a minute by default)."""
-    import socket
-
-    import ray
-
-    known = next((n for n in ray.nodes() if n["NodeID"] == node), None)
-    if known is None or not known.get("Alive"):
-        return True
-    try:
-        socket.create_connection((known["NodeManagerAddress"], known["NodeManagerPort"]), timeout=2).close()
-    except OSError:
-        return True
-    return False
-
-
-def _a_rank_lost_its_node(error) -> bool:
-    """A distributed trial's rank whose node died: the trial's own task fails with Ray
-    Train's ``WorkerGroupError``, which holds, per rank, the failed health check of that
-    rank's actor (the worker's node is named only in its text); or with its
-    ``PreemptionError``, for a node that Ray was told would be reclaimed, when Ray Train's
-    preemption watcher runs (off by default, see ``tuner.RAY_DEFAULTS``)."""
-    from ray.exceptions import RayActorError
-    from ray.train import PreemptionError, WorkerGroupError
-
-    cause = getattr(error, "cause", None)
-    if isinstance(cause, PreemptionError):
-        return True
-    if not isinstance(cause, WorkerGroupError):
-        return False
-    for failure in cause.worker_failures.values():
-        # the failed health check's cause, or the actor's own death as Ray Train may hold it
-        unreachable = failure if isinstance(failure, RayActorError) else getattr(failure, "health_check_failure", None)
-        node = re.search(r"node_id='([0-9a-f]+)'", str(failure))
-        if isinstance(unreachable, RayActorError) and _actor_lost_its_node(unreachable, node and node.group(1)):
-            return True
-    return False
-
-
-def _actor_lost_its_node(error, node: str | None) -> bool:
-    """By Ray's own account of the actor's death (the GCS names a dead node's actors so),
-    a pre-emption, an actor Ray cannot reach, or, failing those, the cluster's view of the
-    node it last ran on. A process that died on a node still up, killed (the system's
-    out-of-memory killer) or crashed (a segfault), is the trial's own fault: Ray's words
-    for it also speak of nodes ("the OOMing node"), and taking it for a node loss retried
-    such a trial forever."""
-    from ray.exceptions import ActorUnavailableError
-
-    if getattr(error, "preempted", False) or isinstance(error, ActorUnavailableError) \
-            or "because its node has died" in str(error):
-        return True
-    return node is not None and node not in _alive_nodes()
-
-
-def _alive_nodes() -> set[str]:
-    import ray
-
-    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-
-
-def _pickled_error(trial):
-    from ray import cloudpickle  # the pickler Tune wrote the error file with (ray/tune/experiment/trial.py)
-
-    path = getattr(trial, "pickled_error_file", None)
-    try:
-        with open(path, "rb") as handle:
-            return cloudpickle.load(handle)
-    except Exception:  # noqa: BLE001 - no error file, or an error that cannot unpickle here
-        return None
 
 
 class TensorBoardSessions(Callback):
@@ -469,271 +292,6 @@ def _short(value: Any) -> str:
         return f"{float(value):.4g}"
     except (TypeError, ValueError):
         return "n/a"
-
-
-def _traceback_at(trial, exp) -> str:
-    """Where the traceback of the trial's last failed try is: its copy beside the trial's
-    checkpoints (``KeepTracebacks``), else Ray's own file."""
-    kept = kept_traceback(exp, trial)
-    path = kept if kept.is_file() else getattr(trial, "error_file", None)
-    return f" (traceback: {path})" if path else ""
-
-
-def kept_traceback(exp, trial) -> Path:
-    from .experiment import TRIAL_TRACEBACK
-
-    return trial_dir_of(trial, exp) / TRIAL_TRACEBACK
-
-
-def trial_dir_of(trial, exp) -> Path:
-    """The study's folder of a Ray Tune trial."""
-    return exp.trial_dir(trial_name(int(trial.config[TRIAL_NUMBER])))
-
-
-class KeepTracebacks(Callback):
-    """Copies the traceback of a trial's failed try from Ray's session directory (under
-    /tmp, gone at the next reboot) to ``error.txt`` beside the trial's checkpoints, where a
-    fault that ends a trial without a retry leaves its own (``trial._save_traceback``).
-    Runs before ``RetryPolicy`` and ``ProgressDisplay``, which name the copy."""
-
-    def __init__(self, exp) -> None:
-        self.exp = exp
-
-    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
-        self._keep(trial)
-
-    def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._keep(trial)
-
-    def _keep(self, trial) -> None:
-        source = getattr(trial, "error_file", None)
-        if not source:
-            return
-        kept = kept_traceback(self.exp, trial)
-        # after what the trial's process wrote of its own death, which Ray's text, guessing
-        # at a kill, cannot say (audit 29: it came after Ray's guess)
-        account = crash_account(kept.parent)
-        own = f"The trial's process's own account (trials/.../crash*.txt):\n{account}\nRay's:\n" if account else ""
-        try:
-            atomic_write_text(kept, own + without_colours(Path(source).read_text(errors="replace")))
-        except (OSError, HpsearchError):  # a full disk too
-            pass  # Ray's own file stays, and is named instead
-
-
-class _TrialTracebacks(logging.Filter):
-    """Drops Ray Tune's log of a failed trial task, a full traceback for every try of every
-    failing trial: ``ProgressDisplay`` says it in one line, and the traceback stays in the
-    trial's error file. Also its log of a full disk met by a callback as a trial ended
-    ("Error stopping trial", 40 lines): the search stops at its next write, saying so."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], DiskFullError):
-            return False
-        return not str(record.msg).startswith("Trial task failed for trial")
-
-
-TRIAL_TRACEBACKS = _TrialTracebacks()
-
-
-def quiet_trial_tracebacks(quiet: bool) -> None:
-    """Whether the driver's console shows Ray Tune's traceback of each failed trial try
-    (it does with ``-v``)."""
-    logger = logging.getLogger("ray.tune.execution.tune_controller")
-    (logger.addFilter if quiet else logger.removeFilter)(TRIAL_TRACEBACKS)
-
-
-def _last_failure(trial) -> str:
-    """The text of a trial's last failure: Tune's error file holds every failure of the
-    trial, each under a "Failure # N" line."""
-    path = getattr(trial, "error_file", None)
-    try:
-        text = Path(path).read_text() if path else ""
-    except OSError:
-        text = ""
-    return without_colours(re.split(r"^Failure # \d+ \(occurred at [^)]*\)\s*$", text, flags=re.MULTILINE)[-1])
-
-
-def without_colours(text: str) -> str:
-    """Ray's error text without the terminal's colour codes it holds (``\\x1b[36m``)."""
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
-def _raised_at(trial) -> str | None:
-    """Where the user's code raised the trial's last failure, as a trial that is not
-    retried says it (``trial._failure_reason``): read from the traceback's text."""
-    from .components import innermost_user_frame
-
-    frames = re.findall(r'^\s*File "(.+)", line (\d+), in (.+)$', _last_failure(trial), flags=re.MULTILINE)
-    return innermost_user_frame((name, int(line), function.strip()) for name, line, function in frames)
-
-
-def _last_error_line(trial, exp=None) -> str:
-    """The exception line of a trial's last failure, e.g. 'ValueError: bad lr'; where Ray
-    wrote no traceback (an actor it lost), Ray's first and last sentences about it, not
-    the indented details (actor id, namespace) under them. For a process that died, with
-    ``exp``: what the process wrote of it itself, a native crash or a hang (trial_watch.py)."""
-    last_failure = _last_failure(trial)
-    # not Ray's header of the task (``ray::ImplicitFunc.train() (pid=..., actor_id=...)``),
-    # which differs at every try: the same error must read the same (RetryPolicy compares)
-    raw = [line.rstrip() for line in last_failure.splitlines() if line.strip() and not line.startswith("ray::")]
-    lines = [line for line in raw if not line[0].isspace()]
-    # 'ValueError: bad lr', 'mod.f.<locals>.DataError: x', or a class alone ('RuntimeError',
-    # raised without a message)
-    exception = [line for line in lines if re.match(r"[\w.<>]+(\([\w.]+\))?: ", line)
-                 or re.fullmatch(r"(?:[\w<>]+\.)*[A-Z]\w*", line)]
-    if exception:
-        line = exception[-1]
-        below = raw[len(raw) - raw[::-1].index(line):]
-        indented = [text.strip() for text in itertools.takewhile(lambda text: text[0].isspace(), below)]
-        if line.endswith(":") and indented:  # its message goes on indented below (a ConfigError's problems)
-            line = f"{line} {' '.join(indented)}"
-        elif line.endswith(":") and line != lines[-1]:  # its message goes on below (Ray Train's worker errors)
-            line = f"{line} ... {lines[-1]}"
-    elif lines:
-        line = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-    else:
-        return "unknown error"
-    line = _PROCESS_DEATH.sub(_process_death_in_short, line)[:300]
-    if exp is not None and (PROCESS_DIED in line or _PEER_LOST.search(line)):
-        line = crash_line(crash_account(trial_dir_of(trial, exp))) or line
-    return line[:300]
-
-
-# What a rank of a distributed trial raises when another rank's process is gone: a crash or
-# a hang that rank's own account names, which is the trial's fault, not this (audit 61:
-# every try of a segfault in one rank said only "Connection closed by peer [127.0.0.1]:41882")
-_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|remote process exited|communicator was aborted")
-
-
-# Ray's account of a trial's (or a rank's) process that died without a Python error
-_PROCESS_DEATH = re.compile(r"(The actor died unexpectedly before finishing this task\. \.\.\. )?"
-                            r"The actor is dead because its worker process has died\..*?"
-                            r"Worker exit detail: (.*?)(?: Some common causes.*|$)")
-
-
-# Ray's detail for a worker that ended itself with a code (``os._exit(4)``), where a kill
-# leaves "a connection error code 2. End of file."
-_EXIT_CODE = re.compile(r"exits with an exit code (\d+)\b")
-
-
-def _process_death_in_short(death: re.Match) -> str:
-    """Ray's account runs to 800 characters, its likely causes in the middle, and was cut at 300."""
-    detail = death.group(2).strip()
-    exited = _EXIT_CODE.search(detail)
-    if "SIGTERM" in detail:  # Ray's handler exits with 1 on it: no code of the trial's own (audit 32)
-        return f"{PROCESS_DIED}: it was sent SIGTERM (by a person, a script or the machine) (Ray: {detail})"
-    if exited and int(exited.group(1)) > 0:
-        return (f"{PROCESS_DIED}: it exited with code {exited.group(1)} (os._exit, or an exit in native code "
-                f"or in a thread of its own) (Ray: {detail})")
-    return (f"{PROCESS_DIED}: killed (by the system's out-of-memory killer, most often) "
-            f"or crashed in native code (Ray: {detail})")
-
-
-class DropResumeCheckpoints(Callback):
-    """A trial that ended (complete, pruned or failed) is never resumed, so the epoch
-    checkpoints it kept for resume are deleted, where it wrote them and in the study's
-    storage; its ``best.ckpt`` stays. With models of gigabytes these were most of a
-    study's disk: two per ended trial.
-
-    Runs before the trials table is written, so a trial is never shown as ended with
-    them still there. A failure costs only the space, with a warning: the search goes on."""
-
-    def __init__(self, exp, mirror=None) -> None:
-        self.exp, self.mirror = exp, mirror
-
-    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        if not paused_by_a_full_disk(trial):  # paused, not ended: a resume continues it
-            self._drop(trial)
-
-    def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._drop(trial)
-
-    def _drop(self, trial) -> None:
-        from .checkpoints import EPOCH_PATTERN, checkpoint_dir, drop_resume_checkpoints
-
-        trial_dir = trial_dir_of(trial, self.exp)
-        try:
-            drop_resume_checkpoints(trial_dir)
-            if self.mirror is not None:
-                self.mirror.delete_matching(checkpoint_dir(trial_dir).relative_to(self.exp.root).as_posix(),
-                                            EPOCH_PATTERN)
-        except Exception as exc:  # noqa: BLE001 - costs disk space, never the search
-            warnings.warn(f"epoch checkpoints of ended trial {trial_dir.name} not deleted: {exc}", stacklevel=2)
-
-
-def _has_epoch_checkpoint(trial, exp) -> bool:
-    from .checkpoints import epoch_checkpoints
-
-    return bool(epoch_checkpoints(trial_dir_of(trial, exp)))
-
-
-class KeepBestCheckpoints(Callback):
-    """``search.keep_checkpoints``: of the ended trials, only the best N by the search
-    metric keep their ``best.ckpt``, and the study's best by its own rule (a complete trial
-    before a pruned one: ``TrialsTable.best_row``), which the test evaluation takes. ASHA
-    prunes most trials, and each kept its best checkpoint: 3,197 files at 3,300 trials in
-    audit 20, some 300 GB for a model of 100 MB.
-
-    Runs after the trials table has the trial's end. At the session's start it applies the
-    setting to the trials already ended (it may have been lowered on resume). A failure
-    costs only the space, with a warning: the search goes on."""
-
-    def __init__(self, keep: int, table: TrialsTable, exp, mirror=None) -> None:
-        self.keep, self.table, self.exp, self.mirror = keep, table, exp, mirror
-        self._held: set[int] | None = None  # ended trials whose best.ckpt may still be there
-        # The best ``keep`` scored ended trials, as (rank, number): ranked over the whole
-        # table once, then kept as trials end (an ended trial's value never changes). A
-        # full ranking at every trial's end took 7 ms at 3,600 trials, between one trial
-        # and the next.
-        self._best: list[tuple[tuple[float, int], int]] | None = None
-
-    def setup(self, **info) -> None:
-        self._drop_all_but_the_best()
-
-    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        self._trial_ended(int(trial.config[TRIAL_NUMBER]))
-
-    def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._trial_ended(int(trial.config[TRIAL_NUMBER]))
-
-    def _trial_ended(self, number: int) -> None:
-        # A trial a full disk paused ends in Tune's eyes, not the study's: a resume continues
-        # it from its checkpoints (audit 58: its best.ckpt went, and the study's best with it).
-        if self.table.row(number).get("state") in FINISHED_STATES:
-            self._drop_all_but_the_best(number)
-
-    def _rank(self, row: dict[str, Any]) -> tuple[tuple[float, int], int] | None:
-        """A scored ended trial's place: better values first, then lower numbers."""
-        if row.get("state") not in (COMPLETE, PRUNED) or not has_value(row):
-            return None
-        return best_first(row, self.table.mode), int(row["trial"])
-
-    def kept(self, ended: int | None = None) -> set[int]:
-        """The ended trials whose checkpoints stay (``ended``: the trial that just ended)."""
-        if self._best is None:
-            self._best = heapq.nsmallest(self.keep, filter(None, map(self._rank, self.table.rows.values())))
-        elif ended is not None and (rank := self._rank(self.table.row(ended))) is not None and rank not in self._best:
-            bisect.insort(self._best, rank)
-            del self._best[self.keep:]
-        best = self.table.best_row()
-        return {number for _, number in self._best} | ({int(best["trial"])} if best else set())
-
-    def _drop_all_but_the_best(self, ended: int | None = None) -> None:
-        from .checkpoints import BEST_CHECKPOINT, checkpoint_dir, remove_checkpoint
-
-        if self._held is None:
-            self._held = {int(row["trial"]) for row in self.table.rows.values() if row.get("state") in FINISHED_STATES}
-        if ended is not None:
-            self._held.add(ended)
-        for number in sorted(self._held - self.kept(ended)):
-            folder = checkpoint_dir(self.exp.trial_dir(trial_name(number)))
-            try:
-                remove_checkpoint(folder / BEST_CHECKPOINT)
-                if self.mirror is not None:
-                    self.mirror.delete_matching(folder.relative_to(self.exp.root).as_posix(), BEST_CHECKPOINT)
-                self._held.discard(number)
-            except Exception as exc:  # noqa: BLE001 - costs disk space, never the search
-                warnings.warn(f"best checkpoint of trial {number} not deleted: {exc}", stacklevel=2)
 
 
 class FreeRankReservations(Callback):
@@ -868,7 +426,7 @@ class ProgressDisplay(Callback):
         self._announce(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._announce(trial, _traceback_at(trial, self.exp))
+        self._announce(trial, traceback_at(trial, self.exp))
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """One line per retry, in place of the traceback Ray Tune would print (see
@@ -879,16 +437,16 @@ class ProgressDisplay(Callback):
         # An epoch's checkpoint is on disk before its report. A trial stopped between the
         # two has the checkpoint and no report: in its folder, which the driver sees unless
         # the trial ran on another machine.
-        checkpointed = (trial.last_result or {}).get(EPOCH) or _has_epoch_checkpoint(trial, self.exp)
+        checkpointed = (trial.last_result or {}).get(EPOCH) or has_epoch_checkpoint(trial, self.exp)
         start = "its last checkpoint" if checkpointed else "the start (no epoch finished)"
         verdict = self.table.row(number).get("error")  # RetryPolicy's, which ran first
         if verdict == NODE_LOST:  # said in words
             self._say(f"trial {number}: its node was lost; retrying from {start} on another node (not counted "
-                      f"in failure.max_retries){_traceback_at(trial, self.exp)}")
+                      f"in failure.max_retries){traceback_at(trial, self.exp)}")
             return
         # the line RetryPolicy read (Ray's error file, and a crashed process's own account) once
-        self._say(f"trial {number}: retrying from {start} after {verdict or _last_error_line(trial, self.exp)}"
-                  f"{_traceback_at(trial, self.exp)}")
+        self._say(f"trial {number}: retrying from {start} after {verdict or last_error_line(trial, self.exp)}"
+                  f"{traceback_at(trial, self.exp)}")
 
     def _announce(self, trial, note: str = "") -> None:
         row = self.table.rows.get(int(trial.config[TRIAL_NUMBER]), {})

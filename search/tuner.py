@@ -530,10 +530,10 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     from .searcher import OptunaSearcher
     from .distributed import driver_resources, train_distributed_trial
     from .trial import train_trial
-    from .tune_callbacks import (DiskFilled, DropResumeCheckpoints, FailuresInARow, FinishedTrials,
-                                 FreeRankReservations, KeepTracebacks, KeepBestCheckpoints, ProgressDisplay,
-                                 PushStudyFiles, RetryPolicy, TensorBoardSessions, TimeBudget, TrialsTableRecorder,
-                                 quiet_trial_tracebacks)
+    from .checkpoint_retention import DropResumeCheckpoints, KeepBestCheckpoints
+    from .trial_faults import KeepTracebacks, RetryPolicy, quiet_trial_tracebacks
+    from .tune_callbacks import (DiskFilled, FailuresInARow, FinishedTrials, FreeRankReservations, ProgressDisplay,
+                                 PushStudyFiles, TensorBoardSessions, TimeBudget, TrialsTableRecorder)
 
     prunes = PruneLog()
     searcher = OptunaSearcher(config, exp.root, prunes)

@@ -166,7 +166,7 @@ def test_an_ended_trials_checkpoints_that_storage_will_not_delete_warn_and_the_s
 
     from hpsearch.search.storage import StorageError
     from hpsearch.search.outcome import TRIAL_NUMBER
-    from hpsearch.search.tune_callbacks import DropResumeCheckpoints
+    from hpsearch.search.checkpoint_retention import DropResumeCheckpoints
 
     class UnwritableStorage:
         def delete_matching(self, folder, pattern):
@@ -313,7 +313,7 @@ def test_keep_checkpoints_leaves_the_best_ended_trials_theirs(tmp_path, mode):
 
     from hpsearch.search.outcome import TRIAL_NUMBER
     from hpsearch.search.trials_table import TrialsTable
-    from hpsearch.search.tune_callbacks import KeepBestCheckpoints
+    from hpsearch.search.checkpoint_retention import KeepBestCheckpoints
 
     class Storage:  # a study's URI storage: its copies go too
         deleted: list[str] = []
@@ -355,7 +355,7 @@ def test_a_best_checkpoint_that_storage_will_not_delete_warns_and_the_search_goe
     from hpsearch.search.outcome import TRIAL_NUMBER
     from hpsearch.search.storage import StorageError
     from hpsearch.search.trials_table import TrialsTable
-    from hpsearch.search.tune_callbacks import KeepBestCheckpoints
+    from hpsearch.search.checkpoint_retention import KeepBestCheckpoints
 
     class UnwritableStorage:
         def delete_matching(self, folder, pattern):

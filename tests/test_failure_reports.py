@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpsearch.search.tune_callbacks import _last_error_line, node_was_lost
+from hpsearch.search.trial_faults import last_error_line, node_was_lost
 
 TRACEBACK_THEN_LOST_ACTOR = """\
 Failure # 1 (occurred at 2026-12-05_03-11-05)
@@ -50,12 +50,12 @@ def error_file(tmp_path, text: str) -> SimpleNamespace:
 def test_the_last_failure_is_named_by_its_exception_or_by_rays_own_sentences(tmp_path):
     """An actor Ray lost has no exception line: the last line with a colon used to be
     its indented namespace id, shown as the reason ('retrying ... after namespace: ce1d...')."""
-    assert _last_error_line(error_file(tmp_path, TRACEBACK_THEN_LOST_ACTOR)) == (
+    assert last_error_line(error_file(tmp_path, TRACEBACK_THEN_LOST_ACTOR)) == (
         "The actor died unexpectedly before finishing this task. ... "
         "The actor never ran - it was cancelled before it started running.")
     first_only = TRACEBACK_THEN_LOST_ACTOR.split("Failure # 2")[0]
-    assert _last_error_line(error_file(tmp_path, first_only)) == "RuntimeError: injected failure (once)"
-    assert _last_error_line(error_file(tmp_path, RANK_UNREACHABLE)) == (
+    assert last_error_line(error_file(tmp_path, first_only)) == "RuntimeError: injected failure (once)"
+    assert last_error_line(error_file(tmp_path, RANK_UNREACHABLE)) == (
         "ray.train.WorkerGroupError: Training failed due to worker errors: ... The actor 2343 is unavailable: "
         "The actor is temporarily unavailable: RpcError: Socket closed rpc_code: 14.")
 
@@ -189,12 +189,12 @@ def test_a_trial_process_killed_on_a_live_node_is_the_trials_own_fault_and_said_
     in_short = ("its process died without a Python error: killed (by the system's out-of-memory killer, most "
                 "often) or crashed in native code (Ray: Worker unexpectedly exits with a connection error code 2. "
                 "End of file.)")
-    assert _last_error_line(written) == in_short
+    assert last_error_line(written) == in_short
     # a distributed trial's rank killed so: Ray Train's error holds the same account, after the rank's details
     rank_killed = error_file(tmp_path, RANK_UNREACHABLE.replace(
         "The actor 2343 is unavailable: The actor is temporarily unavailable: RpcError: Socket closed rpc_code: 14.\n",
         f"{dead_actor(PROCESS_DIED)}\n"))
-    assert _last_error_line(rank_killed) == f"ray.train.WorkerGroupError: Training failed due to worker errors: ... " \
+    assert last_error_line(rank_killed) == f"ray.train.WorkerGroupError: Training failed due to worker errors: ... " \
                                             f"{in_short}"
 
 
@@ -211,7 +211,7 @@ def test_a_trial_process_that_ended_itself_or_was_sent_sigterm_is_not_said_to_be
     native code."""
     ended = PROCESS_DIED.replace("Worker unexpectedly exits with a connection error code 2. End of file.", detail)
     written = error_file(tmp_path, f"Failure # 1 (occurred at 2026-12-06_05-50-00)\n{dead_actor(ended)}\n")
-    assert _last_error_line(written) == f"its process died without a Python error: {named} (Ray: {detail})"
+    assert last_error_line(written) == f"its process died without a Python error: {named} (Ray: {detail})"
     assert not node_was_lost(pickled(tmp_path, dead_actor(ended)))
 
 
@@ -220,7 +220,7 @@ def test_node_losses_are_forgiven_a_bounded_number_of_times(tmp_path):
     from hpsearch.search.experiment import ExperimentDir
     from hpsearch.search.outcome import EPOCH, GIVE_UP, KNOWN_EPOCHS, TRIAL_NUMBER
     from hpsearch.search.trials_table import TrialsTable
-    from hpsearch.search.tune_callbacks import NODE_LOSSES_FORGIVEN, NODE_LOST, RetryPolicy
+    from hpsearch.search.trial_faults import NODE_LOSSES_FORGIVEN, NODE_LOST, RetryPolicy
 
     table = TrialsTable("val_acc", "max", [])
     policy = RetryPolicy(table, max_retries=2, exp=ExperimentDir(tmp_path))
@@ -250,7 +250,7 @@ def test_a_process_killed_twice_at_one_point_is_tried_again(tmp_path):
     from hpsearch.search.experiment import ExperimentDir
     from hpsearch.search.outcome import EPOCH, GIVE_UP, TRIAL_NUMBER
     from hpsearch.search.trials_table import TrialsTable
-    from hpsearch.search.tune_callbacks import RetryPolicy
+    from hpsearch.search.trial_faults import RetryPolicy
 
     table = TrialsTable("val_acc", "max", [])
     policy = RetryPolicy(table, max_retries=2, exp=ExperimentDir(tmp_path))
@@ -271,7 +271,7 @@ def test_a_fault_repeated_after_the_epoch_a_retry_restored_is_at_the_same_point(
     from hpsearch.search.experiment import ExperimentDir
     from hpsearch.search.outcome import EPOCH, GIVE_UP, RESTORED, TRIAL_NUMBER
     from hpsearch.search.trials_table import TrialsTable
-    from hpsearch.search.tune_callbacks import RetryPolicy
+    from hpsearch.search.trial_faults import RetryPolicy
 
     table = TrialsTable("val_acc", "max", [])
     policy = RetryPolicy(table, max_retries=2, exp=ExperimentDir(tmp_path))
@@ -302,7 +302,7 @@ def test_a_config_error_raised_in_a_trial_reaches_the_driver_whole_and_its_probl
 
     written = error_file(tmp_path, "Failure # 1 (occurred at 2026-12-05_11-25-15)\n"
                                    + "".join(traceback.format_exception(arrived)))
-    assert _last_error_line(written) == (
+    assert last_error_line(written) == (
         "hpsearch.search.errors.ConfigError: invalid experiment config, 1 problem: "
         "- data.class_path: cannot import module 'apkg.data': No module named 'yaml'")
 
@@ -318,8 +318,8 @@ def test_an_exception_without_a_message_or_of_a_local_class_is_named_the_same_at
                 f'  File "/work/faulty.py", line 12, in training_step\n    raise error\n{exception}\n')
 
     for exception in ("RuntimeError", "faulty.make.<locals>.DataError: broken batch", "mymod.DataError"):
-        first = _last_error_line(error_file(tmp_path, failure(18164, exception)))
-        again = _last_error_line(error_file(tmp_path, failure(18355, exception)))
+        first = last_error_line(error_file(tmp_path, failure(18164, exception)))
+        again = last_error_line(error_file(tmp_path, failure(18355, exception)))
         assert first == again == exception, (first, again)
 
 
@@ -404,17 +404,17 @@ def test_a_rank_that_crashed_is_the_fault_of_its_distributed_trial_not_its_peers
     from hpsearch.search.experiment import ExperimentDir
     from hpsearch.search.outcome import EPOCH, GIVE_UP, TRIAL_NUMBER
     from hpsearch.search.trials_table import TrialsTable
-    from hpsearch.search.tune_callbacks import RetryPolicy
+    from hpsearch.search.trial_faults import RetryPolicy
 
     exp = ExperimentDir(tmp_path)
     trial = error_file(tmp_path, PEER_CRASHED.format(port=41882))
     trial.config, trial.run_metadata, trial.last_result = {TRIAL_NUMBER: 0}, SimpleNamespace(num_failures=1), {EPOCH: 1}
-    assert "Connection closed by peer" in _last_error_line(trial, exp)  # no rank left an account
+    assert "Connection closed by peer" in last_error_line(trial, exp)  # no rank left an account
     exp.trial_dir("trial_0000").mkdir(parents=True)
     (exp.trial_dir("trial_0000") / "crash-rank1.txt").write_text(RANK_SEGFAULT)
     (exp.trial_dir("trial_0000") / "crash.txt").write_text("")  # rank 0's, ended with its worker group
     crashed = "its process crashed: Segmentation fault (at /home/me/userpkg/model.py:42 in training_step)"
-    assert _last_error_line(trial, exp) == crashed
+    assert last_error_line(trial, exp) == crashed
     policy = RetryPolicy(TrialsTable("val_acc", "max", []), max_retries=2, exp=exp)
     policy.on_trial_recover(0, [], trial)
     trial.error_file = error_file(tmp_path, PEER_CRASHED.format(port=9615)).error_file

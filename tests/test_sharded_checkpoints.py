@@ -56,7 +56,7 @@ def test_an_ended_trials_sharded_checkpoints_are_removed(tmp_path):
     from hpsearch.search.experiment import ExperimentDir
     from hpsearch.search.outcome import TRIAL_NUMBER
     from hpsearch.search.trials_table import TrialsTable
-    from hpsearch.search.tune_callbacks import KeepBestCheckpoints
+    from hpsearch.search.checkpoint_retention import KeepBestCheckpoints
 
     exp = ExperimentDir(tmp_path)
     table = TrialsTable("val_acc", "max", [])

@@ -1276,7 +1276,7 @@ def test_an_exception_ray_cannot_copy_reaches_it_as_a_runtime_error_naming_it_wi
     from ray.air._internal.util import skip_exceptions
 
     from hpsearch.search.trial import _stand_in_ray_can_copy
-    from hpsearch.search.tune_callbacks import _last_error_line
+    from hpsearch.search.trial_faults import last_error_line
 
     with pytest.raises(TwoArgumentError) as caught:
         _raise(TwoArgumentError(42, "the batch is broken"))
@@ -1288,7 +1288,7 @@ def test_an_exception_ray_cannot_copy_reaches_it_as_a_runtime_error_naming_it_wi
     # The trial's error line and file:line, as the driver reads them from Ray's text of it
     (tmp_path / "error.txt").write_text(f"Failure # 1 (occurred at 2026-12-06_10-30-00)\nRuntimeError: {stand_in}")
     trial = types.SimpleNamespace(error_file=str(tmp_path / "error.txt"))
-    assert _last_error_line(trial) == f"{__name__}.TwoArgumentError: 42: the batch is broken"
+    assert last_error_line(trial) == f"{__name__}.TwoArgumentError: 42: the batch is broken"
     assert f"line {_raise.__code__.co_firstlineno + 1}, in _raise" in str(stand_in)  # the traceback, whole
     try:
         _raise(ValueError("plain"))
@@ -1860,7 +1860,7 @@ def test_tunes_log_of_a_full_disk_met_as_a_trial_ended_stays_off_the_console():
     import sys
 
     from hpsearch.search.errors import DiskFullError
-    from hpsearch.search.tune_callbacks import TRIAL_TRACEBACKS
+    from hpsearch.search.trial_faults import TRIAL_TRACEBACKS
 
     def record(error: Exception) -> logging.LogRecord:
         try:
