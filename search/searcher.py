@@ -233,8 +233,12 @@ class OptunaSearcher(Searcher):
             offset = sum(trial.state != TrialState.WAITING for trial in existing.get_trials(deepcopy=False))
             if self.config.search.sampler == "grid" and GRID_SEED not in existing.user_attrs:
                 existing.set_user_attr(GRID_SEED, self.config.search.seed)
+            # Optuna shuffles a grid given no seed as by seed 0: a grid begun with search.seed
+            # null and resumed with a seed took the new one, and ran some points twice and
+            # others never (audit 66)
+            grid_seed = (existing.user_attrs[GRID_SEED] or 0) if GRID_SEED in existing.user_attrs else None
             self._study = open_study(self.experiment_dir, self.config.name, self.config.mode,
-                                     make_sampler(self.config, offset, existing.user_attrs.get(GRID_SEED)))
+                                     make_sampler(self.config, offset, grid_seed))
             self._runs_again = runs_again(self._study)
             for trial in self._study.get_trials(deepcopy=False):
                 if RAY_TRIAL_ID in trial.user_attrs:

@@ -253,11 +253,15 @@ def run_trials(searcher, ids) -> None:
         searcher.on_trial_complete(trial_id, result(1, 0.5, finished=True, reason="max_epochs"))
 
 
-def test_a_resumed_grid_search_visits_every_point_once(tmp_path, example_config):
+@pytest.mark.parametrize("first_seed", [0, None])
+def test_a_resumed_grid_search_visits_every_point_once(tmp_path, example_config, first_seed):
     """Each session seeded the grid's shuffle anew (the seed plus the trials so far), and
     the study names its trials' points by their place in that shuffle: the resumed
-    session repeated points and never ran others."""
-    run_trials(OptunaSearcher(grid_config(example_config, 4), tmp_path, PruneLog()), "abcd")
+    session repeated points and never ran others. A grid begun with no seed (which Optuna
+    shuffles as by seed 0) took the resume's (audit 66)."""
+    first_config = grid_config(example_config, 4)
+    first_config.search.seed = first_seed
+    run_trials(OptunaSearcher(first_config, tmp_path, PruneLog()), "abcd")
     resumed_config = grid_config(example_config, 6)
     resumed_config.search.seed = 5  # a resume may change the seed: the grid keeps the one it began with
     resumed = OptunaSearcher(resumed_config, tmp_path, PruneLog())
