@@ -316,6 +316,14 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
                                              f"({json.dumps(recorded[k])[:200]}): was {exp.config_file} edited? "
                                              f"{k} cannot change on resume; put it back, or start a new experiment")
                            for k in edited])
+    if config.search.sampler == "grid" and stored.search.sampler != "grid" and study is not None \
+            and study.get_trials(deepcopy=False):
+        # Optuna's grid gives the study's trial n its point n, taken or not by a trial sampled
+        # before: points 0-5 of a study that ran 6 random trials never ran (audit 66)
+        raise ConfigError([config.problem(
+            "search.sampler", f"a study sampled by {stored.search.sampler!r} cannot go on as a grid: its trials "
+                              f"hold no place in the grid, which would run some of their points again and never "
+                              f"run others; start a new experiment for the grid")])
     # trials.csv lags the study: a trial gets its row only once it starts. Failed trials'
     # configurations run again are beyond num_trials.
     again = runs_again(study)
@@ -512,7 +520,12 @@ def say_what_resume_changes(stored: ExperimentConfig, config: ExperimentConfig, 
         warn_user(f"resume changes {listed(['search.keep_checkpoints'])}: as the session starts, the trials already "
                   f"ended keep their best.ckpt only if among the best {after['search.keep_checkpoints']} (or the "
                   f"study's best); the others' are removed")
-    if sampling:
+    if sampling == ["search.seed"] and after.get("search.sampler") == "grid":
+        # a grid keeps the order of the seed it began with (searcher.make_sampler; audit 66)
+        warn_user(f"resume changes {listed(sampling)}: only the seeds trials started from now on train with (each "
+                  f"started trial keeps its own: trials.csv's seed column); the grid keeps the order of the seed "
+                  f"it began with")
+    elif sampling:
         seeded = ("; trials started from now on also train with seeds drawn from the new seed (each started "
                   "trial keeps its own: trials.csv's seed column)") if "search.seed" in sampling else ""
         warn_user(f"resume changes {listed(sampling)}: the trials sampled from now on are sampled so "

@@ -173,6 +173,25 @@ def test_resume_refuses_a_changed_search_space(tmp_path, capsys):
     assert main(["resume", str(exp.root), "--set", "metric=val_loss"]) == EXIT_CONFIG_ERROR
 
 
+def test_resume_refuses_to_turn_a_sampled_study_into_a_grid(tmp_path, capsys, example_config):
+    """Optuna's grid gives the study's trial n its point n: a study of 6 random trials
+    resumed as a grid never ran points 0-5, ran others twice, and then said every point of
+    its grid had run (audit 66)."""
+    from hpsearch.search.config_loading import load_config
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.searcher import OptunaSearcher
+    from hpsearch.search.outcome import PruneLog
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+    example_config["search"]["sampler"] = "random"
+    example_config["space"] = {"model.lr": {"type": "categorical", "choices": [0.001, 0.01, 0.1]}}
+    config = load_config(example_config)
+    write_config(exp, config.model_dump(mode="json"))
+    OptunaSearcher(config, exp.root, PruneLog()).suggest("a")
+    assert main(["resume", str(exp.root), "--set", "search.sampler=grid"]) == EXIT_CONFIG_ERROR
+    assert "search.sampler (--set): a study sampled by 'random' cannot go on as a grid" in capsys.readouterr().err
+
+
 def test_resume_refuses_a_new_name_or_fewer_trials_than_the_study_has(tmp_path, capsys):
     from hpsearch.search.experiment import ExperimentDir, write_config
     from hpsearch.search.config_loading import load_config

@@ -692,6 +692,9 @@ def test_resume_says_which_settings_it_changes(example_config, tmp_path):
         say_what_resume_changes(stored, load_config(example_config, ["search.num_trials=40"]), tmp_path / "study")
         say_what_resume_changes(stored, load_config(example_config, ["search.seed=5"]), tmp_path / "study")
         say_what_resume_changes(stored, load_config(example_config, ["search.keep_checkpoints=5"]), tmp_path / "s")
+        on_a_grid = ["search.sampler=grid", "space={model.lr: {type: categorical, choices: [0.001, 0.01]}}"]
+        grid = load_config(example_config, on_a_grid)
+        say_what_resume_changes(grid, load_config(example_config, [*on_a_grid, "search.seed=5"]), tmp_path)
     messages = [str(w.message) for w in caught]
     # a paused trial trains on with a changed trainer setting, but keeps its sampled values (audit 24)
     assert messages == [
@@ -705,7 +708,10 @@ def test_resume_says_which_settings_it_changes(example_config, tmp_path):
         "trial keeps its own: trials.csv's seed column)",  # it said nothing of training (audit 28)
         # it said "trials from now on use it", and removed the checkpoints of those already ended (audit 40)
         "resume changes search.keep_checkpoints (None -> 5): as the session starts, the trials already ended keep "
-        "their best.ckpt only if among the best 5 (or the study's best); the others' are removed"], messages
+        "their best.ckpt only if among the best 5 (or the study's best); the others' are removed",
+        # a grid's order is not sampled anew (audit 66: it said "the trials sampled from now on are sampled so")
+        "resume changes search.seed (0 -> 5): only the seeds trials started from now on train with (each started "
+        "trial keeps its own: trials.csv's seed column); the grid keeps the order of the seed it began with"], messages
 
 
 def test_a_name_yaml_reads_as_a_number_is_told_to_be_quoted(example_config):
