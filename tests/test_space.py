@@ -126,3 +126,18 @@ def test_a_range_that_stops_short_of_its_high_is_said(example_config):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_steps(load_config(example_config))
+
+
+@pytest.mark.parametrize("sampler, said", [("cmaes", True), ("tpe", False), ("gp", False), ("random", False)])
+def test_cmaes_says_it_samples_categorical_parameters_at_random(example_config, sampler, said, recwarn, monkeypatch):
+    """Optuna's CMA-ES has no categories: it leaves them to its independent sampler, at
+    random, whose warning hpsearch turns off; the example's channels were sampled so with
+    no word (audit 66)."""
+    import importlib.util
+
+    from hpsearch.search.space import check_sampler
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # gp's SciPy, as if installed
+    example_config["search"]["sampler"] = sampler
+    check_sampler(load_config(example_config))
+    assert any("model.channels (categorical) will be sampled at random" in str(w.message) for w in recwarn) == said
