@@ -35,6 +35,13 @@ def _set(path: str, value):
     return change
 
 
+def _all(*changes):
+    def change(config):
+        for each in changes:
+            each(config)
+    return change
+
+
 def _delete(path: str):
     def change(config):
         node = config
@@ -147,6 +154,13 @@ BAD_SCHEMA = [
     ("space entry without a type", _set("space/model.dropout", {"low": 0.1, "high": 0.5}), "space.model.dropout",
      "needs a 'type'"),
     ("grid float without step", _set("search/sampler", "grid"), "space.model.lr", "grid' needs a 'step' on this float"),
+    # its points, rounded to 12 decimals, were five of 0.0, below low (audit 66)
+    ("grid step lost to its rounding", _all(_set("search/sampler", "grid"), _set("space", {
+        "model.lr": {"type": "float", "low": 1e-13, "high": 5e-13, "step": 1e-13}})), "space.model.lr.step",
+     "a grid's points are rounded to 12 decimals"),
+    ("grid low lost to its rounding", _all(_set("search/sampler", "grid"), _set("space", {
+        "model.lr": {"type": "float", "low": 1e-13, "high": 5e-12, "step": 1e-12}})), "space.model.lr.low",
+     "which a low of more decimals does not survive"),
     ("bad class path", _set("model/class_path", "my.module:"), "model.class_path", "package.module:ClassName"),
     ("bad name", _set("name", "my experiment/1"), "name", "study's folder"),
     ("unknown loader hand-over", _set("loader", {"sharing_strategy": "pipes"}), "loader.sharing_strategy",
