@@ -418,7 +418,10 @@ class TrainerConfig(StrictModel):
     @field_validator("limit_train_batches", "limit_val_batches", mode="before")
     @classmethod
     def _fraction_or_count(cls, value: Any) -> Any:
-        """Lightning's rule: a float is a fraction of the batches, an int a number of them."""
+        """Lightning's rule: a float is a fraction of the batches, an int a number of them; None,
+        Lightning's default, is all of them (it was refused as "not a valid number"; audit 66)."""
+        if value is None:
+            return 1.0
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             # said once here: each member of the union said "greater than 0", joined by "or"
             raise ValueError("must be above 0: a fraction of the batches (a float, at most 1.0) or a number of "

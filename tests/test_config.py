@@ -626,11 +626,13 @@ def test_a_searched_trainer_setting_is_checked_at_every_value_it_can_take(exampl
 
 
 def test_limit_batches_take_a_fraction_up_to_one_or_a_whole_count(example_config):
-    """Lightning refuses a float above 1.0 in every trial; an int counts batches."""
+    """Lightning refuses a float above 1.0 in every trial; an int counts batches; None,
+    Lightning's default, is all of them (it was refused as "not a valid number": audit 66)."""
     for value in (0.25, 1.0, 3):
         example_config["trainer"]["limit_train_batches"] = value
         limit = load_config(example_config).trainer.limit_train_batches
         assert limit == value and type(limit) is type(value)
+    assert load_config(example_config, ["trainer.limit_train_batches=null"]).trainer.limit_train_batches == 1.0
     example_config["trainer"]["limit_train_batches"] = 1.5
     with pytest.raises(ConfigError, match="must be at most 1.0") as caught:
         load_config(example_config)
