@@ -19,7 +19,7 @@ the others wait in their next collective for it, so the trial hung (audit 61). I
 ends the worker group, and the Tune trial reports the ending as a one-process trial does.
 Ray Train passes an epoch on to Tune only once it has every rank's report: a rank that
 crashed outright (a segfault) just after its report took that report with it, so rank 0
-also keeps its last report where the Tune trial reads it (``RankZeroLastReport``).
+also keeps its last report where the Tune trial reads it (``RankZeroLastReports``).
 
 The Lightning glue (cluster environment, strategies) is written against
 ``pytorch_lightning`` here, because Ray's own helpers import the ``lightning`` package
@@ -64,31 +64,44 @@ class RankEndedTrial(HpsearchError):
 
 
 @dataclass(frozen=True)
-class RankZeroLastReport:
-    """Rank 0's last report in one Train run, kept in Ray's key-value store (kept by the
-    cluster's head, which every node reaches), for the Tune trial to send on when the run
-    fails before Ray Train passed it on: Train forwards an epoch only once it has polled
-    every rank's report, and a rank that crashed outright just after its own took it with
-    it. The trial then failed with no value, its retries crashing the same way (audit 62)."""
+class RankZeroLastReports:
+    """Rank 0's last report of each distributed trial of one search session, kept in Ray's
+    key-value store (kept by the cluster's head, which every node reaches), for the Tune
+    trial to send on when its run fails before Ray Train passed it on: Train forwards an
+    epoch only once it has polled every rank's report, and a rank that crashed outright
+    just after its own took it with it. The trial then failed with no value, its retries
+    crashing the same way (audit 62). The driver removes a trial's once it ends (Tune may
+    end the Tune trial's process before its own clean-up: audit 65 found every trial's
+    left), and the session's at its end: a cluster outlives its searches."""
 
-    key: bytes = field(default_factory=lambda: uuid.uuid4().hex.encode())
+    session: str = field(default_factory=lambda: uuid.uuid4().hex)
     namespace: str = "hpsearch-last-report"
 
-    def keep(self, report: dict[str, Any]) -> None:
+    def keep(self, trial_number: int, report: dict[str, Any]) -> None:
         """Rank 0's side, before it reports."""
         from ray.experimental.internal_kv import _internal_kv_put
 
-        _internal_kv_put(self.key, pickle.dumps(report), namespace=self.namespace)
+        _internal_kv_put(self._key(trial_number), pickle.dumps(report), namespace=self.namespace)
 
-    def take(self) -> dict[str, Any] | None:
-        """The Tune trial's side: the last report rank 0 kept (None if none), removed."""
+    def take(self, trial_number: int) -> dict[str, Any] | None:
+        """The last report rank 0 kept (None if none), removed."""
         from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get, _internal_kv_initialized
 
         if not _internal_kv_initialized():
             return None
-        kept = _internal_kv_get(self.key, namespace=self.namespace)
-        _internal_kv_del(self.key, namespace=self.namespace)
+        kept = _internal_kv_get(self._key(trial_number), namespace=self.namespace)
+        _internal_kv_del(self._key(trial_number), namespace=self.namespace)
         return None if kept is None else pickle.loads(kept)
+
+    def clear(self) -> None:
+        """Drop this session's reports."""
+        from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_initialized
+
+        if _internal_kv_initialized():
+            _internal_kv_del(f"{self.session}/".encode(), del_by_prefix=True, namespace=self.namespace)
+
+    def _key(self, trial_number: int) -> bytes:
+        return f"{self.session}/{trial_number}".encode()
 
 
 def driver_resources() -> dict[str, float]:
@@ -109,9 +122,11 @@ def strategy_name(config: ExperimentConfig) -> str:
 
 
 def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[str, Any], experiment_dir: str,
-                            decisions: RungDecisions | None = None) -> None:
+                            decisions: RungDecisions | None = None,
+                            last_reports: RankZeroLastReports | None = None) -> None:
     """Ray Tune function trainable for trials of ``workers_per_trial`` > 1 processes.
-    ``decisions``: where the scheduler publishes its decisions at rungs (None: it stops no trial)."""
+    ``decisions``: where the scheduler publishes its decisions at rungs (None: it stops no trial).
+    ``last_reports``: where rank 0 keeps its last report (the search session's)."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -121,17 +136,18 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
     resources = config.resources
     use_gpu = resources.worker_gpus > 0
     per_worker = {"CPU": resources.worker_cpus, **({"GPU": resources.worker_gpus} if use_gpu else {})}
-    last_report = RankZeroLastReport()
+    last_reports = last_reports or RankZeroLastReports()
+    number = int(trial_config[TRIAL_NUMBER])
     trainer = lean_torch_trainer()(
         _train_rank,
         train_loop_config={"trial_config": trial_config, "experiment": experiment, "experiment_dir": experiment_dir,
                            "trial_started_at": trial_started_at, "decisions": decisions,
-                           "last_report": last_report},
+                           "last_reports": last_reports},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=resources.workers_per_trial, use_gpu=use_gpu,
                                      resources_per_worker=per_worker, placement_strategy="PACK"),
         run_config=RunConfig(
-            name=trial_name(int(trial_config[TRIAL_NUMBER])),
+            name=trial_name(number),
             storage_path=str(study_root(experiment_dir) / "tune" / "train"),
             callbacks=[TuneReportCallback()],
             # Retries belong to Tune's FailureConfig (failure.max_retries), once, not twice;
@@ -147,7 +163,7 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
 
         ended = rank_ended_trial(error)
         if ended is None:
-            kept = last_report.take()
+            kept = last_reports.take(number)
             if kept is not None:
                 # Sent again: the study keeps its record of it if it had one (trials_table).
                 forwarded_reports_taken()
@@ -158,8 +174,8 @@ def train_distributed_trial(trial_config: dict[str, Any], *, experiment: dict[st
         forwarded_reports_taken()
         tune.report(ended.final_report)
     finally:
-        last_report.take()  # (a cluster outlives its searches)
-        trial_dir = ExperimentDir(study_root(experiment_dir)).trial_dir(trial_name(int(trial_config[TRIAL_NUMBER])))
+        last_reports.take(number)
+        trial_dir = ExperimentDir(study_root(experiment_dir)).trial_dir(trial_name(number))
         drop_empty_accounts(trial_dir)
 
 
@@ -254,7 +270,8 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
     reservation = ray.util.get_current_placement_group()
     named = {PLACEMENT_GROUP: reservation.id.hex()} if reservation is not None else {}
     decisions = loop_config["decisions"]
-    kept_by_rank_zero = loop_config["last_report"] if parallel.rank == 0 else None
+    kept_by_rank_zero = loop_config["last_reports"] if parallel.rank == 0 else None
+    number = int(loop_config["trial_config"][TRIAL_NUMBER])
     _quiet_report_log()
 
     last_epoch: dict[str, Any] = {}
@@ -266,7 +283,7 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
             # lost in 9 of 23 trials ended so). Tune's record of it, if it had one, stands.
             raise RankEndedTrial({**last_epoch, **({RESTORED: True} if last_epoch else {}), **metrics, **named})
         if kept_by_rank_zero is not None:
-            kept_by_rank_zero.keep({**metrics, **named})
+            kept_by_rank_zero.keep(number, {**metrics, **named})
         ray.train.report({**metrics, **named})
         if not metrics.get(FINISHED):
             last_epoch.clear()
@@ -276,7 +293,7 @@ def _train_rank(loop_config: dict[str, Any]) -> None:
               report=report, parallel=parallel,
               workers_start_s=workers_start_s, started_at=started_at,
               stopped_by_scheduler=None if decisions is None else partial(
-                  stopped_at_rung, decisions, int(loop_config["trial_config"][TRIAL_NUMBER])))
+                  stopped_at_rung, decisions, number))
 
 
 def _quiet_report_log() -> None:

@@ -295,7 +295,9 @@ def _short(value: Any) -> str:
 
 
 class FreeRankReservations(Callback):
-    """Frees the CPUs and GPUs of a distributed trial's ranks as soon as the trial ends.
+    """Frees the CPUs and GPUs of a distributed trial's ranks as soon as the trial ends, and
+    the last report its rank 0 kept (``last_reports``; Tune may have ended the trial's
+    process before it removed it).
 
     Ray Train reserves them in a placement group, which its controller removes when the
     training ends by itself. A trial that Tune stops (ASHA pruning it, say) ends its
@@ -307,8 +309,9 @@ class FreeRankReservations(Callback):
     (``PLACEMENT_GROUP``); here it is removed when the trial completes, fails or is
     retried. One that Ray Train already removed is left alone."""
 
-    def __init__(self) -> None:
+    def __init__(self, last_reports=None) -> None:
         self.groups: dict[str, str] = {}  # trial id -> placement group id (hex)
+        self.last_reports = last_reports  # distributed.RankZeroLastReports
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         if result.get(PLACEMENT_GROUP):
@@ -316,9 +319,19 @@ class FreeRankReservations(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self.free(trial.trial_id)
+        self._drop_kept_report(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self.free(trial.trial_id)
+        self._drop_kept_report(trial)
+
+    def _drop_kept_report(self, trial) -> None:
+        if self.last_reports is None:
+            return
+        try:
+            self.last_reports.take(int(trial.config[TRIAL_NUMBER]))
+        except Exception as exc:  # the session's end drops it at the latest
+            warnings.warn(f"could not drop trial {trial.config[TRIAL_NUMBER]}'s kept report: {exc}", stacklevel=2)
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         self.free(trial.trial_id)

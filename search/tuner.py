@@ -528,7 +528,7 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
 
     from .scheduler import StudyASHA, make_scheduler
     from .searcher import OptunaSearcher
-    from .distributed import driver_resources, train_distributed_trial
+    from .distributed import RankZeroLastReports, driver_resources, train_distributed_trial
     from .trial import train_trial
     from .checkpoint_retention import DropResumeCheckpoints, KeepBestCheckpoints
     from .trial_faults import KeepTracebacks, RetryPolicy, quiet_trial_tracebacks
@@ -553,7 +553,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
     failing = FailuresInARow(table, limit) if limit else None
     disk_filled = DiskFilled()
     # A distributed trial's ranks go first, before its files are touched.
-    ranks = [FreeRankReservations()] if config.resources.distributed else []
+    last_reports = RankZeroLastReports() if config.resources.distributed else None
+    ranks = [FreeRankReservations(last_reports)] if last_reports is not None else []
     # DiskFilled before the trials table: that write may meet the full disk too.
     callbacks = [*ranks, disk_filled, DropResumeCheckpoints(exp, mirror), KeepTracebacks(exp),
                  RetryPolicy(table, config.failure.max_retries, exp),
@@ -567,7 +568,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
                  *(extra_callbacks or [])]
     decisions = getattr(scheduler, "decisions", None)  # ASHA's, for distributed trials' ranks
     if config.resources.distributed:
-        function, resources = partial(train_distributed_trial, decisions=decisions), driver_resources()
+        function = partial(train_distributed_trial, decisions=decisions, last_reports=last_reports)
+        resources = driver_resources()
     else:
         function = train_trial
         resources = {"cpu": config.resources.cpus_per_trial, "gpu": config.resources.gpus_per_trial}
@@ -616,6 +618,8 @@ def run_session(config: ExperimentConfig, exp: ExperimentDir, verbose: bool, con
         quiet_trial_tracebacks(False)
         if decisions is not None:
             decisions.clear()
+        if last_reports is not None:
+            last_reports.clear()
         if pause_the_unfinished(table, searcher, PAUSE_REASONS[outcome]):
             table.save(exp.trials_csv)
     return outcome

@@ -355,3 +355,40 @@ def test_the_ending_waits_until_the_tune_session_has_taken_the_reports_forwarded
     left_report = scope["report"](0.6)
     thread.join()
     assert waited["until"] >= left_report
+
+
+def test_rank_zeros_kept_reports_are_dropped_when_their_trial_ends_and_with_the_session(monkeypatch):
+    """Tune ends a trial at its last report, or ASHA's stop, by ending the Tune trial's
+    process, whose own clean-up then never ran: every distributed trial's kept report stayed
+    in the cluster's key-value store (audit 65), which outlives the search."""
+    from types import SimpleNamespace
+
+    from ray.experimental import internal_kv
+
+    from hpsearch.search.distributed import RankZeroLastReports
+    from hpsearch.search.tune_callbacks import FreeRankReservations
+
+    store: dict[tuple[str, bytes], bytes] = {}
+
+    def delete(key, del_by_prefix=False, namespace=None):
+        for name, stored in list(store):
+            if name == namespace and (stored.startswith(key) if del_by_prefix else stored == key):
+                del store[(name, stored)]
+
+    monkeypatch.setattr(internal_kv, "_internal_kv_initialized", lambda: True)
+    monkeypatch.setattr(internal_kv, "_internal_kv_put", lambda key, value, namespace=None: store.__setitem__(
+        (namespace, key), value))
+    monkeypatch.setattr(internal_kv, "_internal_kv_get", lambda key, namespace=None: store.get((namespace, key)))
+    monkeypatch.setattr(internal_kv, "_internal_kv_del", delete)
+
+    session, other_session = RankZeroLastReports(), RankZeroLastReports()
+    for number in (0, 1, 2):
+        session.keep(number, {"epoch": 1, "trial": number})
+    other_session.keep(0, {"epoch": 3})
+    dropping = FreeRankReservations(session)
+    dropping.on_trial_complete(0, [], SimpleNamespace(trial_id="a", config={"hps_trial_number": 0}))
+    dropping.on_trial_error(0, [], SimpleNamespace(trial_id="b", config={"hps_trial_number": 1}))
+    assert session.take(0) is None and session.take(1) is None
+    session.clear()
+    assert session.take(2) is None
+    assert other_session.take(0) == {"epoch": 3}  # another search's, on the same cluster
