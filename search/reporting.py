@@ -101,6 +101,19 @@ class StoppedByScheduler(_TunerExitException):
     every pruned trial's ``on_exception`` hooks and closed its loggers as failed.)"""
 
 
+def _stopped_training(callback) -> bool:
+    """Whether ``callback`` is an EarlyStopping that stopped the training: by its own word
+    (Lightning 2.6's ``stopping_reason``; a threshold reached at the first epoch leaves
+    ``stopped_epoch`` 0 and the patience unspent: audit 65), else by its spent patience or
+    the epoch it recorded."""
+    if not isinstance(callback, EarlyStopping):
+        return False
+    reason = getattr(callback, "stopping_reason", None)
+    if reason is not None:
+        return reason.name != "NOT_STOPPED"
+    return callback.wait_count >= callback.patience or callback.stopped_epoch > 0
+
+
 class TuneReporter(pl.Callback):
     """Reports the epoch's metrics, telemetry and stop decision through ``report``."""
 
@@ -431,9 +444,7 @@ class TuneReporter(pl.Callback):
             return "max_epochs"
         if not finished:
             return ""
-        decided = any(isinstance(callback, EarlyStopping) and (
-            callback.wait_count >= callback.patience or callback.stopped_epoch > 0) for callback in trainer.callbacks)
-        return "early_stopping" if decided else "stopped_by_model"
+        return "early_stopping" if any(map(_stopped_training, trainer.callbacks)) else "stopped_by_model"
 
     def _compose(self, trainer: pl.Trainer, metrics: dict[str, float], epoch: int, finished: bool,
                  epoch_seconds: float) -> dict[str, Any]:

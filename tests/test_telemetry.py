@@ -711,13 +711,25 @@ class StopsItselfAtTheSecondEpoch(MLPClassifier):
             self.trainer.should_stop = True
 
 
+class ReachesItsThresholdAtOnce(MLPClassifier):
+    def configure_callbacks(self):
+        from pytorch_lightning.callbacks import EarlyStopping
+
+        return [EarlyStopping(monitor="val_acc", mode="max", stopping_threshold=0.0)]
+
+
 def test_a_model_that_stops_its_own_training_ends_its_trial_saying_so(tmp_path):
-    """No EarlyStopping decided it, and the reason said early_stopping (audit 63)."""
+    """No EarlyStopping decided it, and the reason said early_stopping (audit 63); an
+    EarlyStopping that stops at the first epoch on its threshold (its patience unspent, its
+    stopped epoch 0) was then taken for the model's own stop (audit 65)."""
     from hpsearch.search.outcome import FINISHED, STOP_REASON
 
     data = SlowLoadingData(item_seconds=0.0)
     reports = reports_of(tmp_path, mlp_for(data, StopsItselfAtTheSecondEpoch), data, epochs=4, reports_expected=2)
     assert [(r[FINISHED], r[STOP_REASON]) for r in reports] == [(False, ""), (True, "stopped_by_model")]
+    reports = reports_of(tmp_path / "threshold", mlp_for(data, ReachesItsThresholdAtOnce), data, epochs=4,
+                         reports_expected=1)
+    assert [(r[FINISHED], r[STOP_REASON]) for r in reports] == [(True, "early_stopping")]
 
 
 @pytest.mark.parametrize("own_patience, scores, reported", [
