@@ -108,7 +108,14 @@ class SearchLearningRateMonitor(LearningRateMonitor):
     """The learning rate in the trial's run at each epoch (``lr-<optimizer>``, a column of
     TensorBoard's HParams). A class of its own, as ``SearchEarlyStopping`` is: a model's own
     LearningRateMonitor (``configure_callbacks``) replaced it, and the trial's run had no
-    epoch's learning rate (audit 63). Both run now."""
+    epoch's learning rate (audit 63). Both run now; where the model's logs every learning
+    rate at each epoch itself, this one steps aside (each epoch had two points; audit 65)."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        if any(isinstance(callback, LearningRateMonitor) and not isinstance(callback, SearchLearningRateMonitor)
+               and callback.logging_interval == "epoch" for callback in trainer.callbacks):
+            return
+        super().on_train_epoch_start(trainer, *args, **kwargs)
 
 
 class SearchEarlyStopping(EarlyStopping):

@@ -177,23 +177,32 @@ def test_a_models_own_hparams_record_leaves_the_trials_record_its_place(tmp_path
     assert dict(logger.hparams) == {"hidden": 16, "lr": 0.1} and (tmp_path / "run" / "hparams.yaml").is_file()
 
 
-class MonitorsItsLearningRateAtSteps(MLPClassifier):
+class MonitorsItsLearningRate(MLPClassifier):
+    def __init__(self, interval: str, **kwargs):
+        super().__init__(**kwargs)
+        self.interval = interval
+
     def configure_callbacks(self):
         from pytorch_lightning.callbacks import LearningRateMonitor
 
-        return [LearningRateMonitor(logging_interval="step")]
+        return [LearningRateMonitor(logging_interval=self.interval)]
 
 
-def test_a_models_own_learning_rate_monitor_runs_beside_the_trials(tmp_path):
+@pytest.mark.parametrize("interval", ["step", "epoch"])
+def test_a_models_own_learning_rate_monitor_runs_beside_the_trials(tmp_path, interval):
     """Lightning drops a Trainer callback of the class a model's configure_callbacks returns:
-    the trial's run had no learning rate at its epochs, an HParams column (audit 63)."""
+    the trial's run had no learning rate at its epochs, an HParams column (audit 63). One
+    that logs at epochs itself had each epoch's twice (audit 65)."""
     from conftest import tensorboard_scalars
 
     data = SlowLoadingData(item_seconds=0.0)
-    reports_of(tmp_path, mlp_for(data, MonitorsItsLearningRateAtSteps), data, epochs=2)
+    model = MonitorsItsLearningRate(interval, input_shape=data.input_shape, num_classes=data.num_classes)
+    reports_of(tmp_path, model, data, epochs=2)
     epochs = tensorboard_scalars(tmp_path / "tb" / "run")
     assert [steps for tag, steps in epochs.items() if tag.startswith("lr-")] == [[1, 2]], epochs
-    assert any(tag.startswith("lr-") for tag in tensorboard_scalars(tmp_path / "tb" / "run" / "steps"))  # the model's
+    steps = tmp_path / "tb" / "run" / "steps"  # made only for a model that logs at steps
+    at_steps = tensorboard_scalars(steps) if steps.is_dir() else {}
+    assert any(tag.startswith("lr-") for tag in at_steps) == (interval == "step"), at_steps  # the model's
 
 
 def test_an_attempt_that_starts_over_hides_what_the_attempts_before_it_wrote(tmp_path):
