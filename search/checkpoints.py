@@ -56,9 +56,26 @@ def remove_checkpoint(path: Path) -> None:
 def is_readable(path: Path) -> bool:
     """torch.save writes a zip archive: a cut-off or emptied file fails its CRC check. A
     sharded checkpoint reads back if each of its shards does (every one was taken for
-    damaged, and the trial restarted from its first epoch)."""
+    damaged, and the trial restarted from its first epoch), and each rank's is there."""
     shards = sorted(path.rglob("*.pt")) if path.is_dir() else [path]
-    return bool(shards) and all(map(_reads_back, shards))
+    return bool(shards) and all(map(_reads_back, shards)) and (not path.is_dir() or _every_ranks_shard(path))
+
+
+def _every_ranks_shard(path: Path) -> bool:
+    """Whether a DeepSpeed checkpoint holds the optimizer shard of each of the ranks that
+    rank 0's model states name (``dp_world_size``): DeepSpeed writes its directory in place,
+    and a rank killed as it saved left one without its shard, which read back whole (audit 65)."""
+    import torch
+
+    optimizer_shards = [shard.name for shard in path.rglob("zero_pp_rank_*_optim_states.pt")]
+    if not optimizer_shards:
+        return True  # not partitioned (no ZeRO optimizer shards)
+    try:
+        ranks = int(torch.load(_trainer_state(path), map_location="cpu", weights_only=False, mmap=True)
+                    .get("dp_world_size", 0))
+    except Exception:  # noqa: BLE001 - its model states do not load: not a checkpoint to resume from
+        return False
+    return all(any(name.startswith(f"zero_pp_rank_{rank}_") for name in optimizer_shards) for rank in range(ranks))
 
 
 def _reads_back(path: Path) -> bool:

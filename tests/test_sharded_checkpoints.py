@@ -26,7 +26,7 @@ def deepspeed_checkpoint(path: Path, epoch: int, zero_stage: int = 2) -> Path:
     for rank in (0, 1):
         states = f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" if zero_stage == 3 else "mp_rank_00_model_states.pt"
         if zero_stage == 3 or rank == 0:
-            torch.save({"module": {"w": torch.ones(2)}, **lightning}, shards / states)
+            torch.save({"module": {"w": torch.ones(2)}, "dp_world_size": 2, **lightning}, shards / states)
         torch.save({"optimizer_state_dict": {"rank": rank}}, shards / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
     (path / "latest").write_text("checkpoint")
     return path
@@ -47,6 +47,11 @@ def test_a_trial_resumes_from_its_newest_sharded_checkpoint_that_reads_back(tmp_
     with pytest.warns(UserWarning, match="damaged"):
         path, notes = latest_good_checkpoint(tmp_path)
     assert path == folder / "epoch-0000.ckpt" and (folder / "epoch-0001.corrupt").is_dir(), notes
+    # one rank's shard never written (DeepSpeed writes in place; the rank was killed as it saved)
+    (folder / "epoch-0000.ckpt" / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    with pytest.warns(UserWarning, match="damaged"):
+        path, notes = latest_good_checkpoint(tmp_path)
+    assert path is None and "restarts from its first epoch" in notes[-1], notes
 
 
 def test_an_ended_trials_sharded_checkpoints_are_removed(tmp_path):
