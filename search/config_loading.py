@@ -189,7 +189,7 @@ def apply_override(tree: dict[str, Any], dotted_key: str, value: Any, source: st
         if node.pop(last, None) is None:
             raise ConfigError.single(dotted_key, f"the space has no parameter {last!r} to remove "
                                                  f"(it has {', '.join(map(repr, node)) or 'none'})", source=source)
-        return created
+        return [*created, path]  # an error about the space is the removal's (audit 66: it named the file's line)
     if value is None and len(path) == 4 and _is_first_trial(path[:3]):
         node.pop(last, None)  # sampled, as a parameter the trial leaves out
         return created

@@ -170,6 +170,8 @@ def test_resume_refuses_a_changed_search_space(tmp_path, capsys):
     assert main(["resume", str(exp.root), "--set", "space.model.lr.high=0.5"]) == EXIT_CONFIG_ERROR
     # named by the override that changed it, not by the stored file's line of 'space'
     assert "space.model.lr.high (--set): space cannot change on resume" in capsys.readouterr().err
+    assert main(["resume", str(exp.root), "--set", "space.model.lr=null"]) == EXIT_CONFIG_ERROR
+    assert "space.model.lr (--set): space cannot change on resume" in capsys.readouterr().err  # not the file's line
     assert main(["resume", str(exp.root), "--set", "metric=val_loss"]) == EXIT_CONFIG_ERROR
 
 
