@@ -97,7 +97,8 @@ def node_was_lost(trial) -> bool:
     error = _pickled_error(trial)
     if isinstance(error, RayTaskError):
         return _a_rank_lost_its_node(error) or _a_rank_failed_beside_a_lost_node(error, trial)
-    return isinstance(error, RayActorError) and _actor_lost_its_node(error, (trial.last_result or {}).get("hps_node_id"))
+    last_node = (trial.last_result or {}).get("hps_node_id")
+    return isinstance(error, RayActorError) and _actor_lost_its_node(error, last_node)
 
 
 def _a_rank_failed_beside_a_lost_node(error, trial) -> bool:
