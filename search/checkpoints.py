@@ -13,6 +13,7 @@ such a directory too (read back, removed, its epoch read from rank 0's model sta
 
 from __future__ import annotations
 
+import re
 import shutil
 import warnings
 import zipfile
@@ -67,7 +68,8 @@ def _every_ranks_shard(path: Path) -> bool:
     and a rank killed as it saved left one without its shard, which read back whole (audit 65)."""
     import torch
 
-    optimizer_shards = [shard.name for shard in path.rglob("zero_pp_rank_*_optim_states.pt")]
+    # (named bf16_zero_pp_rank_... in bf16: audit 67)
+    optimizer_shards = [shard.name for shard in path.rglob("*zero_pp_rank_*_optim_states.pt")]
     if not optimizer_shards:
         return True  # not partitioned (no ZeRO optimizer shards)
     try:
@@ -75,7 +77,8 @@ def _every_ranks_shard(path: Path) -> bool:
                     .get("dp_world_size", 0))
     except Exception:  # noqa: BLE001 - its model states do not load: not a checkpoint to resume from
         return False
-    return all(any(name.startswith(f"zero_pp_rank_{rank}_") for name in optimizer_shards) for rank in range(ranks))
+    present = {int(found.group(1)) for name in optimizer_shards if (found := re.search(r"zero_pp_rank_(\d+)_", name))}
+    return present >= set(range(ranks))
 
 
 def _reads_back(path: Path) -> bool:

@@ -16,9 +16,10 @@ import torch
 from hpsearch.search.checkpoints import drop_resume_checkpoints, epochs_trained, latest_good_checkpoint, resumed_at
 
 
-def deepspeed_checkpoint(path: Path, epoch: int, zero_stage: int = 2) -> Path:
+def deepspeed_checkpoint(path: Path, epoch: int, zero_stage: int = 2, shard_prefix: str = "") -> Path:
     """``path/checkpoint/``: rank 0's model states holding Lightning's state (DeepSpeed's client
-    state), each rank's optimizer shard, and DeepSpeed's ``latest`` tag file."""
+    state), each rank's optimizer shard (``bf16_``-prefixed in bf16), and DeepSpeed's ``latest``
+    tag file."""
     shards = path / "checkpoint"
     shards.mkdir(parents=True)
     lightning = {"epoch": epoch, "global_step": 10 * (epoch + 1),
@@ -27,28 +28,29 @@ def deepspeed_checkpoint(path: Path, epoch: int, zero_stage: int = 2) -> Path:
         states = f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" if zero_stage == 3 else "mp_rank_00_model_states.pt"
         if zero_stage == 3 or rank == 0:
             torch.save({"module": {"w": torch.ones(2)}, "dp_world_size": 2, **lightning}, shards / states)
-        torch.save({"optimizer_state_dict": {"rank": rank}}, shards / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+        torch.save({"optimizer_state_dict": {"rank": rank}},
+                   shards / f"{shard_prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
     (path / "latest").write_text("checkpoint")
     return path
 
 
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_a_trial_resumes_from_its_newest_sharded_checkpoint_that_reads_back(tmp_path, zero_stage):
+@pytest.mark.parametrize("zero_stage, shard_prefix", [(2, ""), (3, ""), (2, "bf16_")])
+def test_a_trial_resumes_from_its_newest_sharded_checkpoint_that_reads_back(tmp_path, zero_stage, shard_prefix):
     folder = tmp_path / "checkpoints"
     for epoch in (0, 1):
-        deepspeed_checkpoint(folder / f"epoch-{epoch:04d}.ckpt", epoch, zero_stage)
+        deepspeed_checkpoint(folder / f"epoch-{epoch:04d}.ckpt", epoch, zero_stage, shard_prefix)
     newest = folder / "epoch-0001.ckpt"
     assert latest_good_checkpoint(tmp_path) == (newest, [])
     assert epochs_trained(newest) == 2
     assert (resumed_at(newest).epoch, resumed_at(newest).batch) == (3, 20)
 
-    shard = newest / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    shard = newest / "checkpoint" / f"{shard_prefix}zero_pp_rank_1_mp_rank_00_optim_states.pt"
     shard.write_bytes(shard.read_bytes()[:100])  # one rank's shard cut short
     with pytest.warns(UserWarning, match="damaged"):
         path, notes = latest_good_checkpoint(tmp_path)
     assert path == folder / "epoch-0000.ckpt" and (folder / "epoch-0001.corrupt").is_dir(), notes
     # one rank's shard never written (DeepSpeed writes in place; the rank was killed as it saved)
-    (folder / "epoch-0000.ckpt" / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    (folder / "epoch-0000.ckpt" / "checkpoint" / f"{shard_prefix}zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
     with pytest.warns(UserWarning, match="damaged"):
         path, notes = latest_good_checkpoint(tmp_path)
     assert path is None and "restarts from its first epoch" in notes[-1], notes
