@@ -108,14 +108,23 @@ class SearchLearningRateMonitor(LearningRateMonitor):
     """The learning rate in the trial's run at each epoch (``lr-<optimizer>``, a column of
     TensorBoard's HParams). A class of its own, as ``SearchEarlyStopping`` is: a model's own
     LearningRateMonitor (``configure_callbacks``) replaced it, and the trial's run had no
-    epoch's learning rate (audit 63). Both run now; where the model's logs every learning
-    rate at each epoch itself, this one steps aside (each epoch had two points; audit 65)."""
+    epoch's learning rate (audit 63). Both run now; at each epoch this one logs only the
+    rates the model's does not log then itself (each epoch had two points; audits 65, 67)."""
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
-        if any(isinstance(callback, LearningRateMonitor) and not isinstance(callback, SearchLearningRateMonitor)
-               and callback.logging_interval == "epoch" for callback in trainer.callbacks):
+        theirs = {callback.logging_interval for callback in trainer.callbacks
+                  if isinstance(callback, LearningRateMonitor) and not isinstance(callback, SearchLearningRateMonitor)}
+        if theirs <= {"step"}:
+            super().on_train_epoch_start(trainer, *args, **kwargs)
             return
-        super().on_train_epoch_start(trainer, *args, **kwargs)
+        if "epoch" in theirs:
+            return  # the model's logs every rate at each epoch
+        # Lightning's default (None): the model's logs at each epoch all but the rates of
+        # schedulers stepped by the batch, which it logs at steps
+        logged = self._extract_stats(trainer, "epoch")
+        missing = {name: value for name, value in self._extract_stats(trainer, "any").items() if name not in logged}
+        for logger in trainer.loggers if missing else ():
+            logger.log_metrics(missing, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
 class SearchEarlyStopping(EarlyStopping):

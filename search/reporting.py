@@ -109,9 +109,9 @@ def _stopped_training(callback) -> bool:
     if not isinstance(callback, EarlyStopping):
         return False
     reason = getattr(callback, "stopping_reason", None)
-    if reason is not None:
-        return reason.name != "NOT_STOPPED"
-    return callback.wait_count >= callback.patience or callback.stopped_epoch > 0
+    # (only the rank whose own check fired has a reason: every rank has the epoch; audit 67)
+    return (reason is not None and reason.name != "NOT_STOPPED") or callback.wait_count >= callback.patience \
+        or callback.stopped_epoch > 0
 
 
 class TuneReporter(pl.Callback):

@@ -188,7 +188,7 @@ class MonitorsItsLearningRate(MLPClassifier):
         return [LearningRateMonitor(logging_interval=self.interval)]
 
 
-@pytest.mark.parametrize("interval", ["step", "epoch"])
+@pytest.mark.parametrize("interval", ["step", "epoch", None])
 def test_a_models_own_learning_rate_monitor_runs_beside_the_trials(tmp_path, interval):
     """Lightning drops a Trainer callback of the class a model's configure_callbacks returns:
     the trial's run had no learning rate at its epochs, an HParams column (audit 63). One
@@ -202,7 +202,7 @@ def test_a_models_own_learning_rate_monitor_runs_beside_the_trials(tmp_path, int
     assert [steps for tag, steps in epochs.items() if tag.startswith("lr-")] == [[1, 2]], epochs
     steps = tmp_path / "tb" / "run" / "steps"  # made only for a model that logs at steps
     at_steps = tensorboard_scalars(steps) if steps.is_dir() else {}
-    assert any(tag.startswith("lr-") for tag in at_steps) == (interval == "step"), at_steps  # the model's
+    assert any(tag.startswith("lr-") for tag in at_steps) == (interval != "epoch"), at_steps  # the model's
 
 
 def test_an_attempt_that_starts_over_hides_what_the_attempts_before_it_wrote(tmp_path):
@@ -725,6 +725,18 @@ class ReachesItsThresholdAtOnce(MLPClassifier):
         from pytorch_lightning.callbacks import EarlyStopping
 
         return [EarlyStopping(monitor="val_acc", mode="max", stopping_threshold=0.0)]
+
+
+def test_an_early_stop_another_rank_decided_is_early_stopping():
+    """Lightning gives every rank the stop and its epoch, but the reason only to the rank
+    whose own check fired: rank 0's said stopped_by_model (audit 67)."""
+    from pytorch_lightning.callbacks import EarlyStopping
+
+    from hpsearch.search.reporting import _stopped_training
+
+    decided_elsewhere = EarlyStopping(monitor="val_acc", patience=5)
+    decided_elsewhere.stopped_epoch = 3
+    assert _stopped_training(decided_elsewhere) and not _stopped_training(EarlyStopping(monitor="val_acc"))
 
 
 def test_a_model_that_stops_its_own_training_ends_its_trial_saying_so(tmp_path):
