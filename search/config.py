@@ -27,8 +27,6 @@ Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 PositiveNumber = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
 # Optuna's samplers take seeds numpy takes: 0 to 2**32 - 1.
 Seed = Annotated[int, Strict(), Field(ge=0, le=2**32 - 1)]
-# A grid's float points are rounded to 12 decimals (``space.grid_values``): the finest step it keeps.
-GRID_DECIMALS_STEP = 1e-12
 # Optuna's grid sampler lists every point of the grid up front (itertools.product).
 GRID_POINTS_LIMIT = 100_000
 # pydantic writes (model_dump) at most about 250 levels of nesting, and experiment.yaml is
@@ -759,9 +757,11 @@ class ExperimentConfig(StrictModel):
                        "(type: categorical, choices: [1.0e-4, 1.0e-3, 1.0e-2])" if param.log else
                        "give one, or list the values as a categorical parameter")
                 raise FieldValueError(f"space.{key}", f"sampler 'grid' needs a 'step' on this float parameter: {fix}")
-            if isinstance(param, FloatParam) and (param.step < GRID_DECIMALS_STEP or round(param.low, 12) != param.low):
-                # its points, rounded so, were one value, below low (audit 66: five points of 0.0)
-                field, what = ("step", f"a step below {GRID_DECIMALS_STEP:g}") if param.step < GRID_DECIMALS_STEP \
+            rounded = isinstance(param, FloatParam) and (round(param.step, 12), round(param.low, 12))
+            if rounded and rounded != (param.step, param.low):
+                # its points, rounded so, were one value, below low (audit 66: five points of 0.0), or
+                # not low plus whole steps (1.5e-12: 0, 2e-12, 3e-12, 5e-12; audit 67)
+                field, what = ("step", "a step of more decimals") if round(param.step, 12) != param.step \
                     else ("low", "a low of more decimals")
                 raise FieldValueError(f"space.{key}.{field}", f"a grid's points are rounded to 12 decimals (0.07, not "
                                       f"0.07000000000000001), which {what} does not survive; list the values as a "

@@ -158,6 +158,10 @@ BAD_SCHEMA = [
     ("grid step lost to its rounding", _all(_set("search/sampler", "grid"), _set("space", {
         "model.lr": {"type": "float", "low": 1e-13, "high": 5e-13, "step": 1e-13}})), "space.model.lr.step",
      "a grid's points are rounded to 12 decimals"),
+    # 0, 2e-12, 3e-12, 5e-12: not low plus whole steps (audit 67)
+    ("grid step not whole in its rounding", _all(_set("search/sampler", "grid"), _set("space", {
+        "model.lr": {"type": "float", "low": 0.0, "high": 6e-12, "step": 1.5e-12}})), "space.model.lr.step",
+     "which a step of more decimals does not survive"),
     ("grid low lost to its rounding", _all(_set("search/sampler", "grid"), _set("space", {
         "model.lr": {"type": "float", "low": 1e-13, "high": 5e-12, "step": 1e-12}})), "space.model.lr.low",
      "which a low of more decimals does not survive"),
