@@ -316,14 +316,17 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
                                              f"({json.dumps(recorded[k])[:200]}): was {exp.config_file} edited? "
                                              f"{k} cannot change on resume; put it back, or start a new experiment")
                            for k in edited])
-    if config.search.sampler == "grid" and stored.search.sampler != "grid" and study is not None \
-            and study.get_trials(deepcopy=False):
+    if config.search.sampler == "grid" and study is not None and any(
+            "grid_id" not in trial.system_attrs and RETRY_OF not in trial.user_attrs
+            for trial in study.get_trials(deepcopy=False)):
         # Optuna's grid gives the study's trial n its point n, taken or not by a trial sampled
-        # before: points 0-5 of a study that ran 6 random trials never ran (audit 66)
+        # before: points 0-5 of a study that ran 6 random trials never ran (audit 66). Judged
+        # by the study's own trials, which hold their grid place: an edited experiment.yaml
+        # got past a check of the file's sampler (audit 67).
         raise ConfigError([config.problem(
-            "search.sampler", f"a study sampled by {stored.search.sampler!r} cannot go on as a grid: its trials "
-                              f"hold no place in the grid, which would run some of their points again and never "
-                              f"run others; start a new experiment for the grid")])
+            "search.sampler", "a study whose trials were sampled otherwise cannot go on as a grid: they hold no "
+                              "place in the grid, which would run some of their points again and never run "
+                              "others; start a new experiment for the grid")])
     # trials.csv lags the study: a trial gets its row only once it starts. Failed trials'
     # configurations run again are beyond num_trials.
     again = runs_again(study)

@@ -191,7 +191,12 @@ def test_resume_refuses_to_turn_a_sampled_study_into_a_grid(tmp_path, capsys, ex
     write_config(exp, config.model_dump(mode="json"))
     OptunaSearcher(config, exp.root, PruneLog()).suggest("a")
     assert main(["resume", str(exp.root), "--set", "search.sampler=grid"]) == EXIT_CONFIG_ERROR
-    assert "search.sampler (--set): a study sampled by 'random' cannot go on as a grid" in capsys.readouterr().err
+    assert "search.sampler (--set): a study whose trials were sampled otherwise cannot go on as a grid" in \
+        capsys.readouterr().err
+    # the study's own trials tell it, not experiment.yaml's sampler, which a person may edit (audit 67)
+    exp.config_file.write_text(exp.config_file.read_text().replace("sampler: random", "sampler: grid"))
+    assert main(["resume", str(exp.root)]) == EXIT_CONFIG_ERROR
+    assert "a study whose trials were sampled otherwise cannot go on as a grid" in capsys.readouterr().err
 
 
 def test_resume_refuses_a_new_name_or_fewer_trials_than_the_study_has(tmp_path, capsys):
