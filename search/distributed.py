@@ -31,7 +31,6 @@ from __future__ import annotations
 import importlib.util
 import pickle
 import time
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from functools import partial
@@ -42,6 +41,7 @@ from .errors import ConfigError, HpsearchError
 from .experiment import ExperimentDir, trial_name
 from .outcome import DISK_FULL, EPOCH, FAILURE, FINISHED, GIVE_UP, PLACEMENT_GROUP, RESTORED, TRIAL_NUMBER
 from .rung_decisions import WAIT_LIMIT_S, RungDecisions
+from .session_store import SessionStore
 from .storage import study_root
 from .trial import Parallelism, fit_trial, load_training_stack
 from .trial_watch import drop_empty_accounts
@@ -74,34 +74,23 @@ class RankZeroLastReports:
     end the Tune trial's process before its own clean-up: audit 65 found every trial's
     left), and the session's at its end: a cluster outlives its searches."""
 
-    session: str = field(default_factory=lambda: uuid.uuid4().hex)
-    namespace: str = "hpsearch-last-report"
+    store: SessionStore = field(default_factory=lambda: SessionStore("hpsearch-last-report"))
 
     def keep(self, trial_number: int, report: dict[str, Any]) -> None:
         """Rank 0's side, before it reports."""
-        from ray.experimental.internal_kv import _internal_kv_put
-
-        _internal_kv_put(self._key(trial_number), pickle.dumps(report), namespace=self.namespace)
+        self.store.put(str(trial_number), pickle.dumps(report))
 
     def take(self, trial_number: int) -> dict[str, Any] | None:
         """The last report rank 0 kept (None if none), removed."""
-        from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get, _internal_kv_initialized
-
-        if not _internal_kv_initialized():
+        if not self.store.available():
             return None
-        kept = _internal_kv_get(self._key(trial_number), namespace=self.namespace)
-        _internal_kv_del(self._key(trial_number), namespace=self.namespace)
+        kept = self.store.get(str(trial_number))
+        self.store.delete(str(trial_number))
         return None if kept is None else pickle.loads(kept)
 
     def clear(self) -> None:
         """Drop this session's reports."""
-        from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_initialized
-
-        if _internal_kv_initialized():
-            _internal_kv_del(f"{self.session}/".encode(), del_by_prefix=True, namespace=self.namespace)
-
-    def _key(self, trial_number: int) -> bytes:
-        return f"{self.session}/{trial_number}".encode()
+        self.store.clear()
 
 
 def driver_resources() -> dict[str, float]:

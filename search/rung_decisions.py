@@ -13,15 +13,15 @@ Ray's key-value store (kept by the cluster's head, which every node reaches), an
 it to the other ranks: a stopped trial's ranks leave training together, before the next
 epoch starts. Between rungs nothing waits.
 
-Ray's key-value store is its ``internal_kv`` module, the one Ray's own libraries use for
-small shared values; it is reached only through this module.
+Ray's key-value store is reached through ``session_store``.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
+
+from .session_store import SessionStore
 
 NAMESPACE = "hpsearch-rung-decisions"
 # How long rank 0 waits for a decision before it trains on (and says so). A decision
@@ -33,12 +33,12 @@ _STOP, _CONTINUE = b"stop", b"continue"
 
 @dataclass(frozen=True)
 class RungDecisions:
-    """One search session's decisions, keyed by trial number and epoch. ``session`` is
-    unique to the session, so that an earlier session's decisions on a long-lived
-    cluster never answer this one's trials."""
+    """One search session's decisions, keyed by trial number and epoch (``store``: the
+    session's, so that an earlier session's decisions on a long-lived cluster never answer
+    this one's trials)."""
 
     rung_epochs: frozenset[int]
-    session: str = field(default_factory=lambda: uuid.uuid4().hex)
+    store: SessionStore = field(default_factory=lambda: SessionStore(NAMESPACE))
 
     def awaited(self, epoch: int, restored: bool) -> bool:
         """Whether a trial waits for the decision on this report: ASHA decides only at a
@@ -47,18 +47,14 @@ class RungDecisions:
 
     def publish(self, trial_number: int, epoch: int, stop: bool) -> None:
         """Driver side: the scheduler's decision on the trial's report of ``epoch``."""
-        from ray.experimental.internal_kv import _internal_kv_put
-
-        _internal_kv_put(self._key(trial_number, epoch), _STOP if stop else _CONTINUE, namespace=NAMESPACE)
+        self.store.put(f"{trial_number}/{epoch}", _STOP if stop else _CONTINUE)
 
     def wait_for(self, trial_number: int, epoch: int, limit_s: float = WAIT_LIMIT_S) -> bool | None:
         """Trial side: whether the scheduler stopped the trial at ``epoch``; None if no
         decision came within ``limit_s``."""
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        key, deadline = self._key(trial_number, epoch), time.monotonic() + limit_s
+        name, deadline = f"{trial_number}/{epoch}", time.monotonic() + limit_s
         while True:
-            decision = _internal_kv_get(key, namespace=NAMESPACE)
+            decision = self.store.get(name)
             if decision is not None:
                 return decision == _STOP
             if time.monotonic() >= deadline:
@@ -67,10 +63,4 @@ class RungDecisions:
 
     def clear(self) -> None:
         """Drop this session's decisions (the cluster may outlive the search)."""
-        from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_initialized
-
-        if _internal_kv_initialized():
-            _internal_kv_del(f"{self.session}/".encode(), del_by_prefix=True, namespace=NAMESPACE)
-
-    def _key(self, trial_number: int, epoch: int) -> bytes:
-        return f"{self.session}/{trial_number}/{epoch}".encode()
+        self.store.clear()
