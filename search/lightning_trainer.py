@@ -157,6 +157,45 @@ class StepLogsEveryEpoch(pl.Callback):
             trainer.log_every_n_steps = min(LOG_EVERY_N_STEPS, steps)
 
 
+# The checkpoints Lightning's tuners write at a fit's start and restore after their trial
+# runs (``pytorch_lightning/tuner``: ``.scale_batch_size_<uuid>.ckpt``, ``.lr_find_<uuid>.ckpt``).
+TUNER_CHECKPOINT_PREFIXES = (".scale_batch_size_", ".lr_find_")
+
+
+def restored_by_a_tuner(trainer: pl.Trainer) -> bool:
+    """Whether the checkpoint being restored is a tuner's own rather than the trial's resume."""
+    return Path(str(trainer.ckpt_path or "")).name.startswith(TUNER_CHECKPOINT_PREFIXES)
+
+
+class TrainingStateThroughTuners(pl.Callback):
+    """A resumed trial trains on from its checkpoint's epoch with Lightning's tuners too.
+    They run at the fit's start, after the resume has restored the model and callbacks but
+    before it restores the optimizer and the loops' progress, and their own restore empties
+    the checkpoint Lightning holds for that: the resumed trial started again at epoch 0
+    (plain Lightning does the same). This hands the resume's checkpoint back after them;
+    a tuner callback runs first at the fit's start (Lightning puts them first)."""
+
+    def __init__(self) -> None:
+        self._resume: tuple[Any, dict] | None = None
+        self._emptied_by_a_tuner = False
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        if restored_by_a_tuner(trainer):
+            self._emptied_by_a_tuner = self._resume is not None
+        else:
+            self._resume = (trainer.ckpt_path, checkpoint)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        resume, self._resume = self._resume, None
+        emptied, self._emptied_by_a_tuner = self._emptied_by_a_tuner, False
+        connector = trainer._checkpoint_connector
+        if resume is not None and emptied and not getattr(connector, "_loaded_checkpoint", True):
+            connector._ckpt_path, connector._loaded_checkpoint = resume
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._resume, self._emptied_by_a_tuner = None, False  # a validate's, or one restored after the start
+
+
 class RandomStateInCheckpoint(pl.Callback):
     """A trial resumed from a checkpoint trains on as it would have without the stop: the
     random state of Python, numpy and torch (CPU and CUDA) is saved with the checkpoint and
@@ -173,6 +212,10 @@ class RandomStateInCheckpoint(pl.Callback):
     def __init__(self, resuming: bool) -> None:
         self._resuming = resuming
         self._restored: dict[str, Any] | None = None
+        self._reading_a_tuners = False
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        self._reading_a_tuners = restored_by_a_tuner(trainer)  # Lightning calls load_state_dict next
 
     def state_dict(self) -> dict[str, Any]:
         version, state, gauss = random.getstate()
@@ -183,7 +226,7 @@ class RandomStateInCheckpoint(pl.Callback):
                 "torch.cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if self._resuming and self._restored is None:  # the resume's, which comes before a tuner's
+        if self._resuming and not self._reading_a_tuners:
             self._restored = state_dict
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -212,12 +255,17 @@ class PlateauStepOnResume(pl.Callback):
         self._monitored: dict[str, float] = {}
         self._epoch = 0
         self._restored: dict[str, Any] | None = None
+        self._reading_a_tuners = False
 
     def state_dict(self) -> dict[str, Any]:
         return {"monitored": dict(self._monitored), "epoch": self._epoch}
 
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        self._reading_a_tuners = restored_by_a_tuner(trainer)  # Lightning calls load_state_dict next
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._restored = state_dict
+        if not self._reading_a_tuners:  # a tuner's was written before this fit's first validation
+            self._restored = state_dict
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -283,6 +331,7 @@ def build_trainer(
         ))
     all_callbacks.append(SearchLearningRateMonitor(logging_interval="epoch"))
     all_callbacks.append(PlateauStepOnResume())
+    all_callbacks.append(TrainingStateThroughTuners())
     all_callbacks.append(StepLogsEveryEpoch())
     all_callbacks.append(RandomStateInCheckpoint(resuming=resumed_at is not None))
     all_callbacks.append(ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir)))

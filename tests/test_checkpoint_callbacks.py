@@ -251,3 +251,38 @@ def test_sharded_strategies_write_best_themselves(strategy):
     best = BestCheckpoint(dirpath="/nonexistent", filename="best", monitor="score", mode="max")
     best._save_checkpoint(FakeTrainer(), "/nonexistent/best.ckpt")
     assert written == ["/nonexistent/best.ckpt"] and best._deferred_path is None
+
+
+class ScriptedScoreOnPlateauTunedByLightning(ScriptedScoreOnPlateau):
+    """Also runs Lightning's BatchSizeFinder at each fit's start, which saves and restores a
+    checkpoint of its own there."""
+
+    trained_epochs: list[int] = []
+
+    def configure_callbacks(self):
+        return [pl.callbacks.BatchSizeFinder(mode="power", init_val=8, max_trials=1, steps_per_trial=1)]
+
+    def on_train_epoch_start(self) -> None:
+        self.trained_epochs.append(self.current_epoch)
+
+
+@pytest.mark.parametrize("resume_at_epoch", [1, 2])
+def test_a_trial_resumed_with_lightnings_batch_size_finder_trains_on_from_its_checkpoint(tmp_path, monkeypatch,
+                                                                                        resume_at_epoch):
+    # The finder runs between the resume's restore of the model and its restore of the
+    # optimizer and loops, and its own restore emptied the checkpoint held for those: the
+    # resumed trial trained again from epoch 0 (and with it, a plateau cut owed was lost).
+    def learning_rate(checkpoint) -> float:
+        return load(checkpoint)["optimizer_states"][0]["param_groups"][0]["lr"]
+
+    model = ScriptedScoreOnPlateauTunedByLightning
+    scores = [1.0, 2.0, 3.0, 4.0]  # never falling: a cut after every epoch but the first
+    fit(tmp_path / "whole", scores, monkeypatch, model_class=model)
+    fit(tmp_path / "resumed", scores[:resume_at_epoch + 1], monkeypatch, model_class=model)
+    folder = tmp_path / "resumed" / "checkpoints"
+    model.trained_epochs.clear()
+    fit(tmp_path / "resumed", scores, monkeypatch, model_class=model,
+        resume_from=folder / f"epoch-{resume_at_epoch:04d}.ckpt")
+    assert model.trained_epochs[1:] == list(range(resume_at_epoch + 1, 4))  # [0]: the finder's own step
+    whole = learning_rate(tmp_path / "whole" / "checkpoints" / "epoch-0003.ckpt")
+    assert learning_rate(folder / "epoch-0003.ckpt") == pytest.approx(whole) == pytest.approx(0.01)
