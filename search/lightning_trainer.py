@@ -310,7 +310,7 @@ def build_trainer(
     checkpoint is on disk and the stop decision is made. That matters because Tune may
     stop the trial at that report, and nothing after it is guaranteed to run.
 
-    ``profiler``: what Lightning reports its timed actions to (``TuneReporter.fetch_timer``
+    ``profiler``: what Lightning reports its timed actions to (``TuneReporter.phase_timer``
     takes the waits for training batches from there).
     """
     all_callbacks = list(callbacks)

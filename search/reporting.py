@@ -48,22 +48,45 @@ SPEED_KEYS = ("hps_epoch_time_s", "hps_samples_per_s", "hps_data_wait_s", "hps_v
               "hps_epoch_cpu_s")
 
 
-class BatchFetchTimer(Profiler):
-    """Seconds the training loop spent inside its DataLoader's ``next()``, as Lightning
-    reports them to the trainer's profiler (``train_dataloader_next``).
+class EpochPhaseTimer(Profiler):
+    """The parts of an epoch that happen outside hpsearch's own hooks, timed from the
+    actions Lightning reports to the trainer's profiler.
 
-    Timing the gap between one training batch's end and the next one's start instead
-    would also count Lightning's own work between steps (about 0.6 ms a step here): a
-    small model with instant data then looked 28% starved."""
+    * Waiting for training data: the seconds inside the DataLoader's ``next()``
+      (``train_dataloader_next``), and, at an epoch's start, the loader's own start
+      (``iter()``: with ``persistent_workers: false``, a new set of worker processes each
+      epoch) from the epoch's run until its first fetch. Timing the gap between one
+      training batch's end and the next one's start instead would also count Lightning's
+      own work between steps (about 0.6 ms a step here): a small model with instant data
+      then looked 28% starved.
+    * Checkpoints: the seconds inside the hooks of the trainer's checkpoint callbacks
+      (hpsearch's and the model's own), and nothing else: the time from their start to
+      the epoch's end also held the model's own ``on_validation_end`` (audit 68).
+    * The start of validation: when the last training batch's hooks ended, so that the
+      validation loader's start (its workers' too), which Lightning runs before any
+      validation hook, is validation's time (``TuneReporter.on_validation_start``)."""
 
     FETCH = "train_dataloader_next"
+    EPOCH_RUN = "run_training_epoch"
+    BATCH_END = ".on_train_batch_end"
+    CHECKPOINT_HOOKS = ("on_train_batch_end", "on_validation_end", "on_train_epoch_end")
 
     def __init__(self) -> None:
         super().__init__()
         self.seconds = 0.0
         self.first_of_epoch_s = 0.0  # the epoch's first fetch: it holds the loader workers' start
+        self.checkpoint_s = 0.0
+        self.batch_hooks_ended = 0.0
         self._fetch_started: float | None = None
+        self._epoch_run_started: float | None = None
+        self._checkpoint_actions: frozenset[str] = frozenset()
+        self._checkpoint_started: float | None = None
         self._first = False
+
+    def time_checkpoints(self, callbacks) -> None:
+        """Time the hooks of these checkpoint callbacks (Lightning's action names for them)."""
+        self._checkpoint_actions = frozenset(f"[Callback]{callback.state_key}.{hook}"
+                                             for callback in callbacks for hook in self.CHECKPOINT_HOOKS)
 
     def epoch_started(self) -> None:
         self._first, self.first_of_epoch_s = True, 0.0
@@ -71,6 +94,13 @@ class BatchFetchTimer(Profiler):
     def start(self, action_name: str) -> None:
         if action_name.endswith(self.FETCH):
             self._fetch_started = time.perf_counter()
+            if self._first and self._epoch_run_started is not None:
+                self._fetch_started = self._epoch_run_started  # the loader's start, then its first batch
+            self._epoch_run_started = None
+        elif action_name == self.EPOCH_RUN:
+            self._epoch_run_started = time.perf_counter()
+        elif action_name in self._checkpoint_actions:
+            self._checkpoint_started = time.perf_counter()
 
     def stop(self, action_name: str) -> None:
         if self._fetch_started is not None and action_name.endswith(self.FETCH):
@@ -79,6 +109,11 @@ class BatchFetchTimer(Profiler):
             if self._first:
                 self.first_of_epoch_s, self._first = waited, False
             self._fetch_started = None
+        elif self._checkpoint_started is not None and action_name in self._checkpoint_actions:
+            self.checkpoint_s += time.perf_counter() - self._checkpoint_started
+            self._checkpoint_started = None
+        elif action_name.startswith("[LightningModule]") and action_name.endswith(self.BATCH_END):
+            self.batch_hooks_ended = time.perf_counter()  # the model's, called after every callback's
 
     def summary(self) -> str:
         return ""  # nothing to print at the end of fit; the reporter reports the waits
@@ -118,16 +153,19 @@ class TuneReporter(pl.Callback):
     """Reports the epoch's metrics, telemetry and stop decision through ``report``."""
 
     def __init__(self, metric: str, mode: str, max_epochs: int, report: Callable[[dict], None],
-                 static_fields: dict[str, Any], before_report: Callable[[], Any] | None = None,
+                 static_fields: dict[str, Any], store_epoch_files: Callable[[], Any] | None = None,
+                 store_epoch_events: Callable[[], Any] | None = None,
                  report_on_every_rank: bool = False, started: float | None = None,
                  fields_at_train_start: Callable[[pl.Trainer], dict[str, Any]] | None = None,
                  stopped_by_scheduler: Callable[[pl.Trainer, dict[str, Any]], bool] | None = None,
                  known_epochs: int = 0) -> None:
         """``known_epochs``: the epochs the study had of this trial when it was handed out;
         a resumed trial sends again those its checkpoint holds beyond them.
-        ``before_report``: called on rank 0 once the epoch's files are written and before
-        the report (with URI storage it uploads them: the study must never know of an epoch
-        whose checkpoint is not in storage). ``fields_at_train_start``: reported fields
+        ``store_epoch_files`` and ``store_epoch_events``: called on rank 0 once the epoch's
+        files are written, and before the report, to put the trial's folder (its
+        checkpoints) and its TensorBoard run where the study keeps them (URI storage: the
+        study must never know of an epoch whose checkpoint is not in storage); the first is
+        the epoch's checkpoint time, the second its report's. ``fields_at_train_start``: reported fields
         known only once the DataModule's ``setup`` has run and the trainer holds its
         loaders. ``stopped_by_scheduler``: asked on every rank after each report when the
         report does not itself wait for Tune's decision (Ray Train's ranks): whether the
@@ -135,7 +173,7 @@ class TuneReporter(pl.Callback):
         epoch starts."""
         self.metric, self.mode, self.max_epochs = metric, mode, max_epochs
         self.known_epochs = known_epochs
-        self.before_report = before_report
+        self.store_epoch_files, self.store_epoch_events = store_epoch_files, store_epoch_events
         self.stopped_by_scheduler = stopped_by_scheduler
         self.report_on_every_rank = report_on_every_rank
         self.report = report
@@ -152,9 +190,9 @@ class TuneReporter(pl.Callback):
         self.started = started if started is not None else time.perf_counter()  # the trial's start
         self._startup_s: float | None = None
         self._report_s = 0.0
-        self.fetch_timer = BatchFetchTimer()  # the trainer's profiler (see build_trainer)
+        self.phase_timer = EpochPhaseTimer()  # the trainer's profiler (see build_trainer)
         self._epoch_started = self._batch_started = self._fetched_before_epoch = 0.0
-        self._val_started = self._val_seconds = self._checkpoint_started = 0.0
+        self._val_started = self._val_seconds = self._checkpointed_before_epoch = self._published_s = 0.0
         self._cpu_at_epoch_start = self._epoch_cpu_s = 0.0
         self._train_samples, self._train_seconds = 0, 0.0
         self._several_loaders = False
@@ -179,6 +217,7 @@ class TuneReporter(pl.Callback):
         self._earlier_epochs = list(state_dict.get("earlier_epochs") or [])
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self.phase_timer.time_checkpoints(trainer.checkpoint_callbacks)  # the model's own among them
         if self._startup_s is None:
             self._startup_s = time.perf_counter() - self.started
         if self.fields_at_train_start is not None:
@@ -250,10 +289,11 @@ class TuneReporter(pl.Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._deliver_pending(trainer)
         self._epoch_started, self._cpu_at_epoch_start = time.perf_counter(), time.process_time()
-        self._fetched_before_epoch = self.fetch_timer.seconds
-        self.fetch_timer.epoch_started()
+        self._fetched_before_epoch = self.phase_timer.seconds
+        self._checkpointed_before_epoch = self.phase_timer.checkpoint_s
+        self.phase_timer.epoch_started()
         self._train_samples, self._train_seconds = 0, 0.0
-        self._val_seconds = self._checkpoint_started = self._epoch_cpu_s = 0.0
+        self._val_seconds = self._epoch_cpu_s = 0.0
         self._validated = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -288,14 +328,20 @@ class TuneReporter(pl.Callback):
             # On a GPU a step's hooks end once its kernels are queued, not run: what is still
             # queued when the epoch's training ends is training time, waited for here.
             self._train_seconds += time.perf_counter() - waiting_from
-        self._val_started = time.perf_counter()
+            # Validation began when the last training batch's hooks ended: Lightning then
+            # starts the validation loader (new worker processes, unless persistent) before
+            # any validation hook runs; that time was in no phase (audit 68).
+            ended = self.phase_timer.batch_hooks_ended
+            self._val_started = time.perf_counter() - (waiting_from - ended if ended > self._epoch_started else 0.0)
+        else:
+            self._val_started = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # Checkpoint callbacks run their on_validation_end after this one (Lightning
-        # orders them last): the time until on_train_epoch_end is checkpointing.
+        # orders them last); the phase timer times them.
         _wait_for_device(pl_module)  # validation's queued kernels belong to its time
         now = time.perf_counter()
-        self._val_seconds, self._checkpoint_started = now - self._val_started, now
+        self._val_seconds = now - self._val_started
         self._epoch_cpu_s = time.process_time() - self._cpu_at_epoch_start
         self._validated = not trainer.sanity_checking
         if self._validated:
@@ -377,8 +423,12 @@ class TuneReporter(pl.Callback):
                     pending["hps_epoch_time_s"] += time.perf_counter() - self._restored_at
             else:
                 # The epoch ends here, after the model's own on_train_epoch_end (EMA updates,
-                # epoch-level metrics): its time belongs to the epoch and to the compute spent.
+                # epoch-level metrics): its time belongs to the epoch and to the compute spent,
+                # and so do checkpoints written at the epoch's end (they run after this
+                # callback's on_train_epoch_end, where the report was composed).
                 pending["hps_epoch_time_s"] = time.perf_counter() - self._epoch_started
+                pending["hps_checkpoint_s"] = self.phase_timer.checkpoint_s - self._checkpointed_before_epoch
+                self._store_files(trainer, pending)
                 self._log_and_publish(trainer, pending)  # (TensorBoard has a restored epoch)
             if last:
                 self._final = pending
@@ -391,6 +441,7 @@ class TuneReporter(pl.Callback):
         metrics = self._checked(trainer, validation_metrics)
         if metrics is not None:
             restored = self._compose(trainer, metrics, trainer.current_epoch, True, 0.0)
+            self._store_files(trainer, restored)
             self._log_and_publish(trainer, restored, in_tensorboard=False)  # it has the epoch
             self._send(trainer, restored, inside_fit=False)
 
@@ -469,12 +520,12 @@ class TuneReporter(pl.Callback):
 
     def _telemetry(self, trainer: pl.Trainer, epoch_seconds: float) -> dict[str, Any]:
         """The epoch's time, where it went, and how fast it trained, measured now."""
-        data_wait = self.fetch_timer.seconds - self._fetched_before_epoch
+        data_wait = self.phase_timer.seconds - self._fetched_before_epoch
         busy = self._train_seconds + data_wait
         # Starved or not, by the batches after the epoch's first, whose wait holds the
         # loader workers' start: that alone flagged a one-epoch trial of instant data (audit 35).
-        steady_wait = data_wait - self.fetch_timer.first_of_epoch_s
-        steady = busy - self.fetch_timer.first_of_epoch_s
+        steady_wait = data_wait - self.phase_timer.first_of_epoch_s
+        steady = busy - self.phase_timer.first_of_epoch_s
         return {
             "hps_epoch_time_s": epoch_seconds,
             "hps_train_time_s": self._train_seconds,
@@ -484,7 +535,8 @@ class TuneReporter(pl.Callback):
             # itself (about 1 on a busy CPU trial, low when it waits on a GPU or on data)
             "hps_epoch_cpu_s": self._epoch_cpu_s,
             "hps_data_wait_s": data_wait,
-            "hps_checkpoint_s": time.perf_counter() - self._checkpoint_started if self._checkpoint_started else 0.0,
+            # so far: those written at the epoch's end are added as it ends (_deliver_pending)
+            "hps_checkpoint_s": self.phase_timer.checkpoint_s - self._checkpointed_before_epoch,
             "hps_report_s": self._report_s,  # the previous report's cost
             "hps_startup_s": self._startup_s or 0.0,
             "hps_data_starved": steady_wait >= STARVED_MIN_WAIT_S and steady_wait / steady > STARVED_SHARE,
@@ -492,10 +544,23 @@ class TuneReporter(pl.Callback):
             "hps_samples_per_s": self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
         }
 
+    def _store_files(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
+        """Put the epoch's checkpoints where the study keeps them (URI storage): part of
+        the epoch's checkpointing, and of its time. An upload was timed in no phase, and
+        with S3 took longer than the epoch itself (audit 68)."""
+        if trainer.global_rank == 0 and self.store_epoch_files is not None:
+            storing = time.perf_counter()
+            self.store_epoch_files()
+            stored = time.perf_counter() - storing
+            metrics["hps_checkpoint_s"] = metrics.get("hps_checkpoint_s", 0.0) + stored
+            metrics["hps_epoch_time_s"] = metrics.get("hps_epoch_time_s", 0.0) + stored
+
     def _log_and_publish(self, trainer: pl.Trainer, metrics: dict[str, Any], in_tensorboard: bool = True) -> None:
         """Before an epoch's report: its speed and the best search metric so far
         (``hp/<metric>``, the column HParams compares trials by) in TensorBoard, unless it
-        has them already, and its files where the study keeps them."""
+        has them already, and its events where the study keeps them. Part of the report's
+        time (``hps_report_s``, see ``_send``)."""
+        publishing = time.perf_counter()
         if trainer.global_rank == 0:
             if trainer.logger is not None and in_tensorboard:
                 scalars = {f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS}
@@ -505,8 +570,9 @@ class TuneReporter(pl.Callback):
                 # Events reach disk before the report: a driver killed right after it
                 # must not leave TensorBoard missing epochs the study has.
                 trainer.logger.flush()
-            if self.before_report is not None:
-                self.before_report()
+            if self.store_epoch_events is not None:
+                self.store_epoch_events()
+        self._published_s = time.perf_counter() - publishing
 
     def _send(self, trainer: pl.Trainer, metrics: dict[str, Any], inside_fit: bool) -> None:
         """Report from the ranks that report, then learn whether the trial goes on. The
@@ -523,7 +589,7 @@ class TuneReporter(pl.Callback):
                 raise StoppedByScheduler(f"stopped by Tune at epoch {metrics[EPOCH]}") from None
             self.reported = True
         stopped = self.stopped_by_scheduler is not None and self.stopped_by_scheduler(trainer, metrics)
-        self._report_s = time.perf_counter() - reporting
+        self._report_s, self._published_s = self._published_s + time.perf_counter() - reporting, 0.0
         if stopped:
             raise StoppedByScheduler(f"stopped by the scheduler at epoch {metrics[EPOCH]}")
 

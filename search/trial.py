@@ -232,9 +232,12 @@ def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experim
             "hps_notes": "; ".join(checkpoint_notes),
             **_placement(),
         }
-        publish = (lambda: mirror.push(*own_files)) if mirror is not None else None
+        trial_files, tensorboard_files = own_files
+        store_files = (lambda: mirror.push(trial_files)) if mirror is not None else None  # its checkpoints
+        store_events = (lambda: mirror.push(tensorboard_files)) if mirror is not None else None
         reporter = TuneReporter(config.metric, config.mode, config.scheduler.max_epochs,
-                                report=_timed(report, started), static_fields=static_fields, before_report=publish,
+                                report=_timed(report, started), static_fields=static_fields,
+                                store_epoch_files=store_files, store_epoch_events=store_events,
                                 report_on_every_rank=parallel.report_on_every_rank, started=started,
                                 stopped_by_scheduler=stopped_by_scheduler,
                                 known_epochs=int(trial_config.get(KNOWN_EPOCHS, 0)),
@@ -247,7 +250,7 @@ def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experim
         trainer = build_trainer(settings, device=device, metric=config.metric, mode=config.mode,
                                 max_epochs=config.scheduler.max_epochs, trial_dir=trial_dir,
                                 tensorboard_run=tensorboard_run, callbacks=[reporter, *watch.callbacks()],
-                                strategy=parallel.strategy, profiler=reporter.fetch_timer,
+                                strategy=parallel.strategy, profiler=reporter.phase_timer,
                                 resumed_at=resumed_at(resume_from) if resume_from else None)
         try:
             with watch.recording(crash_file(trial_dir, parallel.traceback_rank)):
@@ -267,8 +270,8 @@ def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experim
             # Not worth a retry: end the trial as failed, with the reason and where its
             # traceback is kept, and let the search go on.
             saved = _save_traceback(exc, trial_dir, parallel.traceback_rank)
-            if publish is not None and trainer.global_rank == 0:
-                publish()
+            if mirror is not None and trainer.global_rank == 0:
+                mirror.push(*own_files)
             said = f"{reason} (traceback: {saved})"[:400] if saved else reason
             # a full disk pauses the trial and stops the session (tune_callbacks.DiskFilled)
             report({**static_fields, DISK_FULL if _disk_full(exc) else FAILURE: said,

@@ -30,7 +30,7 @@ def fit(tmp_path, epochs: int = 2, reports: list | None = None):
     trainer = build_trainer(settings, device=trial_device(settings, LoaderConfig(), ResourcesConfig()),
                             metric="val_acc", mode="max", max_epochs=epochs, trial_dir=tmp_path / "trial",
                             tensorboard_run=tmp_path / "tb" / "run", callbacks=[reporter],
-                            profiler=reporter.fetch_timer)
+                            profiler=reporter.phase_timer)
     trainer.fit(model, datamodule=data)
     reporter.send_final(trainer)
     return reports

@@ -76,7 +76,7 @@ class SlowEpochEnd(MLPClassifier):
 
 def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_acc", resume_from=None,
                reports_expected: int | None = None, patience: int | None = 10, known_epochs: int = 0,
-               logger_resumed_at=None, static_fields: dict | None = None) -> list[dict]:
+               logger_resumed_at=None, static_fields: dict | None = None, **reporter_options) -> list[dict]:
     from hpsearch.search.checkpoints import resumed_at
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
@@ -88,12 +88,12 @@ def reports_of(tmp_path, model, datamodule, epochs: int = 2, metric: str = "val_
         after_earlier_event_files(tmp_path / "tb" / "run")
     reports: list[dict] = []
     reporter = TuneReporter(metric, "max", epochs, report=reports.append, static_fields=static_fields or {},
-                            known_epochs=known_epochs)
+                            known_epochs=known_epochs, **reporter_options)
     settings = TrainerConfig(early_stopping_patience=patience)
     device = trial_device(settings, LoaderConfig(), ResourcesConfig())
     trainer = build_trainer(settings, device=device, metric=metric, mode="max", max_epochs=epochs,
                             trial_dir=tmp_path / "trial", tensorboard_run=tmp_path / "tb" / "run",
-                            callbacks=[reporter], profiler=reporter.fetch_timer,
+                            callbacks=[reporter], profiler=reporter.phase_timer,
                             resumed_at=logger_resumed_at or (resumed_at(Path(resume_from)) if resume_from else None))
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from)
     reporter.send_final(trainer)
@@ -297,6 +297,100 @@ def test_a_loaders_start_alone_is_waiting_on_data_but_not_starving(tmp_path):
     for report in reports_of(tmp_path, mlp_for(data), data):
         assert report["hps_data_wait_s"] >= 0.3, report  # it was waited for, and is said so
         assert report["hps_data_starved"] is False, report
+
+
+class StartsEagerly:
+    """A loader whose iteration takes ``seconds`` to start before any batch is asked for,
+    as a DataLoader's does when its workers do not persist (``persistent_workers: false``):
+    a new set of worker processes at each ``iter()``."""
+
+    def __init__(self, loader, seconds: float) -> None:
+        self.loader, self.seconds = loader, seconds
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        time.sleep(self.seconds)
+        return iter(self.loader)
+
+
+class TrainingLoaderStartsEagerly(SlowLoadingData):
+    def train_dataloader(self):
+        return StartsEagerly(super().train_dataloader(), 0.3)
+
+
+class ValidationLoaderStartsEagerly(SlowLoadingData):
+    def val_dataloader(self):
+        return StartsEagerly(super().val_dataloader(), 0.3)
+
+
+def phases_s(report: dict) -> float:
+    return sum(report[f"hps_{phase}_s"] for phase in ("train_time", "val_time", "data_wait", "checkpoint"))
+
+
+def test_a_training_loaders_start_at_each_epoch_is_waiting_on_data(tmp_path):
+    # Lightning starts it before the epoch's first fetch, outside the DataLoader's next():
+    # it was in no phase (audit 68: 0.1-0.28 s an epoch with persistent_workers: false).
+    data = TrainingLoaderStartsEagerly(item_seconds=0.0)
+    reports = reports_of(tmp_path, mlp_for(data), data, epochs=3)
+    for report in reports[1:]:  # the first epoch's started with the fit: the trial's start-up
+        assert report["hps_data_wait_s"] >= 0.3 and report["hps_data_starved"] is False, report
+        assert phases_s(report) <= report["hps_epoch_time_s"], report
+
+
+def test_a_validation_loaders_start_is_validation_time(tmp_path):
+    # Lightning starts it before any validation hook runs: it was in no phase (audit 68).
+    data = ValidationLoaderStartsEagerly(item_seconds=0.0)
+    for report in reports_of(tmp_path, mlp_for(data), data, epochs=2):
+        assert report["hps_val_time_s"] >= 0.3, report
+        assert phases_s(report) <= report["hps_epoch_time_s"], report
+
+
+class SlowValidationEnd(MLPClassifier):
+    """0.3 s of the model's own work after each validation (as a plot written there)."""
+
+    def on_validation_end(self):
+        time.sleep(0.3)
+
+
+class SlowCheckpointAtEpochEnd(pl.callbacks.ModelCheckpoint):
+    def on_train_epoch_end(self, trainer, pl_module):
+        time.sleep(0.3)
+        super().on_train_epoch_end(trainer, pl_module)
+
+
+class WritesItsOwnCheckpointAtEpochEnd(MLPClassifier):
+    def configure_callbacks(self):
+        return [SlowCheckpointAtEpochEnd(save_on_train_epoch_end=True)]
+
+
+def test_checkpoint_time_is_the_checkpoint_callbacks_and_not_the_models_own_hooks(tmp_path):
+    # It ran from hpsearch's on_validation_end to its on_train_epoch_end: the model's own
+    # on_validation_end was in it, and a checkpoint written at the epoch's end was not.
+    data = SlowLoadingData(item_seconds=0.0)
+    for report in reports_of(tmp_path, mlp_for(data, SlowValidationEnd), data, epochs=2):
+        assert report["hps_checkpoint_s"] < 0.2 and report["hps_epoch_time_s"] >= 0.3, report
+    for report in reports_of(tmp_path / "own", mlp_for(data, WritesItsOwnCheckpointAtEpochEnd), data, epochs=2):
+        assert report["hps_checkpoint_s"] >= 0.3, report
+        assert phases_s(report) <= report["hps_epoch_time_s"], report
+
+
+def test_storing_an_epochs_checkpoints_is_its_checkpoint_time_and_its_events_its_reports(tmp_path):
+    # With URI storage the upload ran after the epoch's time was taken and before the
+    # report's: in no phase, and longer than the epoch itself with S3 (audit 68).
+    data = SlowLoadingData(item_seconds=0.0)
+    stored: list[str] = []
+
+    def store(what: str, seconds: float):
+        return lambda: (stored.append(what), time.sleep(seconds))
+
+    reports = reports_of(tmp_path, mlp_for(data), data, epochs=2, store_epoch_files=store("files", 0.3),
+                         store_epoch_events=store("events", 0.2))
+    assert stored == ["files", "events"] * 2  # each epoch's, before its report
+    for report in reports:
+        assert report["hps_checkpoint_s"] >= 0.3 and phases_s(report) <= report["hps_epoch_time_s"], report
+    assert reports[1]["hps_report_s"] >= 0.2, reports[1]  # the report of the epoch before it
 
 
 class TwoTrainingLoaders(SlowLoadingData):
