@@ -388,6 +388,22 @@ def _short_names(params: list[str]) -> list[str]:
     return [name if last.count(name) == 1 else param for name, param in zip(last, params)]
 
 
+# What helps a data-starved trial (``status --trial``, and the end of ``run``/``resume``).
+STARVED_ADVICE = ("more loader workers would help: loader.num_workers, or resources.cpus_per_trial, which sizes "
+                  "them (one CPU per trial loads in the training process); or cheaper loading")
+
+
+def print_data_starved(trials: list[dict[str, Any]], console: Console | None = None) -> None:
+    """Say at a session's end how many trials waited on their DataLoader, and what helps:
+    the flag was only in ``status`` (audit 68)."""
+    starved = [str(row.get("trial")) for row in trials if row.get("data_starved") is True]
+    if starved:
+        named = ", ".join(starved[:10]) + (f" and {len(starved) - 10} more" if len(starved) > 10 else "")
+        (console or table_console()).print(
+            f"data-starved: {'trial' if len(starved) == 1 else 'trials'} {named} waited on the DataLoader for much "
+            f"of the training (hpsearch status says how much); {STARVED_ADVICE}", markup=False)
+
+
 def _waiting_on_data(row: dict[str, Any]) -> str:
     """A data-starved trial's last epoch: the share of its training time spent waiting on
     data, which the flag is for, and the seconds (the seconds alone told little)."""

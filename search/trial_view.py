@@ -174,7 +174,11 @@ def _times(row: dict[str, Any]) -> str:
     if isinstance(row.get("compute_s"), (int, float)):
         text += f"; {_seconds(row['compute_s'])} of compute in all"
     if row.get("data_starved") is True:
-        text += "; data-starved (its DataLoader could not keep up)"
+        from .status_view import STARVED_ADVICE
+
+        workers = row.get("num_workers")
+        had = f" with {counted(workers, 'loader worker')}" if isinstance(workers, int) else ""
+        text += f"; data-starved (its DataLoader could not keep up{had}: {STARVED_ADVICE})"
     return text
 
 

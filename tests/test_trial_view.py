@@ -130,3 +130,25 @@ def test_the_journal_readers_copies_of_optunas_codes_are_optunas():
         JournalOperation.SET_TRIAL_INTERMEDIATE_VALUE, JournalOperation.SET_TRIAL_USER_ATTR]
     assert journal_reader.TRIAL_STATES == {state.value: state.name for state in TrialState}
     assert journal_reader.WAITING == TrialState.WAITING.value
+
+
+def test_a_data_starved_trial_is_told_what_would_feed_it_here_and_at_the_sessions_end():
+    """The flag said only that the DataLoader could not keep up, and only in ``status``;
+    the default of one CPU a trial gives it no loader worker at all (audit 68)."""
+    from rich.console import Console
+
+    from hpsearch.search.status_view import print_data_starved
+    from hpsearch.search.trial_view import _times
+
+    row = {"epoch_time_s": 2.7, "train_s": 0.4, "data_wait_s": 2.3, "data_starved": True, "num_workers": 0}
+    said = _times(row)
+    assert "data-starved (its DataLoader could not keep up with 0 loader workers" in said, said
+    assert "loader.num_workers" in said and "resources.cpus_per_trial" in said, said
+    out = io.StringIO()
+    print_data_starved([{"trial": 0, "data_starved": True}, {"trial": 1, "data_starved": False},
+                        {"trial": 2, "data_starved": True}], Console(file=out, width=300))
+    assert out.getvalue().startswith("data-starved: trials 0, 2 waited on the DataLoader") \
+        and "loader.num_workers" in out.getvalue()
+    out = io.StringIO()
+    print_data_starved([{"trial": 1, "data_starved": False}], Console(file=out))
+    assert out.getvalue() == ""
