@@ -159,7 +159,8 @@ class StepLogsEveryEpoch(pl.Callback):
 
 # The checkpoints Lightning's tuners write at a fit's start and restore after their trial
 # runs (``pytorch_lightning/tuner``: ``.scale_batch_size_<uuid>.ckpt``, ``.lr_find_<uuid>.ckpt``).
-TUNER_CHECKPOINT_PREFIXES = (".scale_batch_size_", ".lr_find_")
+BATCH_SIZE_FINDER_CHECKPOINT = ".scale_batch_size_"
+TUNER_CHECKPOINT_PREFIXES = (BATCH_SIZE_FINDER_CHECKPOINT, ".lr_find_")
 
 
 def restored_by_a_tuner(trainer: pl.Trainer) -> bool:
@@ -168,12 +169,13 @@ def restored_by_a_tuner(trainer: pl.Trainer) -> bool:
 
 
 class TrainingStateThroughTuners(pl.Callback):
-    """A resumed trial trains on from its checkpoint's epoch with Lightning's tuners too.
-    They run at the fit's start, after the resume has restored the model and callbacks but
-    before it restores the optimizer and the loops' progress, and their own restore empties
-    the checkpoint Lightning holds for that: the resumed trial started again at epoch 0
-    (plain Lightning does the same). This hands the resume's checkpoint back after them;
-    a tuner callback runs first at the fit's start (Lightning puts them first)."""
+    """A resumed trial trains on from its checkpoint's epoch with Lightning's batch-size
+    finder too. Lightning's tuners run at the fit's start, after the resume has restored
+    the model and callbacks but before it restores the optimizer and the loops' progress,
+    and their own restore empties the checkpoint Lightning holds for that: the resumed
+    trial started again at epoch 0 (plain Lightning does the same). This hands the
+    resume's checkpoint back after the finder; a tuner callback runs first at the fit's
+    start (Lightning puts them first)."""
 
     def __init__(self) -> None:
         self._resume: tuple[Any, dict] | None = None
@@ -181,7 +183,12 @@ class TrainingStateThroughTuners(pl.Callback):
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         if restored_by_a_tuner(trainer):
-            self._emptied_by_a_tuner = self._resume is not None
+            # Only the batch-size finder's: the learning-rate finder also runs the fit loop
+            # and sets its loaders up again, and the resume's loop state handed back after it
+            # left every later epoch with no batch. With it, a resumed trial starts again at
+            # epoch 0, as in plain Lightning.
+            self._emptied_by_a_tuner = self._resume is not None and \
+                Path(str(trainer.ckpt_path)).name.startswith(BATCH_SIZE_FINDER_CHECKPOINT)
         else:
             self._resume = (trainer.ckpt_path, checkpoint)
 
