@@ -102,9 +102,30 @@ def read_yaml(path: Path, loader: type = ExperimentLoader) -> tuple[dict[str, An
         raise ConfigError.single("", "the YAML nests too deeply to be read", None, str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError.single("", "the file must be a YAML mapping of settings", 1, str(path))
+    if _values_read(node) > MAX_VALUES_READ:
+        raise ConfigError.single("", f"its anchors and aliases (&name, *name) expand to more than "
+                                     f"{MAX_VALUES_READ:,} values; write the values out", None, str(path))
     lines: LineMap = {}
     _collect_lines(node, (), lines, str(path))
     return data, lines
+
+
+# An experiment file holds hundreds of values; aliases nested in aliases multiply (nine
+# levels of nine took 13 GB and never ended: audit 69), and every check walks them all.
+MAX_VALUES_READ = 100_000
+
+
+def _values_read(node: yaml.Node, sizes: dict[int, int] | None = None) -> int:
+    """How many values the document holds once each alias stands for what it names: an
+    aliased node is one object, counted once and added wherever it is used."""
+    sizes = {} if sizes is None else sizes
+    if id(node) not in sizes:
+        sizes[id(node)] = 1  # (a node cannot hold itself: the composer refuses that alias)
+        if isinstance(node, yaml.MappingNode):
+            sizes[id(node)] += sum(_values_read(key, sizes) + _values_read(value, sizes) for key, value in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            sizes[id(node)] += sum(_values_read(item, sizes) for item in node.value)
+    return sizes[id(node)]
 
 
 def _collect_lines(node: yaml.Node, prefix: tuple[str, ...], lines: LineMap, origin: str) -> None:

@@ -440,6 +440,23 @@ def test_malformed_yaml_names_the_line(tmp_path):
     assert "malformed YAML" in str(caught.value) and caught.value.problems[0].line is not None
 
 
+def test_aliases_that_multiply_are_refused_and_an_anchor_used_twice_is_read(tmp_path):
+    """Nine levels of nine aliases took 13 GB and never ended: every check walked every use
+    of an anchor (audit 69)."""
+    source = open(__import__("conftest").EXAMPLE).read()
+    laughs = tmp_path / "laughs.yaml"
+    levels = ["x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + \
+        [f"x{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, 9)]
+    laughs.write_text(source + "\n".join(levels) + "\n")
+    with pytest.raises(ConfigError, match=r"anchors and aliases \(&name, \*name\) expand to more than 100,000"):
+        load_config(laughs)
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(source.replace("trainer:", "trainer: &trainer", 1) + "\nx: *trainer\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(shared)
+    assert [problem.field for problem in caught.value.problems] == ["x"]  # an unknown key, as any other
+
+
 def test_files_that_are_not_utf8_or_nest_too_deeply_or_come_from_a_pipe_are_read_or_refused_cleanly(tmp_path):
     """Each gave a traceback and exit 1, or called the pipe missing (audit 36)."""
     source = open(__import__("conftest").EXAMPLE).read()
