@@ -548,6 +548,7 @@ def test_preflight_says_the_searched_values_a_failed_batch_ran_with(example_conf
 def test_preflight_refuses_a_fraction_of_the_batches_that_leaves_none(example_config, name, which):
     """0.01 of 17 batches passed the check (its own batches are two and one), and Lightning
     refused it in every trial (audit 36)."""
+    del example_config["space"]["data.batch_size"]  # (the space's largest: the next test)
     example_config["trainer"] = {name: 0.01}
     config = load_config(example_config)
     with pytest.raises(ConfigError) as caught:
@@ -559,6 +560,29 @@ def test_preflight_refuses_a_fraction_of_the_batches_that_leaves_none(example_co
                         rf"batches\), or a whole number of batches \(an int\)",
                         problem.message), problem.message
     example_config["trainer"] = {name: 0.5}
+    config = load_config(example_config)
+    assert config.metric in run_preflight(config, *check_components(config))
+
+
+@pytest.mark.parametrize("name, which, batches", [("limit_train_batches", "training", 5),
+                                                  ("limit_val_batches", "validation", 1)])
+def test_preflight_refuses_a_fraction_that_leaves_no_batch_at_the_spaces_largest_batch_size(example_config, name,
+                                                                                           which, batches):
+    """The preflight ran at one batch size: a fraction that left batches there left none
+    at the space's largest, and every trial that sampled it failed (audit 69). (The digits
+    data's validation batches are 4x the training's.)"""
+    example_config["space"]["data.batch_size"] = {"type": "categorical", "choices": [32, 256]}
+    example_config["trainer"] = {name: 0.15}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert (problem.field, problem.message) == (
+        f"trainer.{name}", f"0.15 of the {batches} {which} batches at data.batch_size=256 (the space's largest) is "
+                           f"none, which Lightning refuses in a trial: give at least {1 / batches:.3g}, or a whole "
+                           f"number of batches (an int)")
+    example_config["space"]["data.batch_size"] = {"type": "categorical", "choices": [32, 64]}
+    example_config["trainer"] = {name: 0.5}  # 1 of the 2 validation batches at 64
     config = load_config(example_config)
     assert config.metric in run_preflight(config, *check_components(config))
 
