@@ -507,10 +507,11 @@ class FailureConfig(StrictModel):
         5, description="the session stops once this many trials in a row have failed, none finishing between "
         "them: a fault every trial meets (broken data, a bug at any setting) would fail the rest of the study "
         "too; resume continues once it is fixed. null: never stop for failures")
-    hang_timeout_s: PositiveNumber | None = Field(
+    hang_timeout_s: Annotated[PositiveNumber, Field(ge=1)] | None = Field(
         None, description="a trial that finishes no training or validation batch for this long (from the "
         "training's start) is ended, the stack of each of its threads written to its error.txt, and retried "
-        "as a process that died; none by default")
+        "as a process that died; none by default. At least 1 s: 0.001 ended every trial in its first batch "
+        "(audit 69)")
 
 
 class ExperimentConfig(StrictModel):

@@ -92,6 +92,8 @@ BAD_SCHEMA = [
     # pydantic took true as seed 1 and as a retry or a range's bound (audit 21)
     ("seed true", _set("search/seed", True), "search.seed", "a number is needed; YAML reads yes, no, on and off as true and false (got True)"),
     ("max_retries true", _set("failure", {"max_retries": True}), "failure.max_retries", "a number is needed; YAML reads yes, no, on and off as true and false (got True)"),
+    # every trial ended as hung in its first batch (audit 69)
+    ("hang timeout below a second", _set("failure", {"hang_timeout_s": 0.001}), "failure.hang_timeout_s", "greater than or equal to 1"),
     ("int range bound true", _set("space/data.batch_size", {"type": "int", "low": True, "high": 64}),
      "space.data.batch_size.low", "a number is needed; YAML reads yes, no, on and off as true and false (got True)"),
     # pydantic's lax floats took these as numbers (gpus_per_trial: yes asked for a GPU), while
