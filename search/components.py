@@ -272,9 +272,10 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
     ]
     hints = _type_hints(klass)
     for name, value in component.init_args.items():
+        # a searched argument's too: a conditional one takes it where its condition is not
+        # met, and any does once the space drops it (``--set space.X=null``; audit 69)
         field = f"{section}.init_args.{name}"
-        if name in hints and name not in searched and \
-                (wrong := _wrong_type(klass, name, hints[name], value, config.read_as_yaml(field))):
+        if name in hints and (wrong := _wrong_type(klass, name, hints[name], value, config.read_as_yaml(field))):
             problems.append(config.problem(field, wrong))
     for name, param in sorted(searched_params.items()):
         field = f"space.{section}.{name}"

@@ -1403,6 +1403,21 @@ def test_an_init_arg_of_the_wrong_type_is_named_before_anything_runs(example_con
         assert problem.field == "model.init_args.weight_decay" and told in problem.message, problem
 
 
+@pytest.mark.parametrize("when", [None, {"model.channels": [8]}])
+def test_a_searched_arguments_init_args_value_is_checked_too(example_config, when):
+    """It was never checked (audit 69), and is used: by a conditional parameter where its
+    condition is not met (a raw TypeError in the preflight), by any once the space drops it."""
+    example_config["model"]["init_args"]["weight_decay"] = "high"
+    example_config["space"]["model.weight_decay"] = {"type": "float", "low": 0.0, "high": 0.1,
+                                                     **({"when": when} if when else {})}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        check_components(config)
+    [problem] = caught.value.problems
+    assert problem.field == "model.init_args.weight_decay" and "'high' does not suit CNNClassifier's weight_decay" \
+        in problem.message, problem
+
+
 def test_values_of_the_annotated_type_or_converted_without_loss_pass(example_config):
     example_config["model"]["init_args"].update(weight_decay=0, lr=1e-3)  # an int where a float goes
     check_components(load_config(example_config))
