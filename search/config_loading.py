@@ -8,6 +8,7 @@ YAML line; nothing here touches the filesystem beyond reading the file.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -97,6 +98,8 @@ def read_yaml(path: Path, loader: type = ExperimentLoader) -> tuple[dict[str, An
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else None
         reason = getattr(exc, "problem", None) or str(exc)
+        if "'\\t'" in reason:  # "found character '\t' that cannot start any token" (audit 69)
+            reason += ": indent with spaces, YAML refuses tabs there"
         raise ConfigError.single("", f"malformed YAML: {reason}", line, str(path)) from None
     except RecursionError:
         raise ConfigError.single("", "the YAML nests too deeply to be read", None, str(path)) from None
@@ -151,10 +154,10 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> list[tuple[
     """``["a.b=1"]`` or ``{"a.b": 1}`` to (key, value) pairs in the order given, a key given
     twice twice (taking a first trial out moves the later ones: the order matters, audit 47);
     values are parsed as YAML scalars."""
-    if isinstance(overrides, Mapping):
-        return list(overrides.items())
     parsed: list[tuple[str, Any]] = []
-    for item in overrides:
+    if isinstance(overrides, Mapping):
+        parsed = list(overrides.items())
+    for item in () if isinstance(overrides, Mapping) else overrides:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ConfigError.single("--set", f"{item!r} is not of the form key=value")
@@ -162,6 +165,9 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> list[tuple[
             parsed.append((key.strip(), load_yaml(value) if value.strip() else None))
         except yaml.YAMLError:
             raise ConfigError.single(key.strip(), f"--set value {value!r} is not valid YAML") from None
+    for key, _ in parsed:
+        if isinstance(key, str) and "" in key.split("."):  # search..num_trials was named 'search.' (audit 69)
+            raise ConfigError.single("--set", f"{key!r} has an empty part: two dots in a row, or a dot at an end")
     return parsed
 
 
@@ -386,6 +392,10 @@ def _to_problem(error: Mapping[str, Any], lines: LineMap, origin: str) -> Proble
         message = "type must be one of 'float', 'int', 'categorical'"
     elif error["type"] == "union_tag_not_found":
         message = "needs a 'type': 'float', 'int' or 'categorical' (space keys are 'model.<arg>', 'data.<arg>' or 'trainer.<setting>')"
+        given = error.get("input") if isinstance(error.get("input"), dict) else {}
+        misspelled = [key for key in given if isinstance(key, str) and key.strip().lower() == "type" and key != "type"]
+        if misspelled:  # 'Type: float' was said to lack a type, with no word of its key (audit 69)
+            message = f"needs a 'type' (lowercase; it has {misspelled[0]!r}): 'float', 'int' or 'categorical'"
     elif error["type"] == "string_type" and isinstance(error.get("input"), type):
         given = error["input"]
         if given.__module__ in ("__main__", "__mp_main__"):  # its import path would be refused next
@@ -467,9 +477,11 @@ def _not_a_number(given: str | bool, as_yaml: bool = True) -> str:
         return "a number is needed; YAML reads yes, no, on and off as true and false" if as_yaml else \
             "a number is needed, not a boolean"
     try:
-        float(given)
+        number = float(given)
     except ValueError:
         return "a number is needed"
+    if not math.isfinite(number):  # 'nan' is text to YAML, and no quotes were there to remove (audit 69)
+        return "a finite number is needed"
     if not as_yaml:
         return "a number is needed, not a string"
     if "_" in given:  # Python reads 1_000 as a number; YAML 1.2 does not (audit 38)

@@ -834,3 +834,28 @@ def test_a_validated_config_given_back_is_taken(example_config):
     config = load_config(example_config)
     assert load_config(config) == config
     assert load_config(config, {"search.num_trials": 3}).search.num_trials == 3
+
+
+@pytest.mark.parametrize("overrides, field, message", [
+    # 'nan' is text to YAML: "remove the quotes" was said of a value with none
+    (["search.num_trials=nan"], "search.num_trials", "a finite number is needed (got 'nan')"),
+    (["search..num_trials=4"], "--set", "'search..num_trials' has an empty part: two dots in a row, or a dot at an end"),
+    ({"search.": 4}, "--set", "'search.' has an empty part: two dots in a row, or a dot at an end"),
+    (["space.model.lr={Type: float, low: 0.1, high: 0.2}"], "space.model.lr",
+     "needs a 'type' (lowercase; it has 'Type'): 'float', 'int' or 'categorical'"),
+])
+def test_mistakes_in_overrides_are_told_as_they_are(overrides, field, message):
+    """Each was named by another field, or told a fix that did not apply (audit 69)."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(example_dict(), overrides)
+    [problem] = caught.value.problems
+    assert (problem.field, problem.message) == (field, message)
+
+
+def test_a_tab_that_yaml_refuses_is_told_to_be_spaces(tmp_path):
+    path = tmp_path / "tabs.yaml"
+    path.write_text("name: x\nmodel:\n\tclass_path: cnn\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    assert problem.line == 3 and problem.message.endswith(": indent with spaces, YAML refuses tabs there"), problem
