@@ -33,6 +33,7 @@ from .config import ExperimentConfig, ResourcesConfig
 from .config_loading import flat_settings, load_config
 from .errors import (CallbackError, ConfigError, DiskFullError, HpsearchError, Interrupted, Problem, counted,
                      exception_chain, first_line, resume_call, resume_command, warn_user)
+from .data_classes import check_classes, classes_of, keep_classes
 from .experiment import ExperimentDir, close_killed_sessions, read_sessions, record_session, write_config
 from .gc_pause import collector_paused, thawed_at_exit
 from .outcome import (FINISHED_STATES, PAUSED, SESSION_COMPLETE, SESSION_DISK_FULL, SESSION_FAILURES_IN_A_ROW,
@@ -110,7 +111,7 @@ def run(
     # said after 6.5 s of them (audit 36). A URI is checked for writing here.
     home = _new_study_home(config)
     with caller_state_kept(loggers_quieted=not verbose), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
-        prepare(config)
+        classes = prepare(config)
         if starts_a_local_ray(address):
             room_on_this_machine(config)  # a trial too large for it is refused before Ray starts
         interrupted.raise_if_heard()
@@ -123,6 +124,7 @@ def run(
             try:
                 with study_lock(exp):
                     write_config(exp, config.model_dump(mode="json"))
+                    keep_classes(exp, classes)
                     interrupted.raise_if_heard()
                     return _took(called, _search(config, exp, verbose, concurrency, callbacks, home.mirror, address,
                                                  search_ray.local_environment))
@@ -364,7 +366,7 @@ def _resume_locked(exp: ExperimentDir, overrides, address: str | None, verbose: 
     # The preflight again: this machine, directory or environment may not be the first
     # session's, and a trial that fails for it is FAILED for good (resume reruns no failed trial).
     try:
-        prepare(config)
+        check_classes(exp, prepare(config))
     except ConfigError as exc:
         raise _naming_the_last_sessions_directory(exc, exp) from None
     interrupted.raise_if_heard()
@@ -603,8 +605,9 @@ def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str |
                         finished_before=_finished(trials))
 
 
-def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
+def prepare(config: ExperimentConfig, preflight: bool | None = None) -> list[str] | None:
     """Resolve the user's classes and check their arguments; run the preflight batch.
+    Returns the data's class names, if its DataModule names them (``data_classes``).
 
     The user's modules import torch and Lightning: with the garbage collector paused, and
     what they leave is frozen for the search that follows (see ``gc_pause``); the caller
@@ -622,10 +625,14 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> None:
     precision_fallback_warning(config.trainer, config.resources, config.space)
     loader_setting_warnings(config.loader, config.resources,
                             datamodule_worker_counts(config.data.init_args, config.space), data_class)
-    if config.search.preflight if preflight is None else preflight:
-        from .preflight import run_preflight
+    if not (config.search.preflight if preflight is None else preflight):
+        return None
+    from .preflight import run_preflight
 
-        run_preflight(config, model_class, data_class)
+    found: list[list[str] | None] = [None]
+    run_preflight(config, model_class, data_class,
+                  on_data=lambda datamodule: found.__setitem__(0, classes_of(datamodule)))
+    return found[0]
 
 
 def _paused_by_a_full_disk(exp: ExperimentDir) -> str:

@@ -60,6 +60,10 @@ class ExperimentDir:
         return self.root / "sessions.json"
 
     @property
+    def data_json(self) -> Path:
+        return self.root / "data.json"  # the data's class names (``data_classes``)
+
+    @property
     def tune_dir(self) -> Path:
         return self.root / "tune"
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 import warnings
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .components import build_datamodule, build_model, innermost_user_frame, raised_at, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
@@ -54,20 +54,23 @@ def trained_with(config: ExperimentConfig) -> str:
     return _searched(config, sampled_only(config, representative_params(config)))
 
 
-def run_preflight(config: ExperimentConfig, model_class: type, data_class: type) -> list[str]:
+def run_preflight(config: ExperimentConfig, model_class: type, data_class: type,
+                  on_data: Callable[[Any], None] | None = None) -> list[str]:
     """Train one step and validate one batch; return the metrics the model logged at
     validation. Raises ``ConfigError``. Seeded as the study's trial 0 is (its weights, its
     shuffled batches; seed 0's trial 0 for a study without a seed, whose trials are
     unseeded), so that ``check`` and ``run`` train the same batches: unseeded, a bad
     file the training split holds was met by one ``check`` in six (audit 48). The caller's
-    generators are left as they were (a Python session's, a notebook's)."""
+    generators are left as they were (a Python session's, a notebook's). ``on_data``: given
+    the DataModule once it has trained (set up), for what the study keeps of it."""
     from .seeding import seeded_as_its_trial, training_seed
 
     with seeded_as_its_trial(training_seed(0 if config.search.seed is None else config.search.seed, 0)):
-        return _preflight(config, model_class, data_class)
+        return _preflight(config, model_class, data_class, on_data)
 
 
-def _preflight(config: ExperimentConfig, model_class: type, data_class: type) -> list[str]:
+def _preflight(config: ExperimentConfig, model_class: type, data_class: type,
+               on_data: Callable[[Any], None] | None) -> list[str]:
     values = representative_params(config)
     params = sampled_only(config, values)
     # The trials' own options, with no loader processes to start for one batch.
@@ -89,6 +92,8 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type) ->
                                           f"{model_built} raised {type(exc).__name__}: {exc}{_at(exc)}")]) from None
     with lightning_quieted():  # the driver may be the user's own Python session
         logged, in_training = _a_few_batches(config, params, model, datamodule, model_class, data_class)
+        if on_data is not None:
+            on_data(datamodule)
         for precision in _other_searched_precisions(config, params):
             variant = with_value(config, values, "trainer.precision", precision)
             pair = _classes_for(config, variant, params, datamodule, model_class, data_class, loader)

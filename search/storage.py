@@ -32,7 +32,8 @@ from .errors import ExperimentError, HpsearchError
 from .experiment import ExperimentDir, free_name
 
 # The study's own files: small, and what ``status``/``best``/``report``/``resume`` read.
-STUDY_FILES = ("experiment.yaml", "optuna.journal", "trials.csv", "sessions.json", "best.json", "driver.json")
+STUDY_FILES = ("experiment.yaml", "optuna.journal", "trials.csv", "sessions.json", "best.json", "driver.json",
+               "data.json")
 # In a working copy on the driver's machine: the URI of the study it mirrors (never pushed).
 HOME_FILE = ".hpsearch-home"
 

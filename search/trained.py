@@ -118,6 +118,7 @@ def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_lo
 
         from .api import _naming_the_last_sessions_directory
         from .components import build_datamodule, build_model, check_components
+        from .data_classes import changed_classes, classes_of
         from .devices import trial_device
         from .lightning_trainer import lightning_quieted
 
@@ -131,6 +132,9 @@ def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_lo
             model = build_model(config, model_class, params, datamodule)
             datamodule.prepare_data()  # as Lightning's test loop begins
             datamodule.setup("test")
+        changed = changed_classes(exp, classes_of(datamodule))
+        if changed is not None:
+            raise HpsearchError(f"{exp.root}: {changed}")
         state = torch.load(checkpoint, map_location=map_location, weights_only=False)
         if is_overridden("configure_model", model, LightningModule):
             model.configure_model()

@@ -542,3 +542,29 @@ def test_tensorboard_over_two_studies_shows_both_studies_runs_and_columns(finish
     assert len(groups) == 12 and all(len(group["sessions"]) == 1 for group in groups), groups
     # each row's study, which the HParams views can be filtered by
     assert all(group["hparams"]["study"] == group["sessions"][0]["name"].split("/")[0] for group in groups), groups
+
+
+def test_a_study_whose_data_classes_changed_is_neither_resumed_nor_loaded(tmp_path):
+    """A class folder renamed between sessions shifted every label with no word: the resumed
+    study trained new trials on other labels and re-scored its best trial at 0 (audit 71)."""
+    import hpsearch
+    from conftest import make_image_folder, shrunk_example
+    from hpsearch.search.errors import ConfigError, HpsearchError
+
+    images = make_image_folder(tmp_path / "images")
+    config = shrunk_example(tmp_path / "runs", **{"search/num_trials": 1, "scheduler/max_epochs": 1})
+    config["data"] = {"class_path": "image-folder", "init_args": {"root": str(images), "image_size": 10}}
+    del config["space"]["data.batch_size"]
+    result = hpsearch.run(config)
+    assert json.loads((result.experiment_dir / "data.json").read_text()) == {"classes": ["cat", "dog", "eel"]}
+    (images / "cat").rename(images / "yak")
+    with pytest.raises(ConfigError) as caught:
+        hpsearch.resume(result.experiment_dir, ["search.num_trials=2"])
+    [problem] = caught.value.problems
+    assert problem.field == "data" and "the data's classes changed since the study began (gone: 'cat'; new: 'yak')" \
+        in problem.message, problem
+    assert len(rows_of(result.experiment_dir)) == 1  # no trial ran on the shifted labels
+    with pytest.raises(HpsearchError, match=r"the data's classes changed since the study began"):
+        hpsearch.load_trial(result.experiment_dir)
+    (images / "yak").rename(images / "cat")
+    assert hpsearch.load_trial(result.experiment_dir).trial == 0
