@@ -76,7 +76,8 @@ def stratified_split(keys: list[str], labels: list[int], val_fraction: float, te
     import hashlib
 
     def drawn(key: str) -> bytes:
-        return hashlib.blake2b(f"{seed}\0{key}".encode(), digest_size=8).digest()
+        # a name that is not UTF-8 (Latin-1 bytes) holds surrogates: hashed as its bytes (audit 71)
+        return hashlib.blake2b(f"{seed}\0{key}".encode("utf-8", "surrogateescape"), digest_size=8).digest()
 
     _, n_val, n_test = split_sizes(len(keys), val_fraction, test_fraction)
     by_class: dict[int, list[int]] = {}

@@ -63,9 +63,15 @@ class ImageFileDataset(Dataset):
 
         if "exif" in image.info or image.format == "TIFF":  # else it has no rotation to read: 2-3% of a decode
             ImageOps.exif_transpose(image, in_place=True)
+        if image.mode == "F":  # PIL's conversion rounds [0, 1] floats to black (audit 71)
+            raise ValueError("a 32-bit float image, whose range of values is its own: image-folder reads 8- and "
+                             "16-bit images; save it as one")
         if image.mode in WIDE_GREYSCALE:
             wide = np.asarray(image).astype(np.int64)
-            image = Image.fromarray((np.clip(wide, 0, 65535) // 257).astype(np.uint8), "L")
+            if wide.size and (int(wide.min()) < 0 or int(wide.max()) > 65535):  # clipped, it came out white
+                raise ValueError(f"a 32-bit integer image with values {int(wide.min())} to {int(wide.max())}, beyond "
+                                 f"16 bits: image-folder reads 8- and 16-bit images; save it as one")
+            image = Image.fromarray((wide // 257).astype(np.uint8), "L")
         if image.mode != self.mode:
             image = image.convert(self.mode)
         if image.size != (self.image_size, self.image_size):

@@ -398,6 +398,31 @@ def test_image_folder_lists_what_it_can_read_once_each(tmp_path):
             assert split[index][0].shape == (3, 4, 4)
 
 
+def test_float_images_and_integers_beyond_sixteen_bits_are_refused_naming_the_file(tmp_path):
+    """PIL's conversion rounded a float image of 0.5 to black, and clipped 70000 to white,
+    with no word (audit 71)."""
+    from PIL import Image
+
+    from hpsearch.models.image_folder import ImageFileDataset
+    from hpsearch.search.errors import UnreadableDataFile
+
+    Image.fromarray(np.full((4, 4), 0.5, dtype=np.float32)).save(tmp_path / "float.tiff")
+    Image.fromarray(np.full((4, 4), 70000, dtype=np.int32)).save(tmp_path / "wide.tiff")
+    for name, said in (("float.tiff", "a 32-bit float image"),
+                       ("wide.tiff", "a 32-bit integer image with values 70000 to 70000, beyond 16 bits")):
+        for channels in (1, 3):
+            with pytest.raises(UnreadableDataFile, match=rf"cannot decode image file '.*{name}': ValueError: {said}"):
+                ImageFileDataset([tmp_path / name], [0], image_size=4, channels=channels)[0]
+
+
+def test_a_file_name_that_is_not_utf8_is_split_by_its_bytes(tmp_path):
+    """Its path's surrogates failed the split's hash: the set-up crashed, naming no file (audit 71)."""
+    from hpsearch.models._loading import stratified_split
+
+    keys = [f"cat/{i}.png" for i in range(8)] + ["cat/caf\udce9.bmp"]
+    assert sorted(sum(stratified_split(keys, [0] * 9, 0.2, 0.2, seed=0), [])) == list(range(9))
+
+
 def test_sixteen_bit_and_rotated_images_decode_as_seen(tmp_path):
     """16-bit greyscale came out white (PIL's conversion clips it), and a photo's EXIF
     rotation was ignored (audit 48); a one-channel image was a read-only array, which
