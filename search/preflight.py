@@ -369,10 +369,10 @@ def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, 
         field = f"space.trainer.{name}" if f"trainer.{name}" in config.space else f"trainer.{name}"
         which = "training" if name == "limit_train_batches" else "validation"
         searched = at or _searched(config, params)
+        larger = "" if at else " (more where a larger batch size gives fewer batches)"
         raise ConfigError([config.problem(field, f"{limit:g} of the {length} {which} batches"
                                                  f"{searched} is none, which Lightning refuses "
-                                                 f"in a trial: give at least {1 / length:.3g}"
-                                                 f"{'' if at else ' (more where a larger batch size gives fewer batches)'}"
+                                                 f"in a trial: give at least {1 / length:.3g}{larger}"
                                                  f", or a whole number of batches (an int)")])
 
 
