@@ -18,6 +18,8 @@ from ._loading import SplitLoaders, check_fractions, stratified_split
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
 # 16-bit greyscale (and PIL's 32-bit integer mode, in which it opened such PNGs before)
 WIDE_GREYSCALE = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
+# Folder names of a dataset already split, which are not classes.
+SPLIT_FOLDER_NAMES = frozenset({"train", "training", "val", "valid", "validation", "dev", "test", "testing", "eval"})
 
 
 class ImageFileDataset(Dataset):
@@ -140,6 +142,13 @@ class ImageFolderDataModule(SplitLoaders, pl.LightningDataModule):
         self.classes = sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
         if len(self.classes) < 2:
             raise ValueError(f"image-folder root {str(self.root)!r} needs at least two class subfolders")
+        if {name.lower() for name in self.classes} <= SPLIT_FOLDER_NAMES:
+            # they became the classes, and the model learned which split a file is in (audit 71)
+            train = next((name for name in self.classes if name.lower() in ("train", "training")), self.classes[0])
+            raise ValueError(f"image-folder root {str(self.root)!r} holds {', '.join(self.classes)}: folders of "
+                             f"splits, not classes. image-folder splits one folder of class folders itself "
+                             f"(val_fraction, test_fraction): give a folder of the classes as root (say "
+                             f"{str(self.root / train)!r}), or join the splits' class folders into one")
         self.image_size, self.channels = int(image_size), int(channels)
         if eval_batch_size is not None and int(eval_batch_size) < 1:
             raise ValueError(f"eval_batch_size must be >= 1 (or left out: 4 x batch_size), got {eval_batch_size}")

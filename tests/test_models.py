@@ -233,6 +233,17 @@ def test_image_folder_rejects_a_missing_root(tmp_path):
         ImageFolderDataModule(str(tmp_path / "nope"))
 
 
+def test_image_folder_refuses_a_root_of_split_folders(tmp_path):
+    """train/val/test folders became three classes, and the model learned which split a file
+    was in (audit 71); a folder of classes of its own is read."""
+    for split in ("train", "val", "test"):
+        make_image_folder(tmp_path / "images" / split, per_class=2)
+    with pytest.raises(ValueError, match=r"holds test, train, val: folders of splits, not classes\. .*\(say "
+                                         r"'.*images/train'\)"):
+        ImageFolderDataModule(str(tmp_path / "images"))
+    assert ImageFolderDataModule(str(tmp_path / "images" / "train")).classes == ["cat", "dog", "eel"]
+
+
 def test_a_class_folder_that_is_a_link_gets_no_other_classs_files(tmp_path):
     """A class folder linked to another class's folder (or into it), or classes kept
     outside the root that link to each other, gave a file two labels (audit 52)."""
