@@ -99,6 +99,7 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type,
             pair = _classes_for(config, variant, params, datamodule, model_class, data_class, loader)
             if pair is not None:  # else a class refuses these values, which the builds below report
                 _a_few_batches(config, variant, *pair, model_class, data_class, blame="space.trainer.precision")
+        _limits_at_the_largest_batch_sizes(config, values, data_class, loader)  # after: its builds draw random numbers
         if config.metric not in logged:
             raise ConfigError([config.problem(
                 "metric",
@@ -221,11 +222,9 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
         before_validation: dict = {}
 
         batches: dict = {}  # the trials' loaders' lengths, by the limit setting that cuts them
-        batching: dict = {}  # and how they batch (``_batching``)
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.batches["limit_train_batches"] = _length(trainer.train_dataloader)
-            self.batching["limit_train_batches"] = _batching(trainer.train_dataloader)
             self.loader_workers = loader_in_use(trainer.train_dataloader).get("hps_num_workers", 0)
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -238,7 +237,6 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
         def on_validation_start(self, trainer, pl_module) -> None:
             self.phase = "one validation batch"
             self.batches["limit_val_batches"] = _length(trainer.val_dataloaders)
-            self.batching["limit_val_batches"] = _batching(trainer.val_dataloaders)
             self.before_validation = dict(trainer.callback_metrics)
 
         def on_validation_end(self, trainer, pl_module) -> None:
@@ -278,7 +276,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             raise ConfigError([config.problem(field, f"{watch.phase} failed{in_precision}: {type(exc).__name__}: "
                                                      f"{exc}{_relative_path_note(exc)}{_at(exc)}"
                                                      f"{'; it ran' + searched if searched else ''}")]) from None
-    _limits_leave_batches(config, settings, params, watch.batches, watch.batching)
+    _limits_leave_batches(config, settings, params, watch.batches)
     if blame is None:  # the preflight's own values, once
         _warn_of_loader_workers_of_its_own(config, data_class, getattr(watch, "loader_workers", 0))
     return watch.logged, watch.in_training
@@ -306,56 +304,13 @@ def _length(loaders: Any) -> int | None:
         return None
 
 
-def _batching(loaders: Any) -> tuple[int, int, bool] | None:
-    """A loader's samples, batch size and whether it drops a last partial batch, if it says."""
-    from torch.utils.data import DataLoader
-
-    loader = loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
-    try:
-        if isinstance(loader, DataLoader) and loader.batch_size:
-            return len(loader.dataset), int(loader.batch_size), bool(loader.drop_last)
-    except TypeError:  # a dataset with no length
-        pass
-    return None
-
-
-# The searched DataModule arguments that set a limit's loader's batch size, by convention.
-BATCH_SIZE_ARGUMENTS = {"limit_train_batches": ("batch_size",),
-                        "limit_val_batches": ("eval_batch_size", "val_batch_size", "batch_size")}
-
-
-def _fewest_batches(config: ExperimentConfig, params: dict[str, Any], name: str, length: int | None,
-                    batching: tuple[int, int, bool] | None) -> tuple[int | None, str]:
-    """The fewest batches the limit ``name``'s loader can give over the space: at the
-    preflight's values, or at the largest batch size the space can sample (the preflight
-    ran at one; a fraction that left batches at 32 left none at 256: audit 69). Returns
-    them, and the searched value that gives them ('' for the preflight's own)."""
-    if not length or batching is None:
-        return length, ""
-    samples, batch_size, drop_last = batching
-    for argument in BATCH_SIZE_ARGUMENTS[name]:
-        key = f"data.{argument}"
-        param, value = config.space.get(key), params.get(key)
-        if param is None or isinstance(value, bool) or not isinstance(value, int) or value < 1 \
-                or batch_size % value:
-            continue
-        largest = max((v for v in param.edge_values() if isinstance(v, int) and not isinstance(v, bool)),
-                      default=value)
-        if largest <= value:
-            return length, ""
-        fewest = samples // (largest * (batch_size // value))
-        fewest += 0 if drop_last or samples % (largest * (batch_size // value)) == 0 else 1
-        return (fewest, f" at {key}={largest} (the space's largest)") if fewest < length else (length, "")
-    return length, ""
-
-
 def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, Any],
-                          batches: dict[str, int | None], batching: dict[str, Any]) -> None:
-    """A fraction of the batches that leaves none (0.01 of 17) at the preflight's values, or
-    at the space's largest batch size: Lightning refuses it in a trial, and the preflight,
-    which runs two batches of its own, had not tried it (audit 36)."""
+                          batches: dict[str, int | None], at: str = "") -> None:
+    """A fraction of the batches that leaves none (0.01 of 17) at these values: Lightning
+    refuses it in a trial, and the preflight, which runs two batches of its own, had not
+    tried it (audit 36). ``at``: the searched value that gives these batches, if not the
+    values' own (``_limits_at_the_largest_batch_sizes``)."""
     for name, length in batches.items():
-        length, at = _fewest_batches(config, params, name, length, batching.get(name))
         limits = [getattr(settings, name)]
         param = config.space.get(f"trainer.{name}")
         if param is not None and f"trainer.{name}" not in params:
@@ -374,6 +329,42 @@ def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, 
                                                  f"{searched} is none, which Lightning refuses "
                                                  f"in a trial: give at least {1 / length:.3g}{larger}"
                                                  f", or a whole number of batches (an int)")])
+
+
+def _is_fraction(limit: Any) -> bool:
+    return isinstance(limit, float) and limit < 1.0
+
+
+def _limits_at_the_largest_batch_sizes(config: ExperimentConfig, values: dict[str, Any], data_class: type,
+                                       loader: dict[str, Any]) -> None:
+    """``_limits_leave_batches`` at the largest value of each searched data argument named
+    for a batch size, conditional ones too: the preflight trained at one, and a fraction
+    that left batches at 32 left none at 256 (audit 69). Measured as the DataModule, built
+    and set up with it, gives its loaders (a fixed ``eval_batch_size``, a sampler that
+    draws more samples than the data holds: audit 70); a DataModule that cannot be so
+    asked is left to the trials."""
+    limited = {name for name in ("limit_train_batches", "limit_val_batches")
+               if _is_fraction(getattr(config.trainer, name)) or f"trainer.{name}" in config.space}
+    for key, param in config.space.items():
+        if not limited or not key.startswith("data.") or "batch" not in key:
+            continue
+        largest = max((value for value in param.edge_values() if isinstance(value, int) and not isinstance(value, bool)),
+                      default=None)
+        if largest is None:
+            continue
+        variant = with_value(config, values, key, largest)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                datamodule = build_datamodule(config, data_class, variant, loader)
+                datamodule.setup("fit")
+                batches = {"limit_train_batches": _length(datamodule.train_dataloader()),
+                           "limit_val_batches": _length(datamodule.val_dataloader())}
+        except Exception:  # noqa: BLE001 - its loaders need a trainer, say: the trials will tell
+            continue
+        _limits_leave_batches(config, config.with_trainer_params(variant), variant,
+                              {name: length for name, length in batches.items() if name in limited},
+                              at=f" at {key}={largest} (the space's largest)")
 
 
 # Trainer settings Lightning refuses for a model that optimizes manually, and their "off" values.

@@ -564,27 +564,47 @@ def test_preflight_refuses_a_fraction_of_the_batches_that_leaves_none(example_co
     assert config.metric in run_preflight(config, *check_components(config))
 
 
-@pytest.mark.parametrize("name, which, batches", [("limit_train_batches", "training", 5),
-                                                  ("limit_val_batches", "validation", 1)])
+@pytest.mark.parametrize("name, which, limit, batches", [("limit_train_batches", "training", 0.15, 5),
+                                                         ("limit_val_batches", "validation", 0.34, 1)])
 def test_preflight_refuses_a_fraction_that_leaves_no_batch_at_the_spaces_largest_batch_size(example_config, name,
-                                                                                           which, batches):
+                                                                                           which, limit, batches):
     """The preflight ran at one batch size: a fraction that left batches there left none
     at the space's largest, and every trial that sampled it failed (audit 69). (The digits
     data's validation batches are 4x the training's.)"""
     example_config["space"]["data.batch_size"] = {"type": "categorical", "choices": [32, 256]}
-    example_config["trainer"] = {name: 0.15}
+    example_config["trainer"] = {name: limit}  # which leaves batches at 32
     config = load_config(example_config)
     with pytest.raises(ConfigError) as caught:
         run_preflight(config, *check_components(config))
     [problem] = caught.value.problems
     assert (problem.field, problem.message) == (
-        f"trainer.{name}", f"0.15 of the {batches} {which} batches at data.batch_size=256 (the space's largest) is "
+        f"trainer.{name}", f"{limit} of the {batches} {which} batches at data.batch_size=256 (the space's largest) is "
                            f"none, which Lightning refuses in a trial: give at least {1 / batches:.3g}, or a whole "
                            f"number of batches (an int)")
     example_config["space"]["data.batch_size"] = {"type": "categorical", "choices": [32, 64]}
     example_config["trainer"] = {name: 0.5}  # 1 of the 2 validation batches at 64
     config = load_config(example_config)
     assert config.metric in run_preflight(config, *check_components(config))
+
+
+def test_the_largest_batch_size_is_tried_as_the_datamodule_batches_with_it(example_config):
+    """A conditional batch size the preflight's values do not sample was not tried (2 of 8
+    trials failed), and a fixed eval_batch_size was scaled with the batch size as if it
+    followed it (a valid experiment refused; audit 70)."""
+    example_config["data"]["init_args"]["eval_batch_size"] = 64  # 6 validation batches at any batch size
+    example_config["trainer"] = {"limit_val_batches": 0.3}
+    config = load_config(example_config)
+    assert config.metric in run_preflight(config, *check_components(config))
+    example_config["data"]["init_args"].pop("eval_batch_size")
+    example_config["space"]["data.batch_size"] = {"type": "categorical", "choices": [32, 256],
+                                                  "when": {"model.channels": [16]}}  # the preflight's is 8
+    example_config["trainer"] = {"limit_train_batches": 0.15}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "trainer.limit_train_batches" and problem.message.startswith(
+        "0.15 of the 5 training batches at data.batch_size=256 (the space's largest) is none"), problem
 
 
 def test_preflight_names_the_trainer_setting_a_manually_optimized_model_cannot_use(example_config, tmp_path):
