@@ -168,25 +168,38 @@ def restored_by_a_tuner(trainer: pl.Trainer) -> bool:
     return Path(str(trainer.ckpt_path or "")).name.startswith(TUNER_CHECKPOINT_PREFIXES)
 
 
-class TrainingStateThroughTuners(pl.Callback):
-    """A resumed trial trains on from its checkpoint's epoch with Lightning's batch-size
-    finder too. Lightning's tuners run at the fit's start, after the resume has restored
-    the model and callbacks but before it restores the optimizer and the loops' progress,
-    and their own restore empties the checkpoint Lightning holds for that: the resumed
-    trial started again at epoch 0 (plain Lightning does the same). This hands the
-    resume's checkpoint back after the finder; a tuner callback runs first at the fit's
-    start (Lightning puts them first)."""
+class LightningTunersOnResume(pl.Callback):
+    """A resumed trial trains on from its checkpoint's epoch with Lightning's tuners too.
+    They run at the fit's start, after the resume has restored the model and callbacks but
+    before it restores the optimizer and the loops' progress, and their own restore empties
+    the checkpoint Lightning holds for that: the resumed trial started again at epoch 0
+    from its trained weights (plain Lightning does the same), and reported its epochs again
+    over the study's (audit 70).
 
-    def __init__(self) -> None:
+    * The batch-size finder runs again, and the resume's checkpoint is handed back after it
+      (a tuner callback runs first at the fit's start: Lightning puts them first).
+    * The learning-rate finder runs the fit loop itself and sets the loaders up again, and
+      with the resume's loop state handed back after it every later epoch ran no batch. A
+      resumed trial does without it: the rate it found at the trial's start is in the
+      optimizer's state the checkpoint restores."""
+
+    def __init__(self, resuming: bool) -> None:
+        self._resuming = resuming
         self._resume: tuple[Any, dict] | None = None
         self._emptied_by_a_tuner = False
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        from pytorch_lightning.callbacks import LearningRateFinder
+
+        # (the model's own callbacks are among them by now)
+        if self._resuming and stage == "fit" and any(isinstance(c, LearningRateFinder) for c in trainer.callbacks):
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateFinder)]
+            print("hpsearch: the resumed trial does not run Lightning's LearningRateFinder again: the rate it found "
+                  "is in the optimizer's state its checkpoint restores", file=sys.stderr)
+
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         if restored_by_a_tuner(trainer):
-            # Only the batch-size finder's: the learning-rate finder also runs the fit loop
-            # and sets its loaders up again, and the resume's loop state handed back after it
-            # left every later epoch with no batch. With it, a resumed trial starts again at
-            # epoch 0, as in plain Lightning.
+            # the batch-size finder's (a learning-rate finder's is a fit that did not resume)
             self._emptied_by_a_tuner = self._resume is not None and \
                 Path(str(trainer.ckpt_path)).name.startswith(BATCH_SIZE_FINDER_CHECKPOINT)
         else:
@@ -338,7 +351,7 @@ def build_trainer(
         ))
     all_callbacks.append(SearchLearningRateMonitor(logging_interval="epoch"))
     all_callbacks.append(PlateauStepOnResume())
-    all_callbacks.append(TrainingStateThroughTuners())
+    all_callbacks.append(LightningTunersOnResume(resuming=resumed_at is not None))
     all_callbacks.append(StepLogsEveryEpoch())
     all_callbacks.append(RandomStateInCheckpoint(resuming=resumed_at is not None))
     all_callbacks.append(ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir)))

@@ -53,8 +53,11 @@ def data() -> SyntheticImagesDataModule:
 
 
 def fit(tmp_path, scores: list[float], monkeypatch, resume_from=None, own_checkpoint: bool = False,
-        model_class: type | None = None) -> int:
+        model_class: type | None = None, resumed: bool = False) -> int:
     """Fit for ``len(scores)`` epochs; returns how many checkpoints were serialized."""
+    from pathlib import Path
+
+    from hpsearch.search.checkpoints import resumed_at
     from hpsearch.search.config import LoaderConfig, ResourcesConfig, TrainerConfig
     from hpsearch.search.devices import trial_device
     from hpsearch.search.lightning_trainer import build_trainer
@@ -75,7 +78,8 @@ def fit(tmp_path, scores: list[float], monkeypatch, resume_from=None, own_checkp
                                                                     num_classes=dm.num_classes)
     trainer = build_trainer(settings, device=trial_device(settings, LoaderConfig(), ResourcesConfig()),
                             metric="score", mode="max", max_epochs=len(scores), trial_dir=tmp_path,
-                            tensorboard_run=tmp_path / "tb" / "run", callbacks=[])
+                            tensorboard_run=tmp_path / "tb" / "run", callbacks=[],
+                            resumed_at=resumed_at(Path(resume_from)) if resumed else None)
     trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
     return len(saves)
 
@@ -286,3 +290,33 @@ def test_a_trial_resumed_with_lightnings_batch_size_finder_trains_on_from_its_ch
     assert model.trained_epochs[1:] == list(range(resume_at_epoch + 1, 4))  # [0]: the finder's own step
     whole = learning_rate(tmp_path / "whole" / "checkpoints" / "epoch-0003.ckpt")
     assert learning_rate(folder / "epoch-0003.ckpt") == pytest.approx(whole) == pytest.approx(0.01)
+
+
+class ScriptedScoreTunedByLearningRateFinder(ScriptedScore):
+    trained_epochs: list[int] = []
+
+    def __init__(self, scores: list[float], **kwargs) -> None:
+        super().__init__(scores, lr=0.01, **kwargs)
+
+    def configure_callbacks(self):
+        return [pl.callbacks.LearningRateFinder(num_training_steps=3)]
+
+    def on_train_epoch_start(self) -> None:
+        self.trained_epochs.append(self.current_epoch)
+
+
+def test_a_trial_resumed_with_lightnings_learning_rate_finder_trains_on_with_the_rate_it_found(tmp_path, monkeypatch):
+    # The finder's own restore left the resumed trial to train again from epoch 0 on its
+    # trained weights, and report its epochs again over the study's (audit 70).
+    def learning_rate(checkpoint) -> float:
+        return load(checkpoint)["optimizer_states"][0]["param_groups"][0]["lr"]
+
+    model = ScriptedScoreTunedByLearningRateFinder
+    scores = [1.0, 2.0, 3.0, 4.0]
+    fit(tmp_path, scores[:3], monkeypatch, model_class=model)
+    folder = tmp_path / "checkpoints"
+    found = learning_rate(folder / "epoch-0002.ckpt")
+    model.trained_epochs.clear()
+    fit(tmp_path, scores, monkeypatch, model_class=model, resume_from=folder / "epoch-0002.ckpt", resumed=True)
+    assert model.trained_epochs == [3]  # the finder's own steps would have come first, at epoch 0
+    assert learning_rate(folder / "epoch-0003.ckpt") == found
