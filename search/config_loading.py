@@ -162,6 +162,9 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> list[tuple[
         if not eq or not key.strip():
             raise ConfigError.single("--set", f"{item!r} is not of the form key=value")
         try:
+            if value.strip() and _values_read(yaml.compose(value, Loader=ExperimentLoader)) > MAX_VALUES_READ:
+                raise ConfigError.single(key.strip(), f"the --set value's anchors and aliases (&name, *name) expand "
+                                                      f"to more than {MAX_VALUES_READ:,} values; write the values out")
             parsed.append((key.strip(), load_yaml(value) if value.strip() else None))
         except yaml.YAMLError:
             raise ConfigError.single(key.strip(), f"--set value {value!r} is not valid YAML") from None
