@@ -7,6 +7,7 @@ The CLI prints them and exits non-zero; the Python API raises them.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import warnings
@@ -58,6 +59,16 @@ def exception_chain(error: BaseException | None) -> Iterator[BaseException]:
 def first_line(exc: BaseException) -> str:
     """An exception's message as one line (its first), for a one-line report of it."""
     return str(exc).splitlines()[0] if str(exc) else ""
+
+
+def own_line(exc: BaseException) -> str:
+    """``first_line``, or for an exception a DataLoader's worker raised, the original's: torch
+    raises it again in the training process as "Caught X in DataLoader worker process 0.",
+    its own message last, below the worker's traceback (a bad file went unnamed; audit 71)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Caught ") and "DataLoader worker process" in lines[0]:
+        return re.sub(rf"^(?:[\w.]+\.)?{re.escape(type(exc).__name__)}: ", "", lines[-1])
+    return first_line(exc)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from .config import ExperimentConfig
-from .errors import HpsearchError, exception_chain, first_line
+from .errors import HpsearchError, exception_chain, own_line
 from .experiment import TRIAL_SETTINGS, ExperimentDir, trial_name, write_json
 from .checkpoints import BEST_CHECKPOINT, checkpoint_dir, epochs_trained
 from .storage import Mirror, join_uri
@@ -143,7 +143,7 @@ def _evaluation_failure(exc: Exception, exp: ExperimentDir) -> str:
     saved = exp.root / EVALUATION_ERROR
     saved.write_text("".join(traceback.format_exception(exc)))
     where = raised_at(error)
-    return (f"{type(error).__name__}: {first_line(error)[:200]}{f' (at {where})' if where else ''}; "
+    return (f"{type(error).__name__}: {own_line(error)[:240]}{f' (at {where})' if where else ''}; "
             f"traceback: {saved}")
 
 

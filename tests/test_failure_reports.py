@@ -445,3 +445,27 @@ def test_a_rank_hung_in_a_collective_is_not_said_to_hang_in_tensorboard(tmp_path
         "Current thread 0x00007f0000000003 (most recent call first):\n"
         f'  File "{ours / "trial_watch.py"}", line 120 in _watch\n')
     assert crash_line(account) == "hung: no batch finished for 15 s (failure.hang_timeout_s)"
+
+
+def test_a_failed_evaluation_names_the_file_a_loader_worker_could_not_read(tmp_path):
+    """torch raises a worker's error again as "Caught UnreadableDataFile in DataLoader
+    worker process 0.", the file named only in the traceback file (audit 71)."""
+    from torch.utils.data import DataLoader, Dataset
+
+    from hpsearch.search.errors import UnreadableDataFile
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.results import _evaluation_failure
+
+    class BadFile(Dataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, index):
+            raise UnreadableDataFile("cannot decode image file 'imgs/dog/broken.jpg': OSError: truncated")
+
+    for workers in (1, 0):
+        with pytest.raises(UnreadableDataFile) as caught:
+            next(iter(DataLoader(BadFile(), num_workers=workers)))
+        said = _evaluation_failure(caught.value, ExperimentDir(tmp_path))
+        assert said.startswith("UnreadableDataFile: cannot decode image file 'imgs/dog/broken.jpg': OSError: "
+                               "truncated"), said
