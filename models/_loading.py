@@ -116,6 +116,9 @@ class SplitLoaders:
     """
 
     _splits: dict | None
+    # The arguments that decide which samples each split holds: searched, each trial would
+    # be scored on other validation samples, and their values could not be compared.
+    SPLIT_ARGUMENTS = ("val_fraction", "test_fraction", "split_seed")
 
     def collate_for(self, batch_size: int):
         """How loaders of ``batch_size`` assemble a batch; a DataModule may override it."""

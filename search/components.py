@@ -277,6 +277,12 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
         field = f"{section}.init_args.{name}"
         if name in hints and (wrong := _wrong_type(klass, name, hints[name], value, config.read_as_yaml(field))):
             problems.append(config.problem(field, wrong))
+    problems += [
+        config.problem(f"space.{section}.{name}", f"{klass.__name__}'s {name} decides which samples each split holds: "
+                                                  f"searched, each trial would be scored on other validation samples, "
+                                                  f"and their values could not be compared; set it in "
+                                                  f"{section}.init_args")
+        for name in sorted(searched) if name in getattr(klass, "SPLIT_ARGUMENTS", ())]  # (audit 71)
     for name, param in sorted(searched_params.items()):
         field = f"space.{section}.{name}"
         as_yaml = config.read_as_yaml(field)

@@ -1438,6 +1438,19 @@ def test_a_searched_arguments_init_args_value_is_checked_too(example_config, whe
         in problem.message, problem
 
 
+@pytest.mark.parametrize("name, param", [("split_seed", {"type": "int", "low": 0, "high": 5}),
+                                         ("val_fraction", {"type": "float", "low": 0.1, "high": 0.3})])
+def test_a_built_in_datas_split_is_not_searched(example_config, name, param):
+    """Each trial would have been scored on other validation samples (audit 71)."""
+    example_config["space"][f"data.{name}"] = param
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        check_components(config)
+    [problem] = caught.value.problems
+    assert problem.field == f"space.data.{name}" and problem.message.startswith(
+        f"DigitsDataModule's {name} decides which samples each split holds"), problem
+
+
 def test_values_of_the_annotated_type_or_converted_without_loss_pass(example_config):
     example_config["model"]["init_args"].update(weight_decay=0, lr=1e-3)  # an int where a float goes
     check_components(load_config(example_config))
@@ -1455,11 +1468,14 @@ def test_a_value_the_set_up_refuses_by_name_and_value_is_blamed_on_its_argument(
 def test_a_value_set_by_hand_named_beside_a_searched_one_is_blamed_not_the_searched_one(example_config):
     """The split's check names both fractions with their values; the searched one was blamed,
     though the value set by hand was out of range (audit 21)."""
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule
+
     example_config["data"]["init_args"]["test_fraction"] = 0.95
     example_config["space"]["data.val_fraction"] = {"type": "float", "low": 0.1, "high": 0.3}
     config = load_config(example_config)
-    with pytest.raises(ConfigError) as caught:
-        run_preflight(config, *check_components(config))
+    with pytest.raises(ConfigError) as caught:  # (the checks refuse a built-in's searched split: audit 71)
+        run_preflight(config, CNNClassifier, DigitsDataModule)
     [problem] = caught.value.problems
     assert problem.field == "data.init_args.test_fraction" and "and test_fraction (0.95) leave no samples" in \
         problem.message, problem
