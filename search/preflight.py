@@ -231,6 +231,13 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             self.phase = f"training batch {batch_idx + 1}"
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if batch_idx == 0 and isinstance(loss, torch.Tensor) and loss.numel() == 1 \
+                    and not bool(torch.isfinite(loss.detach())):
+                # on the initial weights, before any step: no learning rate made it (every
+                # trial failed on it at its first check, named by its loss only; audit 71)
+                raise ValueError(f"its loss is {float(loss)} on the model's initial weights: the batch holds NaN or "
+                                 f"infinite values, or the model's forward makes them (a log of 0, a division by 0)")
             if batch_idx + 1 >= trainer.num_training_batches:  # Lightning sets validation up next
                 self.phase = "the validation's set-up (val_dataloader, validation_step's arguments)"
 

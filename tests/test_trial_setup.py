@@ -1451,6 +1451,20 @@ def test_a_built_in_datas_split_is_not_searched(example_config, name, param):
         f"DigitsDataModule's {name} decides which samples each split holds"), problem
 
 
+def test_the_preflight_refuses_a_loss_that_is_not_finite_before_any_step(example_config):
+    """Data holding NaN passed check, and every trial failed at its first loss check, named
+    by its loss alone (audit 71)."""
+    example_config["data"] = {"class_path": "synthetic-images",
+                              "init_args": {"noise": float("nan"), "image_size": 8, "channels": 1, "num_samples": 64}}
+    example_config["space"].pop("data.batch_size")
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert "training batch 1 failed: ValueError: its loss is nan on the model's initial weights: the batch holds NaN" \
+        in problem.message, problem
+
+
 def test_values_of_the_annotated_type_or_converted_without_loss_pass(example_config):
     example_config["model"]["init_args"].update(weight_decay=0, lr=1e-3)  # an int where a float goes
     check_components(load_config(example_config))
