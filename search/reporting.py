@@ -441,7 +441,7 @@ class TuneReporter(pl.Callback):
         metrics = self._checked(trainer, validation_metrics)
         if metrics is not None:
             restored = self._compose(trainer, metrics, trainer.current_epoch, True, 0.0)
-            self._store_files(trainer, restored)
+            self._store_files(trainer, restored, timed=False)  # an epoch the study counted (audit 70)
             self._log_and_publish(trainer, restored, in_tensorboard=False)  # it has the epoch
             self._send(trainer, restored, inside_fit=False)
 
@@ -544,16 +544,17 @@ class TuneReporter(pl.Callback):
             "hps_samples_per_s": self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
         }
 
-    def _store_files(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
+    def _store_files(self, trainer: pl.Trainer, metrics: dict[str, Any], timed: bool = True) -> None:
         """Put the epoch's checkpoints where the study keeps them (URI storage): part of
-        the epoch's checkpointing, and of its time. An upload was timed in no phase, and
-        with S3 took longer than the epoch itself (audit 68)."""
+        the epoch's checkpointing, and of its time (``timed``). An upload was timed in no
+        phase, and with S3 took longer than the epoch itself (audit 68)."""
         if trainer.global_rank == 0 and self.store_epoch_files is not None:
             storing = time.perf_counter()
             self.store_epoch_files()
             stored = time.perf_counter() - storing
-            metrics["hps_checkpoint_s"] = metrics.get("hps_checkpoint_s", 0.0) + stored
-            metrics["hps_epoch_time_s"] = metrics.get("hps_epoch_time_s", 0.0) + stored
+            if timed:
+                metrics["hps_checkpoint_s"] = metrics.get("hps_checkpoint_s", 0.0) + stored
+                metrics["hps_epoch_time_s"] = metrics.get("hps_epoch_time_s", 0.0) + stored
 
     def _log_and_publish(self, trainer: pl.Trainer, metrics: dict[str, Any], in_tensorboard: bool = True) -> None:
         """Before an epoch's report: its speed and the best search metric so far

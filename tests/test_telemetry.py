@@ -893,3 +893,17 @@ def test_a_resumed_trial_sends_again_every_epoch_its_checkpoint_holds_that_the_s
         original = first[again[EPOCH] - 1]
         assert again["score"] == original["score"] and again["hps_best"] == original["hps_best"], (again, original)
         assert again["hps_epoch_time_s"] == pytest.approx(original["hps_epoch_time_s"], rel=0.5)
+
+
+def test_a_resumed_trial_with_nothing_left_to_train_adds_no_upload_to_its_compute(tmp_path):
+    """Its report is of an epoch the study counted already: the upload of its files was
+    added to that report's epoch time, and so to the trial's compute (audit 70)."""
+    from hpsearch.search.reporting import TuneReporter
+
+    reports: list[dict] = []
+    reporter = TuneReporter("val_acc", "max", 1, report=reports.append, static_fields={},
+                            store_epoch_files=lambda: time.sleep(0.2))
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    reporter.report_restored(trainer, {"val_acc": torch.tensor(0.5)})
+    [report] = reports
+    assert report["hps_epoch_time_s"] == 0.0 and report["hps_checkpoint_s"] < 0.2, report
