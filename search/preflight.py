@@ -355,8 +355,8 @@ def _limits_at_the_largest_batch_sizes(config: ExperimentConfig, values: dict[st
     for key, param in config.space.items():
         if not limited or not key.startswith("data.") or "batch" not in key:
             continue
-        largest = max((value for value in param.edge_values() if isinstance(value, int) and not isinstance(value, bool)),
-                      default=None)
+        largest = max((value for value in param.edge_values()
+                       if isinstance(value, int) and not isinstance(value, bool)), default=None)
         if largest is None:
             continue
         variant = with_value(config, values, key, largest)

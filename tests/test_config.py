@@ -845,7 +845,8 @@ def test_a_validated_config_given_back_is_taken(example_config):
 @pytest.mark.parametrize("overrides, field, message", [
     # 'nan' is text to YAML: "remove the quotes" was said of a value with none
     (["search.num_trials=nan"], "search.num_trials", "a finite number is needed (got 'nan')"),
-    (["search..num_trials=4"], "--set", "'search..num_trials' has an empty part: two dots in a row, or a dot at an end"),
+    (["search..num_trials=4"], "--set",
+     "'search..num_trials' has an empty part: two dots in a row, or a dot at an end"),
     ({"search.": 4}, "--set", "'search.' has an empty part: two dots in a row, or a dot at an end"),
     (["space.model.lr={Type: float, low: 0.1, high: 0.2}"], "space.model.lr",
      "needs a 'type' (lowercase; it has 'Type'): 'float', 'int' or 'categorical'"),
