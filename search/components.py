@@ -272,10 +272,12 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
     ]
     hints = _type_hints(klass)
     for name, value in component.init_args.items():
-        # a searched argument's too: a conditional one takes it where its condition is not
-        # met, and any does once the space drops it (``--set space.X=null``; audit 69)
+        # a conditional argument's too, which takes it where its condition is not met (a raw
+        # TypeError in the preflight; audit 69); not an argument the space always gives, whose
+        # value there is never used (a study holding one, ``lr: null``, was locked out; audit 72)
         field = f"{section}.init_args.{name}"
-        if name in hints and (wrong := _wrong_type(klass, name, hints[name], value, config.read_as_yaml(field))):
+        if name in hints and (name not in searched or searched_params[name].when) \
+                and (wrong := _wrong_type(klass, name, hints[name], value, config.read_as_yaml(field))):
             problems.append(config.problem(field, wrong))
     problems += [
         config.problem(f"space.{section}.{name}", f"{klass.__name__}'s {name} decides which samples each split holds: "
