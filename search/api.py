@@ -626,7 +626,9 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None) -> list[str
     loader_setting_warnings(config.loader, config.resources,
                             datamodule_worker_counts(config.data.init_args, config.space), data_class)
     if not (config.search.preflight if preflight is None else preflight):
-        return None
+        from .preflight import data_classes_unset_up
+
+        return data_classes_unset_up(config, data_class)
     from .preflight import run_preflight
 
     found: list[list[str] | None] = [None]

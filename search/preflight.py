@@ -69,6 +69,26 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type,
         return _preflight(config, model_class, data_class, on_data)
 
 
+def data_classes_unset_up(config: ExperimentConfig, data_class: type) -> list[str] | None:
+    """The DataModule's class names as its constructor gives them, for a session whose
+    preflight is off: the study's check of them was skipped, and a renamed class folder
+    shifted every label again (audit 72). Names set only in ``setup`` are not seen; a
+    constructor that fails is left to the trials. The caller's generators are kept."""
+    from .data_classes import classes_of
+    from .seeding import seeded_as_its_trial
+
+    loader = loader_options(config.loader.model_copy(update={"num_workers": 0, "pin_memory": False}),
+                            config.resources, on_gpu=False)
+    values = sampled_only(config, representative_params(config))
+    with seeded_as_its_trial(None):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return classes_of(build_datamodule(config, data_class, values, loader))
+        except Exception:  # noqa: BLE001 - the trials will say it
+            return None
+
+
 def _preflight(config: ExperimentConfig, model_class: type, data_class: type,
                on_data: Callable[[Any], None] | None) -> list[str]:
     values = representative_params(config)

@@ -552,17 +552,19 @@ def test_a_study_whose_data_classes_changed_is_neither_resumed_nor_loaded(tmp_pa
     from hpsearch.search.errors import ConfigError, HpsearchError
 
     images = make_image_folder(tmp_path / "images")
-    config = shrunk_example(tmp_path / "runs", **{"search/num_trials": 1, "scheduler/max_epochs": 1})
+    config = shrunk_example(tmp_path / "runs", **{"search/num_trials": 1, "scheduler/max_epochs": 1,
+                                                  "search/preflight": False})  # (it was skipped then: audit 72)
     config["data"] = {"class_path": "image-folder", "init_args": {"root": str(images), "image_size": 10}}
     del config["space"]["data.batch_size"]
     result = hpsearch.run(config)
     assert json.loads((result.experiment_dir / "data.json").read_text()) == {"classes": ["cat", "dog", "eel"]}
     (images / "cat").rename(images / "yak")
-    with pytest.raises(ConfigError) as caught:
-        hpsearch.resume(result.experiment_dir, ["search.num_trials=2"])
-    [problem] = caught.value.problems
-    assert problem.field == "data" and "the data's classes changed since the study began (gone: 'cat'; new: 'yak')" \
-        in problem.message, problem
+    for preflight in ("false", "true"):
+        with pytest.raises(ConfigError) as caught:
+            hpsearch.resume(result.experiment_dir, ["search.num_trials=2", f"search.preflight={preflight}"])
+        [problem] = caught.value.problems
+        assert problem.field == "data" and "the data's classes changed since the study began (gone: 'cat'; new: " \
+            "'yak')" in problem.message, problem
     assert len(rows_of(result.experiment_dir)) == 1  # no trial ran on the shifted labels
     with pytest.raises(HpsearchError, match=r"the data's classes changed since the study began"):
         hpsearch.load_trial(result.experiment_dir)
