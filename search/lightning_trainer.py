@@ -181,21 +181,39 @@ class LightningTunersOnResume(pl.Callback):
     * The learning-rate finder runs the fit loop itself and sets the loaders up again, and
       with the resume's loop state handed back after it every later epoch ran no batch. A
       resumed trial does without it: the rate it found at the trial's start is in the
-      optimizer's state the checkpoint restores."""
+      optimizer's state the checkpoint restores, and in the model's hyperparameters there,
+      which are set again (a model that decays its rate from ``self.hparams.lr`` went back
+      to the sampled one: audit 72)."""
 
     def __init__(self, resuming: bool) -> None:
         self._resuming = resuming
         self._resume: tuple[Any, dict] | None = None
         self._emptied_by_a_tuner = False
+        self._rate_attributes: list[str] = []  # the attr_name of each learning-rate finder left out
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         from pytorch_lightning.callbacks import LearningRateFinder
 
-        # (the model's own callbacks are among them by now)
-        if self._resuming and stage == "fit" and any(isinstance(c, LearningRateFinder) for c in trainer.callbacks):
+        finders = [c for c in trainer.callbacks if isinstance(c, LearningRateFinder)]  # the model's own among them
+        if self._resuming and stage == "fit" and finders:
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateFinder)]
+            self._rate_attributes = [getattr(finder, "_attr_name", "") for finder in finders]
             print("hpsearch: the resumed trial does not run Lightning's LearningRateFinder again: the rate it found "
-                  "is in the optimizer's state its checkpoint restores", file=sys.stderr)
+                  "is in the optimizer's state and the hyperparameters its checkpoint restores", file=sys.stderr)
+
+    def _rates_found(self, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        """Set again the rate each left-out finder set on the model, as its checkpoint holds it."""
+        from pytorch_lightning.tuner.lr_finder import _determine_lr_attr_name
+        from pytorch_lightning.utilities.parsing import lightning_setattr
+
+        for attribute in self._rate_attributes:
+            try:
+                name = _determine_lr_attr_name(pl_module, attribute)
+            except AttributeError:  # the finder itself would have refused the model
+                continue
+            found = (checkpoint.get("hyper_parameters") or {}).get(name)
+            if found is not None:
+                lightning_setattr(pl_module, name, found)
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         if restored_by_a_tuner(trainer):
@@ -204,6 +222,7 @@ class LightningTunersOnResume(pl.Callback):
                 Path(str(trainer.ckpt_path)).name.startswith(BATCH_SIZE_FINDER_CHECKPOINT)
         else:
             self._resume = (trainer.ckpt_path, checkpoint)
+            self._rates_found(pl_module, checkpoint)  # before configure_optimizers reads them
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         resume, self._resume = self._resume, None
@@ -214,6 +233,7 @@ class LightningTunersOnResume(pl.Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._resume, self._emptied_by_a_tuner = None, False  # a validate's, or one restored after the start
+        self._rate_attributes = []
 
 
 class RandomStateInCheckpoint(pl.Callback):

@@ -316,7 +316,14 @@ def test_a_trial_resumed_with_lightnings_learning_rate_finder_trains_on_with_the
     fit(tmp_path, scores[:3], monkeypatch, model_class=model)
     folder = tmp_path / "checkpoints"
     found = learning_rate(folder / "epoch-0002.ckpt")
+    # as the finder leaves a rate it suggests (these few steps suggest none) in the model's
+    # hyperparameters, which the checkpoint keeps
+    checkpoint = load(folder / "epoch-0002.ckpt")
+    checkpoint["hyper_parameters"]["lr"] = 0.0042
+    torch.save(checkpoint, folder / "epoch-0002.ckpt")
     model.trained_epochs.clear()
     fit(tmp_path, scores, monkeypatch, model_class=model, resume_from=folder / "epoch-0002.ckpt", resumed=True)
     assert model.trained_epochs == [3]  # the finder's own steps would have come first, at epoch 0
     assert learning_rate(folder / "epoch-0003.ckpt") == found
+    # and the model's own record of it, which went back to the sampled 0.01 (audit 72)
+    assert load(folder / "epoch-0003.ckpt")["hyper_parameters"]["lr"] == 0.0042
