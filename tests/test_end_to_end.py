@@ -570,3 +570,22 @@ def test_a_study_whose_data_classes_changed_is_neither_resumed_nor_loaded(tmp_pa
         hpsearch.load_trial(result.experiment_dir)
     (images / "yak").rename(images / "cat")
     assert hpsearch.load_trial(result.experiment_dir).trial == 0
+
+
+def test_a_study_searching_its_data_root_loads_each_trial_on_its_own_classes(tmp_path):
+    """The study keeps its preflight's class names; load_trial refused a trial whose searched
+    root held other classes, though nothing had changed (audit 72)."""
+    import hpsearch
+    from conftest import make_image_folder, shrunk_example
+
+    first, second = make_image_folder(tmp_path / "first"), make_image_folder(tmp_path / "second")
+    (second / "cat").rename(second / "ant")
+    config = shrunk_example(tmp_path / "runs", **{"search/num_trials": 2, "search/max_concurrent": 1,
+                                                  "search/sampler": "grid", "scheduler/max_epochs": 1})
+    config["data"] = {"class_path": "image-folder", "init_args": {"root": str(first), "image_size": 10}}
+    config["space"] = {"data.root": {"type": "categorical", "choices": [str(first), str(second)]}}
+    result = hpsearch.run(config)
+    for trial in (0, 1):
+        loaded = hpsearch.load_trial(result.experiment_dir, trial)
+        assert loaded.datamodule.classes == (["cat", "dog", "eel"] if loaded.params["data.root"] == str(first)
+                                             else ["ant", "dog", "eel"])
