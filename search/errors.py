@@ -65,9 +65,16 @@ def own_line(exc: BaseException) -> str:
     """``first_line``, or for an exception a DataLoader's worker raised, the original's: torch
     raises it again in the training process as "Caught X in DataLoader worker process 0.",
     its own message last, below the worker's traceback (a bad file went unnamed; audit 71)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = [line.rstrip() for line in str(exc).splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].startswith("Caught ") and "DataLoader worker process" in lines[0]:
-        return re.sub(rf"^(?:[\w.]+\.)?{re.escape(type(exc).__name__)}: ", "", lines[-1])
+        # the worker's traceback ends with "ValueError: its message", which may go on over
+        # lines (and notes) of its own: all of it, on one line (audit 72)
+        named = re.compile(rf"(?:[\w.]+\.)?{re.escape(type(exc).__name__)}(?:: |$)")
+        starts = [index for index, line in enumerate(lines) if named.match(line)]
+        if not starts:
+            return lines[-1].strip()
+        return " ".join(part.strip() for part in (named.sub("", lines[starts[-1]], count=1), *lines[starts[-1] + 1:])
+                        if part.strip())
     return first_line(exc)
 
 

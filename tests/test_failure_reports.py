@@ -469,3 +469,16 @@ def test_a_failed_evaluation_names_the_file_a_loader_worker_could_not_read(tmp_p
         said = _evaluation_failure(caught.value, ExperimentDir(tmp_path))
         assert said.startswith("UnreadableDataFile: cannot decode image file 'imgs/dog/broken.jpg': OSError: "
                                "truncated"), said
+
+    class TwoLines(Dataset):  # a message over two lines was cut to its last (audit 72)
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, index):
+            raise ValueError("cannot decode 'a/b.png'\nsecond line")
+
+    from hpsearch.search.errors import own_line
+
+    with pytest.raises(ValueError) as caught:
+        next(iter(DataLoader(TwoLines(), num_workers=1)))
+    assert own_line(caught.value) == "cannot decode 'a/b.png' second line"
