@@ -163,11 +163,12 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> list[tuple[
             raise ConfigError.single("--set", f"{item!r} is not of the form key=value")
         try:
             if value.strip() and _values_read(yaml.compose(value, Loader=ExperimentLoader)) > MAX_VALUES_READ:
-                raise ConfigError.single(key.strip(), f"the --set value's anchors and aliases (&name, *name) expand "
-                                                      f"to more than {MAX_VALUES_READ:,} values; write the values out")
+                raise ConfigError.single(key.strip(), f"its value's anchors and aliases (&name, *name) expand to "
+                                                      f"more than {MAX_VALUES_READ:,} values; write the values out",
+                                         source="--set")
             parsed.append((key.strip(), load_yaml(value) if value.strip() else None))
         except yaml.YAMLError:
-            raise ConfigError.single(key.strip(), f"--set value {value!r} is not valid YAML") from None
+            raise ConfigError.single(key.strip(), f"value {value!r} is not valid YAML", source="--set") from None
     for key, _ in parsed:
         if isinstance(key, str) and "" in key.split("."):  # search..num_trials was named 'search.' (audit 69)
             raise ConfigError.single("--set", f"{key!r} has an empty part: two dots in a row, or a dot at an end")

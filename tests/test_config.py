@@ -456,7 +456,8 @@ def test_aliases_that_multiply_are_refused_and_an_anchor_used_twice_is_read(tmp_
         f"&a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, 6)]) + "]"  # 9 ** 6 values
     plain = tmp_path / "plain.yaml"
     plain.write_text(source)
-    with pytest.raises(ConfigError, match=r"the --set value's anchors and aliases .* more than 100,000 values"):
+    with pytest.raises(ConfigError, match=r"model.init_args.extra \(--set\): its value's anchors and aliases .* "
+                                          r"more than 100,000 values"):
         load_config(plain, [f"model.init_args.extra={bomb}"])  # (audit 70)
     shared = tmp_path / "shared.yaml"
     shared.write_text(source.replace("trainer:", "trainer: &trainer", 1) + "\nx: *trainer\n")
