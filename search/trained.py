@@ -134,7 +134,7 @@ def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_lo
             datamodule.setup("test")
         # The study's names are its preflight's: a searched data argument other than a batch
         # size (a root) may give each trial its own (a trial on another root was refused; audit 72)
-        changed = None if any(key.startswith("data.") and "batch" not in key for key in config.space) \
+        changed = None if exp is None or any(key.startswith("data.") and "batch" not in key for key in config.space) \
             else changed_classes(exp, classes_of(datamodule))
         if changed is not None:
             raise HpsearchError(f"{exp.root}: {changed}")

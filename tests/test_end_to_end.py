@@ -544,7 +544,17 @@ def test_tensorboard_over_two_studies_shows_both_studies_runs_and_columns(finish
     assert all(group["hparams"]["study"] == group["sessions"][0]["name"].split("/")[0] for group in groups), groups
 
 
-def test_a_study_whose_data_classes_changed_is_neither_resumed_nor_loaded(tmp_path):
+@pytest.fixture
+def ray_shut_down_after():
+    """A search run in this process leaves its Ray up for the next (``ray_for_search``): the
+    later tests of the process expect none."""
+    yield
+    from hpsearch.search.tuner import shutdown_ray
+
+    shutdown_ray()
+
+
+def test_a_study_whose_data_classes_changed_is_neither_resumed_nor_loaded(tmp_path, ray_shut_down_after):
     """A class folder renamed between sessions shifted every label with no word: the resumed
     study trained new trials on other labels and re-scored its best trial at 0 (audit 71)."""
     import hpsearch
@@ -572,7 +582,7 @@ def test_a_study_whose_data_classes_changed_is_neither_resumed_nor_loaded(tmp_pa
     assert hpsearch.load_trial(result.experiment_dir).trial == 0
 
 
-def test_a_study_searching_its_data_root_loads_each_trial_on_its_own_classes(tmp_path):
+def test_a_study_searching_its_data_root_loads_each_trial_on_its_own_classes(tmp_path, ray_shut_down_after):
     """The study keeps its preflight's class names; load_trial refused a trial whose searched
     root held other classes, though nothing had changed (audit 72)."""
     import hpsearch
