@@ -69,7 +69,8 @@ def own_line(exc: BaseException) -> str:
     if len(lines) > 1 and lines[0].startswith("Caught ") and "DataLoader worker process" in lines[0]:
         # the worker's traceback ends with "ValueError: its message", which may go on over
         # lines (and notes) of its own: all of it, on one line (audit 72)
-        named = re.compile(rf"(?:[\w.]+\.)?{re.escape(type(exc).__name__)}(?:: |$)")
+        caught = re.match(r"Caught (\w+) in", lines[0])  # torch may raise it again as another type
+        named = re.compile(rf"(?:[\w.]+\.)?{re.escape(caught.group(1) if caught else type(exc).__name__)}(?:: |$)")
         starts = [index for index, line in enumerate(lines) if named.match(line)]
         if not starts:
             return lines[-1].strip()

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class, shipped_code_first
 from .config import ExperimentConfig
-from .errors import ConfigError, HpsearchError, UnreadableDataFile, exception_chain, first_line
+from .errors import ConfigError, HpsearchError, UnreadableDataFile, exception_chain, first_line, own_line
 from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, atomic_write_text, trial_name, write_json
 from .checkpoints import latest_good_checkpoint, resumed_at
 from .gc_pause import collector_paused
@@ -381,13 +381,11 @@ def _failure_reason(exc: BaseException, stopped_by_tune: bool = False) -> str | 
     if _disk_full(exc):
         return f"disk full: {exc}"[:300]
     if _unreadable_file(exc):  # an OSError, but the same file fails every time (audits 26 and 48)
-        said = next((line.strip() for line in reversed(str(exc).splitlines()) if line.strip()),
-                    type(exc).__name__)  # a loader worker's message ends with the original's
-        return f"unreadable file: {said[:240]}; not retried: the same file would fail again"
+        return f"unreadable file: {own_line(exc)[:240]}; not retried: the same file would fail again"
     if isinstance(exc, (*_PROGRAMMING_ERRORS, MisconfigurationException)) or (
             isinstance(exc, RuntimeError) and _TORCH_SHAPE_CHECKS.search(first_line(exc))):
         where = raised_at(exc)
-        return (f"{type(exc).__name__}: {first_line(exc)[:200]}{f' (at {where})' if where else ''}; "
+        return (f"{type(exc).__name__}: {own_line(exc)[:200]}{f' (at {where})' if where else ''}; "
                 f"not retried: the same code would raise it again")
     return None
 

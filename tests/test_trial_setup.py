@@ -1071,7 +1071,17 @@ def test_an_unreadable_image_is_not_retried_and_is_named():
                                            "Original Traceback (most recent call last):\n  File ...\n"
                                            "PIL.UnidentifiedImageError: cannot identify image file 'imgs/dog/x.png'\n")
     assert _failure_reason(from_a_worker).startswith(
-        "unreadable file: PIL.UnidentifiedImageError: cannot identify image file 'imgs/dog/x.png'; not retried")
+        "unreadable file: cannot identify image file 'imgs/dog/x.png'; not retried")
+    # a message over two lines was cut to its last (audit 73)
+    two_lines = UnidentifiedImageError("Caught UnidentifiedImageError in DataLoader worker process 0.\n"
+                                       "Original Traceback (most recent call last):\n  File ...\n"
+                                       "PIL.UnidentifiedImageError: cannot decode /data/cat/7.png:\n"
+                                       "truncated at byte 4096\n")
+    assert _failure_reason(two_lines).startswith(
+        "unreadable file: cannot decode /data/cat/7.png: truncated at byte 4096; not retried")
+    in_a_worker = ValueError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+                             "call last):\n  File ...\nValueError: a label out of range\n")
+    assert _failure_reason(in_a_worker).startswith("ValueError: a label out of range"), _failure_reason(in_a_worker)
 
 
 @pytest.mark.parametrize("exc, retried", [
