@@ -111,7 +111,7 @@ def run(
     # said after 6.5 s of them (audit 36). A URI is checked for writing here.
     home = _new_study_home(config)
     with caller_state_kept(loggers_quieted=not verbose), thawed_at_exit(), _start_up_interrupts_kept() as interrupted:
-        classes = prepare(config)
+        classes = prepare(config, new_study=True)
         if starts_a_local_ray(address):
             room_on_this_machine(config)  # a trial too large for it is refused before Ray starts
         interrupted.raise_if_heard()
@@ -156,7 +156,7 @@ def check(
     home = _new_study_home(config)  # before the preflight's imports, as run does
     # a first check's imports drew from Python's generator (audit 53); it quiets no logger
     with caller_state_kept(loggers_quieted=False), thawed_at_exit():
-        prepare(config)
+        prepare(config, new_study=True)
     if starts_a_local_ray(address):
         room_on_this_machine(config)  # refuses a trial too large for it, as run does
     return config, home.mirror.uri if home.mirror is not None else str(home.root)
@@ -605,20 +605,23 @@ def _evaluate_again(config: ExperimentConfig, exp: ExperimentDir, address: str |
                         finished_before=_finished(trials))
 
 
-def prepare(config: ExperimentConfig, preflight: bool | None = None) -> list[str] | None:
+def prepare(config: ExperimentConfig, preflight: bool | None = None, new_study: bool = False) -> list[str] | None:
     """Resolve the user's classes and check their arguments; run the preflight batch.
     Returns the data's class names, if its DataModule names them (``data_classes``).
+    ``new_study``: the checks a study's own config is spared on resume (``run`` and ``check``).
 
     The user's modules import torch and Lightning: with the garbage collector paused, and
     what they leave is frozen for the search that follows (see ``gc_pause``); the caller
     thaws it with ``thawed_at_exit``."""
-    from .components import check_components
+    from .components import check_components, check_split_not_searched
     from .distributed import check_strategy_available
     from .space import check_sampler, check_steps
 
     with collector_paused(freeze_survivors=True):
         model_class, data_class = check_components(config)
         from .devices import datamodule_worker_counts, loader_setting_warnings, precision_fallback_warning
+    if new_study:
+        check_split_not_searched(config, data_class)
     check_strategy_available(config)
     check_sampler(config)
     check_steps(config)

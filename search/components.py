@@ -279,18 +279,28 @@ def _argument_problems(config: ExperimentConfig, section: str, klass: type) -> l
         if name in hints and (name not in searched or searched_params[name].when) \
                 and (wrong := _wrong_type(klass, name, hints[name], value, config.read_as_yaml(field))):
             problems.append(config.problem(field, wrong))
-    problems += [
-        config.problem(f"space.{section}.{name}", f"{klass.__name__}'s {name} decides which samples each split holds: "
-                                                  f"searched, each trial would be scored on other validation samples, "
-                                                  f"and their values could not be compared; set it in "
-                                                  f"{section}.init_args")
-        for name in sorted(searched) if name in getattr(klass, "SPLIT_ARGUMENTS", ())]  # (audit 71)
     for name, param in sorted(searched_params.items()):
         field = f"space.{section}.{name}"
         as_yaml = config.read_as_yaml(field)
         if name in hints and (wrong := _sampled_wrong_type(klass, name, hints[name], param, as_yaml)):
             problems.append(config.problem(field, wrong))
     return problems
+
+
+def check_split_not_searched(config: ExperimentConfig, data_class: type) -> None:
+    """Refuse a new study that searches an argument its DataModule names as deciding the
+    splits (``SPLIT_ARGUMENTS``): each trial would be scored on other validation samples,
+    and their values compared as if alike (audit 71). Not a study's own config on resume or
+    ``load_trial``: one begun before this check would be locked out (audit 73)."""
+    searched = config.params_for("data", config.space)
+    problems = [
+        config.problem(f"space.data.{name}", f"{data_class.__name__}'s {name} decides which samples each split "
+                                             f"holds: searched, each trial would be scored on other validation "
+                                             f"samples, and their values could not be compared; set it in "
+                                             f"data.init_args")
+        for name in sorted(searched) if name in getattr(data_class, "SPLIT_ARGUMENTS", ())]
+    if problems:
+        raise ConfigError(problems)
 
 
 def _type_hints(klass: type) -> dict[str, Any]:

@@ -169,6 +169,8 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> list[tuple[
             parsed.append((key.strip(), load_yaml(value) if value.strip() else None))
         except yaml.YAMLError:
             raise ConfigError.single(key.strip(), f"value {value!r} is not valid YAML", source="--set") from None
+        except RecursionError:  # as the file's (audit 73)
+            raise ConfigError.single(key.strip(), "its value nests too deeply to be read", source="--set") from None
     for key, _ in parsed:
         if isinstance(key, str) and "" in key.split("."):  # search..num_trials was named 'search.' (audit 69)
             raise ConfigError.single("--set", f"{key!r} has an empty part: two dots in a row, or a dot at an end")

@@ -29,7 +29,7 @@ def stored_classes(exp: ExperimentDir) -> list[str] | None:
     """The names the study recorded (None for a study that recorded none)."""
     try:
         return json.loads(exp.data_json.read_text())["classes"]
-    except (FileNotFoundError, KeyError, ValueError):
+    except (FileNotFoundError, KeyError, TypeError, ValueError):  # (TypeError: a file holding no mapping)
         return None
 
 
@@ -47,9 +47,9 @@ def changed_classes(exp: ExperimentDir, classes: list[str] | None) -> str | None
     gone, new = [name for name in stored if name not in classes], [name for name in classes if name not in stored]
     what = "; ".join(filter(None, (f"gone: {', '.join(map(repr, gone))}" if gone else "",
                                    f"new: {', '.join(map(repr, new))}" if new else ""))) or "their order"
+    lists = f" (it had {stored}, the data now has {classes})" if len(stored) + len(classes) <= 40 else ""
     return (f"the data's classes changed since the study began ({what}): its labels would now name other classes "
-            f"than its trials learned (it had {stored}, the data now has {classes}); put the data back as it was, "
-            f"or start a new experiment")
+            f"than its trials learned{lists}; put the data back as it was, or start a new experiment")
 
 
 def check_classes(exp: ExperimentDir, classes: list[str] | None) -> None:

@@ -119,7 +119,6 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type,
             pair = _classes_for(config, variant, params, datamodule, model_class, data_class, loader)
             if pair is not None:  # else a class refuses these values, which the builds below report
                 _a_few_batches(config, variant, *pair, model_class, data_class, blame="space.trainer.precision")
-        _limits_at_the_largest_batch_sizes(config, values, data_class, loader)  # after: its builds draw random numbers
         if config.metric not in logged:
             raise ConfigError([config.problem(
                 "metric",
@@ -129,6 +128,7 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type,
                 + (f" ({config.metric!r} only in training, whose value validation would not change)"
                    if config.metric in in_training else ""),
             )])
+        _limits_at_the_largest_batch_sizes(config, values, data_class, loader)  # after: its builds draw random numbers
         problems = _manual_optimization_problems(config, model_class, model)
         problems += _values_the_classes_refuse(config, model_class, data_class, values, model, datamodule, loader)
         if problems and config.resources.worker_gpus > 0 and not _driver_has_gpu():
@@ -336,15 +336,16 @@ def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, 
     """A fraction of the batches that leaves none (0.01 of 17) at these values: Lightning
     refuses it in a trial, and the preflight, which runs two batches of its own, had not
     tried it (audit 36). ``at``: the searched value that gives these batches, if not the
-    values' own (``_limits_at_the_largest_batch_sizes``)."""
+    values' own (``_limits_at_the_largest_batch_sizes``), where a searched limit's every
+    edge is tried (its smallest, with the largest batch size: audit 73)."""
     for name, length in batches.items():
         limits = [getattr(settings, name)]
         param = config.space.get(f"trainer.{name}")
-        if param is not None and f"trainer.{name}" not in params:
+        if param is not None and (at or f"trainer.{name}" not in params):
             # conditional, and not sampled at these values: its range was never tried (audit 41)
             limits += param.edge_values()
         for limit in limits:
-            if length and isinstance(limit, float) and limit < 1.0 and int(length * limit) == 0:
+            if length and _is_fraction(limit) and int(length * limit) == 0:
                 break
         else:
             continue

@@ -482,6 +482,10 @@ def test_files_that_are_not_utf8_or_nest_too_deeply_or_come_from_a_pipe_are_read
     deep.write_text("a: " + "[" * 10000 + "]" * 10000 + "\n")
     with pytest.raises(ConfigError, match="nests too deeply"):
         load_config(deep)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(source)
+    with pytest.raises(ConfigError, match=r"a\.b \(--set\): its value nests too deeply"):  # (audit 73)
+        load_config(plain, ["a.b=" + "[" * 10000 + "]" * 10000])
     read, write = os.pipe()
     os.write(write, source.encode())
     os.close(write)

@@ -390,7 +390,7 @@ def test_a_full_disk_tune_raised_as_another_error_still_stops_the_search_as_a_fu
         except DiskFullError as full:
             raise RuntimeError("Trial train_trial_1: Error stopping trial.") from full
 
-    monkeypatch.setattr(api, "prepare", lambda config, preflight=None: None)
+    monkeypatch.setattr(api, "prepare", lambda config, preflight=None, new_study=False: None)
     monkeypatch.setattr(api, "_plan", lambda config, local: 1)
     monkeypatch.setattr(tuner, "ray_for_search", lambda config, address, verbose: nullcontext(tuner.SearchRay(False)))
     monkeypatch.setattr(tuner, "run_session", tune_raised_it_on)

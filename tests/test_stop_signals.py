@@ -123,7 +123,7 @@ def test_a_ctrl_c_before_the_session_leaves_no_study_or_names_its_resume(example
         (exp.root / "experiment.yaml").write_text("name: x\n")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(api, "prepare", lambda config, preflight=None: None)
+    monkeypatch.setattr(api, "prepare", lambda config, preflight=None, new_study=False: None)
     monkeypatch.setattr(api, "_plan", lambda config, local: 1)
     monkeypatch.setattr(tuner, "ray_for_search", ray_heard_a_ctrl_c_as_it_started)
     monkeypatch.setattr(tuner, "run_session", lambda *args, **kwargs: pytest.fail("the session began"))
@@ -160,7 +160,7 @@ def test_the_resume_command_of_a_cluster_search_names_its_cluster(example_config
             raise KeyboardInterrupt
         return SESSION_INTERRUPTED
 
-    monkeypatch.setattr(api, "prepare", lambda config, preflight=None: None)
+    monkeypatch.setattr(api, "prepare", lambda config, preflight=None, new_study=False: None)
     monkeypatch.setattr(api, "_plan", lambda config, local: 1)
     monkeypatch.setattr(tuner, "ray_for_search",
                         lambda config, address, verbose: nullcontext(tuner.SearchRay(False)))

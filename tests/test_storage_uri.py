@@ -298,7 +298,7 @@ def test_a_ctrl_c_as_a_study_in_storage_is_made_leaves_it_there_to_resume(s3_ser
     for name, value in s3_server.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("HPSEARCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(api, "prepare", lambda config, preflight=None: None)
+    monkeypatch.setattr(api, "prepare", lambda config, preflight=None, new_study=False: None)
     monkeypatch.setattr(api, "_plan", lambda config, local: 1)
     monkeypatch.setattr(tuner, "ray_for_search", lambda config, address, verbose: nullcontext(tuner.SearchRay(False)))
     monkeypatch.setattr(api, "write_config", written_then_interrupted)

@@ -605,6 +605,16 @@ def test_the_largest_batch_size_is_tried_as_the_datamodule_batches_with_it(examp
     [problem] = caught.value.problems
     assert problem.field == "trainer.limit_train_batches" and problem.message.startswith(
         "0.15 of the 5 training batches at data.batch_size=256 (the space's largest) is none"), problem
+    # a searched limit's smallest, at the largest batch size: only its first choice was tried (audit 73)
+    example_config["space"]["data.batch_size"].pop("when")
+    example_config["trainer"] = {}
+    example_config["space"]["trainer.limit_train_batches"] = {"type": "categorical", "choices": [0.5, 0.1]}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "space.trainer.limit_train_batches" and problem.message.startswith(
+        "0.1 of the 5 training batches at data.batch_size=256 (the space's largest) is none"), problem
 
 
 def test_preflight_names_the_trainer_setting_a_manually_optimized_model_cannot_use(example_config, tmp_path):
@@ -1453,14 +1463,20 @@ def test_a_conditional_arguments_init_args_value_is_checked_too(example_config):
 @pytest.mark.parametrize("name, param", [("split_seed", {"type": "int", "low": 0, "high": 5}),
                                          ("val_fraction", {"type": "float", "low": 0.1, "high": 0.3})])
 def test_a_built_in_datas_split_is_not_searched(example_config, name, param):
-    """Each trial would have been scored on other validation samples (audit 71)."""
+    """Each trial would have been scored on other validation samples (audit 71); a study
+    begun before is not locked out of resume and load_trial, which check its own config
+    with ``check_components`` (audit 73)."""
+    from hpsearch.search.api import prepare
+
     example_config["space"][f"data.{name}"] = param
     config = load_config(example_config)
     with pytest.raises(ConfigError) as caught:
-        check_components(config)
+        prepare(config, preflight=False, new_study=True)
     [problem] = caught.value.problems
     assert problem.field == f"space.data.{name}" and problem.message.startswith(
         f"DigitsDataModule's {name} decides which samples each split holds"), problem
+    check_components(config)
+    prepare(config, preflight=False)
 
 
 def test_the_preflight_refuses_a_loss_that_is_not_finite_before_any_step(example_config):
