@@ -98,6 +98,18 @@ def _check_loadable(checkpoint: Path, number: int, row: dict[str, Any], keep: in
     raise HpsearchError(f"trial {number} has no best.ckpt any more{removed}: {checkpoint}")
 
 
+def _data_as_the_preflights(config, params: dict[str, Any]) -> bool:
+    """Whether the trial's DataModule got the values the preflight's did, but a batch size
+    (which changes no class): the study's class names are that DataModule's."""
+    from .preflight import representative_params
+    from .space import sampled_only
+
+    def data_values(values: dict[str, Any]) -> dict[str, Any]:
+        return {name: value for name, value in config.params_for("data", values).items() if "batch" not in name}
+
+    return data_values(params) == data_values(sampled_only(config, representative_params(config)))
+
+
 def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_location: Any, exp,
                         seed: int | None):
     """The trial's DataModule, set up for the test stage, and its model holding the
@@ -132,10 +144,10 @@ def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_lo
             model = build_model(config, model_class, params, datamodule)
             datamodule.prepare_data()  # as Lightning's test loop begins
             datamodule.setup("test")
-        # The study's names are its preflight's: a searched data argument other than a batch
-        # size (a root) may give each trial its own (a trial on another root was refused; audit 72)
-        changed = None if exp is None or any(key.startswith("data.") and "batch" not in key for key in config.space) \
-            else changed_classes(exp, classes_of(datamodule))
+        # The study's names are its preflight's: a trial whose data values (but a batch size)
+        # differ from those may have its own, a searched root say (one was refused; audit 72)
+        changed = changed_classes(exp, classes_of(datamodule)) \
+            if exp is not None and _data_as_the_preflights(config, params) else None
         if changed is not None:
             raise HpsearchError(f"{exp.root}: {changed}")
         state = torch.load(checkpoint, map_location=map_location, weights_only=False)
