@@ -629,15 +629,18 @@ def prepare(config: ExperimentConfig, preflight: bool | None = None, new_study: 
     loader_setting_warnings(config.loader, config.resources,
                             datamodule_worker_counts(config.data.init_args, config.space), data_class)
     if not (config.search.preflight if preflight is None else preflight):
-        from .preflight import data_classes_unset_up
+        from .preflight import data_classes_from_constructor
 
-        return data_classes_unset_up(config, data_class)
+        return data_classes_from_constructor(config, data_class)
     from .preflight import run_preflight
 
-    found: list[list[str] | None] = [None]
-    run_preflight(config, model_class, data_class,
-                  on_data=lambda datamodule: found.__setitem__(0, classes_of(datamodule)))
-    return found[0]
+    found: dict[str, list[str] | None] = {}
+
+    def keep_classes_of(datamodule) -> None:
+        found["classes"] = classes_of(datamodule)
+
+    run_preflight(config, model_class, data_class, on_data=keep_classes_of)
+    return found.get("classes")
 
 
 def _paused_by_a_full_disk(exp: ExperimentDir) -> str:

@@ -69,7 +69,7 @@ def run_preflight(config: ExperimentConfig, model_class: type, data_class: type,
         return _preflight(config, model_class, data_class, on_data)
 
 
-def data_classes_unset_up(config: ExperimentConfig, data_class: type) -> list[str] | None:
+def data_classes_from_constructor(config: ExperimentConfig, data_class: type) -> list[str] | None:
     """The DataModule's class names as its constructor gives them, for a session whose
     preflight is off: the study's check of them was skipped, and a renamed class folder
     shifted every label again (audit 72). Names set only in ``setup`` are not seen; a
