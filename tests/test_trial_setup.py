@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FIXTURES, commands_matching, pids_whose_command, write_yaml
+from conftest import FIXTURES, commands_matching, pids_whose_command, preflight_refusal, write_yaml
 from hpsearch.search.components import build_datamodule, build_model, check_components, user_code_roots
 from hpsearch.search.config_loading import load_config
 from hpsearch.search.devices import loader_options, resolve_precision
@@ -599,20 +599,14 @@ def test_the_largest_batch_size_is_tried_as_the_datamodule_batches_with_it(examp
     example_config["space"]["data.batch_size"] = {"type": "categorical", "choices": [32, 256],
                                                   "when": {"model.channels": [16]}}  # the preflight's is 8
     example_config["trainer"] = {"limit_train_batches": 0.15}
-    config = load_config(example_config)
-    with pytest.raises(ConfigError) as caught:
-        run_preflight(config, *check_components(config))
-    [problem] = caught.value.problems
+    problem = preflight_refusal(example_config)
     assert problem.field == "trainer.limit_train_batches" and problem.message.startswith(
         "0.15 of the 5 training batches at data.batch_size=256 (the space's largest) is none"), problem
     # a searched limit's smallest, at the largest batch size: only its first choice was tried (audit 73)
     example_config["space"]["data.batch_size"].pop("when")
     example_config["trainer"] = {}
     example_config["space"]["trainer.limit_train_batches"] = {"type": "categorical", "choices": [0.5, 0.1]}
-    config = load_config(example_config)
-    with pytest.raises(ConfigError) as caught:
-        run_preflight(config, *check_components(config))
-    [problem] = caught.value.problems
+    problem = preflight_refusal(example_config)
     assert problem.field == "space.trainer.limit_train_batches" and problem.message.startswith(
         "0.1 of the 5 training batches at data.batch_size=256 (the space's largest) is none"), problem
 
