@@ -351,7 +351,7 @@ def build_trainer(
     stop the trial at that report, and nothing after it is guaranteed to run.
 
     ``profiler``: what Lightning reports its timed actions to (``TuneReporter.phase_timer``
-    takes the waits for training batches from there).
+    takes the epoch's waits for data and its checkpoint hooks' time from there).
     """
     all_callbacks = list(callbacks)
     best = BestCheckpoint(
