@@ -79,7 +79,7 @@ def test_a_ctrl_c_swallowed_during_start_up_still_stops_the_search_before_ray_st
     import hpsearch
     from hpsearch.search import api, tuner
 
-    def preflight_hit_by_a_swallowed_ctrl_c(config, preflight=None):
+    def preflight_hit_by_a_swallowed_ctrl_c(config, preflight=None, new_study=False):
         try:
             signal.raise_signal(signal.SIGINT)
         except KeyboardInterrupt:
