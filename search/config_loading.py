@@ -105,9 +105,7 @@ def read_yaml(path: Path, loader: type = ExperimentLoader) -> tuple[dict[str, An
         raise ConfigError.single("", "the YAML nests too deeply to be read", None, str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError.single("", "the file must be a YAML mapping of settings", 1, str(path))
-    if _values_read(node) > MAX_VALUES_READ:
-        raise ConfigError.single("", f"its anchors and aliases (&name, *name) expand to more than "
-                                     f"{MAX_VALUES_READ:,} values; write the values out", None, str(path))
+    _refuse_multiplied_aliases(node, "", "its", str(path))
     lines: LineMap = {}
     _collect_lines(node, (), lines, str(path))
     return data, lines
@@ -116,6 +114,13 @@ def read_yaml(path: Path, loader: type = ExperimentLoader) -> tuple[dict[str, An
 # An experiment file holds hundreds of values; aliases nested in aliases multiply (nine
 # levels of nine took 13 GB and never ended: audit 69), and every check walks them all.
 MAX_VALUES_READ = 100_000
+
+
+def _refuse_multiplied_aliases(node: yaml.Node, field: str, whose: str, source: str) -> None:
+    """Refuse a document (a file's, a ``--set`` value's) whose aliases expand too far."""
+    if _values_read(node) > MAX_VALUES_READ:
+        raise ConfigError.single(field, f"{whose} anchors and aliases (&name, *name) expand to more than "
+                                        f"{MAX_VALUES_READ:,} values; write the values out", None, source)
 
 
 def _values_read(node: yaml.Node, sizes: dict[int, int] | None = None) -> int:
@@ -162,10 +167,9 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> list[tuple[
         if not eq or not key.strip():
             raise ConfigError.single("--set", f"{item!r} is not of the form key=value")
         try:
-            if value.strip() and _values_read(yaml.compose(value, Loader=ExperimentLoader)) > MAX_VALUES_READ:
-                raise ConfigError.single(key.strip(), f"its value's anchors and aliases (&name, *name) expand to "
-                                                      f"more than {MAX_VALUES_READ:,} values; write the values out",
-                                         source="--set")
+            if value.strip():
+                _refuse_multiplied_aliases(yaml.compose(value, Loader=ExperimentLoader), key.strip(), "its value's",
+                                           "--set")
             parsed.append((key.strip(), load_yaml(value) if value.strip() else None))
         except yaml.YAMLError:
             raise ConfigError.single(key.strip(), f"value {value!r} is not valid YAML", source="--set") from None

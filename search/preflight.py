@@ -48,10 +48,28 @@ def representative_params(config: ExperimentConfig) -> dict[str, Any]:
     return values
 
 
+def preflight_params(config: ExperimentConfig) -> dict[str, Any]:
+    """The searched values the preflight's classes are built with: the representative ones
+    a trial with them would sample."""
+    return sampled_only(config, representative_params(config))
+
+
+def names_a_batch_size(argument: str) -> bool:
+    """Whether a data argument (``batch_size``, ``data.eval_batch_size``) is named for a
+    batch size: one that changes how the data is batched, not which data it is."""
+    return "batch" in argument
+
+
+def _preflight_loader(config: ExperimentConfig) -> dict[str, Any]:
+    """The trials' own loader options, with no loader processes to start for a few batches."""
+    return loader_options(config.loader.model_copy(update={"num_workers": 0, "pin_memory": False}),
+                          config.resources, on_gpu=False)
+
+
 def trained_with(config: ExperimentConfig) -> str:
     """The searched values the preflight trains with, as its errors show them
     (`` with the searched values model.lr=0.00316228, ...``; empty with none searched)."""
-    return _searched(config, sampled_only(config, representative_params(config)))
+    return _searched(config, preflight_params(config))
 
 
 def run_preflight(config: ExperimentConfig, model_class: type, data_class: type,
@@ -77,9 +95,7 @@ def data_classes_from_constructor(config: ExperimentConfig, data_class: type) ->
     from .data_classes import classes_of
     from .seeding import seeded_as_its_trial
 
-    loader = loader_options(config.loader.model_copy(update={"num_workers": 0, "pin_memory": False}),
-                            config.resources, on_gpu=False)
-    values = sampled_only(config, representative_params(config))
+    loader, values = _preflight_loader(config), preflight_params(config)
     with seeded_as_its_trial(None):
         try:
             with warnings.catch_warnings():
@@ -93,9 +109,7 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type,
                on_data: Callable[[Any], None] | None) -> list[str]:
     values = representative_params(config)
     params = sampled_only(config, values)
-    # The trials' own options, with no loader processes to start for one batch.
-    loader = loader_options(config.loader.model_copy(update={"num_workers": 0, "pin_memory": False}),
-                            config.resources, on_gpu=False)
+    loader = _preflight_loader(config)
     data_built = f"{data_class.__name__}(...{_searched(config, params, 'data')})"
     try:
         with _warnings_naming(data_built):
@@ -374,7 +388,7 @@ def _limits_at_the_largest_batch_sizes(config: ExperimentConfig, values: dict[st
     limited = {name for name in ("limit_train_batches", "limit_val_batches")
                if _is_fraction(getattr(config.trainer, name)) or f"trainer.{name}" in config.space}
     for key, param in config.space.items():
-        if not limited or not key.startswith("data.") or "batch" not in key:
+        if not limited or not key.startswith("data.") or not names_a_batch_size(key):
             continue
         largest = max((value for value in param.edge_values()
                        if isinstance(value, int) and not isinstance(value, bool)), default=None)

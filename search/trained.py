@@ -101,13 +101,13 @@ def _check_loadable(checkpoint: Path, number: int, row: dict[str, Any], keep: in
 def _data_as_the_preflights(config, params: dict[str, Any]) -> bool:
     """Whether the trial's DataModule got the values the preflight's did, but a batch size
     (which changes no class): the study's class names are that DataModule's."""
-    from .preflight import representative_params
-    from .space import sampled_only
+    from .preflight import names_a_batch_size, preflight_params
 
     def data_values(values: dict[str, Any]) -> dict[str, Any]:
-        return {name: value for name, value in config.params_for("data", values).items() if "batch" not in name}
+        return {name: value for name, value in config.params_for("data", values).items()
+                if not names_a_batch_size(name)}
 
-    return data_values(params) == data_values(sampled_only(config, representative_params(config)))
+    return data_values(params) == data_values(preflight_params(config))
 
 
 def _built_with_weights(config, params: dict[str, Any], checkpoint: Path, map_location: Any, exp,
