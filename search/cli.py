@@ -421,7 +421,8 @@ def cmd_resume(args) -> int:
 def _report(result) -> int:
     from .errors import counted
     from .outcome import FINISHED_STATES, PAUSED, SESSION_TIME_BUDGET
-    from .status_view import print_best, print_data_starved
+    from .experiment import ExperimentDir
+    from .status_view import num_workers_setting, print_best, print_data_starved
     from .storage import study_address
 
     study = study_address(result.experiment_dir)
@@ -437,7 +438,9 @@ def _report(result) -> int:
               f"test evaluation ran again")
     if result.best:
         print_best(result.best)
-    print_data_starved(result.trials)
+    if any(trial.get("data_starved") is True for trial in result.trials):
+        config = ExperimentDir(result.experiment_dir).stored_config()
+        print_data_starved(result.trials, num_workers_setting=num_workers_setting(config))
     if result.outcome == SESSION_TIME_BUDGET:
         # The end the user asked for: not an error, so the exit status is 0.
         states = [trial.get("state") for trial in result.trials]

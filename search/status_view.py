@@ -388,12 +388,25 @@ def _short_names(params: list[str]) -> list[str]:
     return [name if last.count(name) == 1 else param for name, param in zip(last, params)]
 
 
-# What helps a data-starved trial (``status --trial``, and the end of ``run``/``resume``).
-STARVED_ADVICE = ("more loader workers would help: loader.num_workers, or resources.cpus_per_trial, which sizes "
-                  "them (one CPU per trial loads in the training process); or cheaper loading")
+def num_workers_setting(config: dict[str, Any]) -> Any:
+    """The study file's ``loader.num_workers`` ("auto" unless the file set a count)."""
+    loader = config.get("loader")
+    return loader.get("num_workers", "auto") if isinstance(loader, dict) else "auto"
 
 
-def print_data_starved(trials: list[dict[str, Any]], console: Console | None = None) -> None:
+def starved_advice(num_workers_setting: Any = "auto") -> str:
+    """What helps a data-starved trial (``status --trial``, and the end of ``run``/``resume``):
+    the trial's CPUs size its loader workers only while ``loader.num_workers`` is "auto",
+    so a file that sets the count is told to raise it (it was told of both)."""
+    if num_workers_setting in (None, "auto"):
+        return ("more loader workers would help: loader.num_workers, or resources.cpus_per_trial, which sizes "
+                "them (one CPU per trial loads in the training process); or cheaper loading")
+    return (f"more loader workers would help: loader.num_workers (the file sets {num_workers_setting}), "
+            f"with resources.cpus_per_trial to run them on; or cheaper loading")
+
+
+def print_data_starved(trials: list[dict[str, Any]], console: Console | None = None,
+                       num_workers_setting: Any = "auto") -> None:
     """Say at a session's end how many trials waited on their DataLoader, and what helps:
     the flag was only in ``status`` (audit 68)."""
     starved = [str(row.get("trial")) for row in trials if row.get("data_starved") is True]
@@ -401,7 +414,7 @@ def print_data_starved(trials: list[dict[str, Any]], console: Console | None = N
         named = ", ".join(starved[:10]) + (f" and {len(starved) - 10} more" if len(starved) > 10 else "")
         (console or table_console()).print(
             f"data-starved: {'trial' if len(starved) == 1 else 'trials'} {named} waited on the DataLoader for much "
-            f"of the training (hpsearch status says how much); {STARVED_ADVICE}", markup=False)
+            f"of the training (hpsearch status says how much); {starved_advice(num_workers_setting)}", markup=False)
 
 
 def _waiting_on_data(row: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from rich.console import Console
 from .errors import ExperimentError, counted, resume_command
 from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, trial_name
 from .journal_reader import one_trial
+from .status_view import num_workers_setting, starved_advice
 from .outcome import FIRST_TRIAL, best_of
 from .storage import join_uri, study_address
 from .study_lock import search_runs
@@ -61,7 +62,7 @@ def print_trial(exp: ExperimentDir, number: int, console: Console, mirror: Mirro
     if the_best and (best.get("test_metrics") or best.get("test_error")):
         line("test", ", ".join(f"{key} = {_number(value)}" for key, value in (best.get("test_metrics") or {}).items())
              or f"its evaluation failed: {best['test_error']}")
-    line("time", _times(row))
+    line("time", _times(row, num_workers_setting(config)))
     line("ran on", _where(row))
     if row.get("seed") not in (None, ""):
         line("seed", f"{row['seed']} (what it trained with; hpsearch.load_trial builds it from this seed too)")
@@ -157,9 +158,10 @@ def _no_row(exp: ExperimentDir, number: int, state: str | None, rows: dict[int, 
     return f"{exp.root} has no trial {number} ({held})"
 
 
-def _times(row: dict[str, Any]) -> str:
+def _times(row: dict[str, Any], workers_setting: Any = "auto") -> str:
     """Its last epoch's time and where it went (the speed telemetry), its start-up and its
-    compute in all."""
+    compute in all; ``workers_setting``: the file's ``loader.num_workers``, for the advice
+    to a data-starved trial."""
     epoch = row.get("epoch_time_s")
     if not isinstance(epoch, (int, float)):
         return "no epoch ended"
@@ -174,11 +176,9 @@ def _times(row: dict[str, Any]) -> str:
     if isinstance(row.get("compute_s"), (int, float)):
         text += f"; {_seconds(row['compute_s'])} of compute in all"
     if row.get("data_starved") is True:
-        from .status_view import STARVED_ADVICE
-
         workers = row.get("num_workers")
         had = f" with {counted(workers, 'loader worker')}" if isinstance(workers, int) else ""
-        text += f"; data-starved (its DataLoader could not keep up{had}: {STARVED_ADVICE})"
+        text += f"; data-starved (its DataLoader could not keep up{had}: {starved_advice(workers_setting)})"
     return text
 
 

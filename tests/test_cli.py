@@ -486,6 +486,20 @@ def test_a_search_whose_every_trial_failed_exits_with_1_saying_so(tmp_path, caps
                             "best=<trial 0: val_acc = 0.9>, trials=<1>, elapsed_s=9.0)")
 
 
+def test_a_sessions_end_tells_a_data_starved_study_what_its_file_lets_it_raise(tmp_path, capsys):
+    """The advice named ``resources.cpus_per_trial`` too where the file set ``loader.num_workers``,
+    which the CPUs then do not size."""
+    from hpsearch.search.api import SearchResult
+    from hpsearch.search.cli import _report
+
+    (tmp_path / "experiment.yaml").write_text("name: s\nmetric: val_acc\nmode: max\nspace: {}\n"
+                                              "loader: {num_workers: 2}\n")
+    result = SearchResult(tmp_path, "complete", None, [{"trial": 0, "state": "PRUNED", "data_starved": True}], 9.0)
+    _report(result)
+    out = " ".join(capsys.readouterr().out.split())  # the console folds long lines
+    assert "data-starved: trial 0 waited" in out and "loader.num_workers (the file sets 2)" in out, out
+
+
 def test_a_search_stopped_before_any_trial_ended_says_none_was_evaluated(tmp_path, capsys):
     """The stop's message promises the best trial so far is evaluated; with no trial ended
     nothing was, and nothing said so (audit 21, D4)."""

@@ -152,3 +152,20 @@ def test_a_data_starved_trial_is_told_what_would_feed_it_here_and_at_the_session
     out = io.StringIO()
     print_data_starved([{"trial": 1, "data_starved": False}], Console(file=out))
     assert out.getvalue() == ""
+
+
+def test_a_data_starved_trial_whose_file_sets_its_loader_workers_is_told_to_raise_that_count():
+    """``resources.cpus_per_trial`` sizes the workers only while ``loader.num_workers`` is
+    "auto": a file that sets the count was told of both."""
+    from rich.console import Console
+
+    from hpsearch.search.status_view import num_workers_setting, print_data_starved
+    from hpsearch.search.trial_view import _times
+
+    row = {"epoch_time_s": 2.7, "train_s": 0.4, "data_wait_s": 2.3, "data_starved": True, "num_workers": 1}
+    said = _times(row, num_workers_setting({"loader": {"num_workers": 1}}))
+    assert "loader.num_workers (the file sets 1)" in said and "which sizes them" not in said, said
+    assert "which sizes them" in _times(row, num_workers_setting({"loader": {"num_workers": "auto"}}))
+    out = io.StringIO()
+    print_data_starved([{"trial": 0, "data_starved": True}], Console(file=out, width=300), num_workers_setting=3)
+    assert "loader.num_workers (the file sets 3)" in out.getvalue() and "which sizes" not in out.getvalue()
