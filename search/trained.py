@@ -54,22 +54,24 @@ def _loaded(experiment_dir: str | Path, trial: int | None, map_location: Any) ->
     from .experiment import TRIAL_SETTINGS, trial_name
     from .results import trained_seed, trained_with
     from .searcher import existing_study
-    from .storage import StudyHome
+    from .storage import StudyHome, join_uri
     from .trials_table import TrialsTable
 
     exp, mirror = StudyHome.existing(experiment_dir)
     config = load_config(exp.config_file, stored=True)
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
     row = table.best_row() if trial is None else table.rows.get(trial)
+    study = mirror.uri if mirror is not None else exp.root  # a URI study's errors named its working copy
     if row is None:
-        raise HpsearchError(f"{exp.root}: no trial has finished with a result yet" if trial is None else
-                            f"{exp.root} has no trial {trial} (its trials: {_numbers(table.rows)})")
+        raise HpsearchError(f"{study}: no trial has finished with a result yet" if trial is None else
+                            f"{study} has no trial {trial} (its trials: {_numbers(table.rows)})")
     number = int(row["trial"])
     if mirror is not None:
         mirror.pull(f"trials/{trial_name(number)}/checkpoints/{BEST_CHECKPOINT}",
                     f"trials/{trial_name(number)}/{TRIAL_SETTINGS}")
     checkpoint = checkpoint_dir(exp.trial_dir(trial_name(number))) / BEST_CHECKPOINT
-    _check_loadable(checkpoint, number, row, config.search.keep_checkpoints)
+    shown = join_uri(mirror.uri, str(checkpoint.relative_to(exp.root))) if mirror is not None else checkpoint
+    _check_loadable(checkpoint, shown, number, row, config.search.keep_checkpoints)
     config = trained_with(config, exp, number)
     # read as a reader: a search may be running on the study, and its journal is its own
     # (repairing it here could cut the record that search is writing)
@@ -84,10 +86,11 @@ def _numbers(rows: dict[int, Any]) -> str:
     return "none" if not numbers else f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
 
 
-def _check_loadable(checkpoint: Path, number: int, row: dict[str, Any], keep: int | None) -> None:
-    """Why trial ``number`` has no checkpoint this can load, as an ``HpsearchError``."""
+def _check_loadable(checkpoint: Path, shown: str | Path, number: int, row: dict[str, Any], keep: int | None) -> None:
+    """Why trial ``number`` has no checkpoint this can load, as an ``HpsearchError``
+    naming it as ``shown`` (its address in cloud storage, for a study there)."""
     if checkpoint.is_dir():
-        raise HpsearchError(f"trial {number}'s best checkpoint is a directory of DeepSpeed shards ({checkpoint}): "
+        raise HpsearchError(f"trial {number}'s best checkpoint is a directory of DeepSpeed shards ({shown}): "
                             f"make one file of it with pytorch_lightning.utilities.deepspeed."
                             f"convert_zero_checkpoint_to_fp32_state_dict, and load its state_dict into the model")
     if checkpoint.is_file():
@@ -95,7 +98,7 @@ def _check_loadable(checkpoint: Path, number: int, row: dict[str, Any], keep: in
     if not str(row.get("epochs") or "").strip() or row.get("epochs") in (0, "0"):
         raise HpsearchError(f"trial {number} has no checkpoint: it finished no epoch (state {row.get('state')})")
     removed = f" (search.keep_checkpoints is {keep}: the other ended trials' best.ckpt are removed)" if keep else ""
-    raise HpsearchError(f"trial {number} has no best.ckpt any more{removed}: {checkpoint}")
+    raise HpsearchError(f"trial {number} has no best.ckpt any more{removed}: {shown}")
 
 
 def _data_as_the_preflights(config, params: dict[str, Any]) -> bool:

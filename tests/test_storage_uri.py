@@ -311,3 +311,25 @@ def test_a_ctrl_c_as_a_study_in_storage_is_made_leaves_it_there_to_resume(s3_ser
     uri = f"s3://{BUCKET}/interrupted/{example_config['name']}"
     assert str(caught.value).endswith(f"hpsearch resume {uri}"), str(caught.value)
     assert f"interrupted/{example_config['name']}/experiment.yaml" in keys(s3_server, "interrupted/")
+
+
+@pytest.mark.e2e
+def test_load_trial_of_a_study_in_storage_names_the_study_and_checkpoint_there(s3_server, tmp_path, monkeypatch,
+                                                                                finished_search):
+    """Its errors named the working copy it pulled into, a folder the user never made."""
+    from hpsearch import HpsearchError, load_trial
+
+    exp_dir, _, _ = finished_search
+    for path in exp_dir.rglob("*"):
+        if path.is_file() and not path.name.endswith(".ckpt"):
+            client(s3_server).upload_file(str(path), BUCKET, f"loaded/{exp_dir.name}/{path.relative_to(exp_dir)}")
+    for name, value in s3_server.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HPSEARCH_CACHE", str(tmp_path / "cache"))
+    uri = f"s3://{BUCKET}/loaded/{exp_dir.name}"
+    with pytest.raises(HpsearchError, match=rf"^{uri} has no trial 99 \(its trials: 0-5\)"):
+        load_trial(uri, trial=99)
+    best = json.loads((exp_dir / "best.json").read_text())["trial"]
+    with pytest.raises(HpsearchError, match=rf"has no best.ckpt any more.*: {uri}/trials/trial_{best:04d}/checkpoints/"
+                                            r"best.ckpt$"):
+        load_trial(uri, trial=best)  # its checkpoint was not uploaded
