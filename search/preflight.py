@@ -190,14 +190,22 @@ def _arguments_mentioned(config: ExperimentConfig, exc: Exception, params: dict[
     is named ("Invalid weight_decay value: -0.0001", the optimizer's; "got
     batch_size=16.0", Lightning's): an ``init_args`` value, or a searched one as sampled
     (``params``). Both must appear: a name alone (say 'channels' in a shape error) may not
-    be at fault."""
+    be at fault. A whole number must follow its name ("channels=8", "channels: 8"): shapes
+    in any error hold small numbers, and a shape error that said "channels" blamed
+    ``channels: 8`` for tensors of shape (8, 8) (audit 71)."""
     message, fields = str(exc), []
     for section in sections:
         searched = config.params_for(section, params)
         given = {**getattr(config, section).init_args, **searched}
         for name, value in given.items():
-            if re.search(rf"\b{re.escape(name)}\b", message) and isinstance(value, (int, float, str)) \
-                    and str(value) in message:
+            if not isinstance(value, (int, float, str)) or not re.search(rf"\b{re.escape(name)}\b", message):
+                continue
+            if isinstance(value, int) and not isinstance(value, bool):
+                quoted = re.search(rf"\b{re.escape(name)}\b\W{{0,4}}(?:value\W{{0,3}})?(?<![\w.-]){value}(?![\w.])",
+                                   message)
+            else:
+                quoted = str(value) in message
+            if quoted:
                 fields.append(f"space.{section}.{name}" if name in searched else f"{section}.init_args.{name}")
     return fields
 

@@ -1501,6 +1501,21 @@ def test_a_value_the_set_up_refuses_by_name_and_value_is_blamed_on_its_argument(
     assert problem.field == "model.init_args.weight_decay" and "Invalid weight_decay value: -0.0001" in problem.message
 
 
+def test_a_whole_number_is_blamed_only_where_it_follows_its_name_not_where_a_shape_holds_it(example_config):
+    """Tensors of shape (8, 8) in a model of 8 channels: the convolution's error says
+    "channels" and holds an 8, and ``channels`` was blamed (audit 71)."""
+    from hpsearch.search.preflight import _arguments_mentioned
+
+    config = load_config(example_config)
+    shape_error = RuntimeError("Given groups=1, weight of size [8, 1, 3, 3], expected input[1, 64, 8, 8] to have "
+                               "1 channels, but got 64 channels instead")
+    assert _arguments_mentioned(config, shape_error, {"model.channels": 8, "model.lr": 0.01}) == []
+    for said in ("channels=8 is too few", "Invalid channels value: 8", "channels (8) must be even"):
+        assert _arguments_mentioned(config, ValueError(said), {"model.channels": 8, "model.lr": 0.01}) \
+            == ["space.model.channels"], said
+    assert _arguments_mentioned(config, ValueError("channels=80"), {"model.channels": 8, "model.lr": 0.01}) == []
+
+
 def test_a_value_set_by_hand_named_beside_a_searched_one_is_blamed_not_the_searched_one(example_config):
     """The split's check names both fractions with their values; the searched one was blamed,
     though the value set by hand was out of range (audit 21)."""
