@@ -294,7 +294,8 @@ def last_error_line(trial, exp=None) -> str:
     exception = [line for line in lines if re.match(r"[\w.<>]+(\([\w.]+\))?: ", line)
                  or re.fullmatch(r"(?:[\w<>]+\.)*[A-Z]\w*", line)]
     if exception:
-        line = exception[-1]
+        # a rank's own error, not the lost connection its peers met because of it
+        line = ([text for text in exception if not _PEER_LOST.search(text)] or exception)[-1]
         below = raw[len(raw) - raw[::-1].index(line):]
         indented = [text.strip() for text in itertools.takewhile(lambda text: text[0].isspace(), below)]
         if line.endswith(":") and indented:  # its message goes on indented below (a ConfigError's problems)
@@ -307,8 +308,19 @@ def last_error_line(trial, exp=None) -> str:
         return "unknown error"
     line = _PROCESS_DEATH.sub(_process_death_in_short, line)[:300]
     if exp is not None and (PROCESS_DIED in line or _PEER_LOST.search(line)):
-        line = crash_line(crash_account(trial_dir_of(trial, exp))) or line
+        told = crash_line(crash_account(trial_dir_of(trial, exp)))
+        if told:
+            return told[:300]
+        lost = _PEER_LOST.search(line)
+        if lost:  # os._exit in a rank was named by its peer's error, a new port at each try (left by audit 61)
+            line = f"{PEER_ENDED} ({lost.group(0)})"
     return line[:300]
+
+
+# The line of a distributed trial one of whose ranks' processes ended without a Python
+# error or an account of a crash or a hang: only its peers' lost connections tell of it.
+PEER_ENDED = ("a rank's process ended without a Python error (os._exit, a kill, or an exit in native code): "
+              "its peers lost their connection to it")
 
 
 # What a rank of a distributed trial raises when another rank's process is gone: a crash or

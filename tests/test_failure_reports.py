@@ -404,12 +404,20 @@ def test_a_rank_that_crashed_is_the_fault_of_its_distributed_trial_not_its_peers
     from hpsearch.search.experiment import ExperimentDir
     from hpsearch.search.outcome import EPOCH, GIVE_UP, TRIAL_NUMBER
     from hpsearch.search.trials_table import TrialsTable
-    from hpsearch.search.trial_faults import RetryPolicy
+    from hpsearch.search.trial_faults import PEER_ENDED, RetryPolicy
 
     exp = ExperimentDir(tmp_path)
     trial = error_file(tmp_path, PEER_CRASHED.format(port=41882))
     trial.config, trial.run_metadata, trial.last_result = {TRIAL_NUMBER: 0}, SimpleNamespace(num_failures=1), {EPOCH: 1}
-    assert "Connection closed by peer" in last_error_line(trial, exp)  # no rank left an account
+    # no rank left an account (os._exit in a rank): said so, the same at every try (left by audit 61)
+    assert last_error_line(trial, exp) == f"{PEER_ENDED} (Connection closed by peer)"
+    ended = RetryPolicy(TrialsTable("val_acc", "max", []), max_retries=2, exp=exp)
+    ended.on_trial_recover(0, [], trial)
+    trial.error_file = error_file(tmp_path, PEER_CRASHED.format(port=9615)).error_file
+    ended.on_trial_recover(0, [], trial)
+    assert trial.config[GIVE_UP].startswith(f"failed 2 times the same way, at the same point: {PEER_ENDED}")
+    trial.config, trial.run_metadata = {TRIAL_NUMBER: 0}, SimpleNamespace(num_failures=1)
+    trial.error_file = error_file(tmp_path, PEER_CRASHED.format(port=41882)).error_file
     exp.trial_dir("trial_0000").mkdir(parents=True)
     (exp.trial_dir("trial_0000") / "crash-rank1.txt").write_text(RANK_SEGFAULT)
     (exp.trial_dir("trial_0000") / "crash.txt").write_text("")  # rank 0's, ended with its worker group
@@ -420,6 +428,14 @@ def test_a_rank_that_crashed_is_the_fault_of_its_distributed_trial_not_its_peers
     trial.error_file = error_file(tmp_path, PEER_CRASHED.format(port=9615)).error_file
     policy.on_trial_recover(0, [], trial)  # the same crash at the same point, another port
     assert trial.config[GIVE_UP].startswith(f"failed 2 times the same way, at the same point: {crashed}")
+
+
+def test_a_ranks_own_error_is_the_trials_not_the_lost_connection_its_peer_met(tmp_path):
+    """Ray Train lists the ranks' errors in rank order, and the last line was taken: a
+    rank 0 that raised was named by rank 1's broken connection to it."""
+    both = PEER_CRASHED.format(port=41882).replace("[Rank 0 Error Snippet]:\n", "[Rank 0 Error Snippet]:\n"
+                                                   "ValueError: bad shape in rank 0\n[Rank 1 Error Snippet]:\n")
+    assert last_error_line(error_file(tmp_path, both)) == "ValueError: bad shape in rank 0"
 
 
 def test_a_rank_hung_in_a_collective_is_not_said_to_hang_in_tensorboard(tmp_path):
