@@ -75,8 +75,9 @@ class RetryPolicy(Callback):
         fault = (last_error_line(trial, self.exp), (trial.last_result or {}).get(EPOCH))
         row["error"] = fault[0]
         # A killed process may live on a retry: the out-of-memory killer's choice turns on
-        # what else runs on the node, not only on the trial's own batches.
-        repeated = self._last_fault.get(number) == fault and PROCESS_DIED not in fault[0]
+        # what else runs on the node, not only on the trial's own batches (a rank's too).
+        repeated = self._last_fault.get(number) == fault and PROCESS_DIED not in fault[0] \
+            and not fault[0].startswith(PEER_ENDED)
         self._last_fault[number] = fault
         if faults > self.max_retries or repeated:
             how = " the same way, at the same point" if repeated else ""
