@@ -1510,7 +1510,8 @@ def test_a_whole_number_is_blamed_only_where_it_follows_its_name_not_where_a_sha
     shape_error = RuntimeError("Given groups=1, weight of size [8, 1, 3, 3], expected input[1, 64, 8, 8] to have "
                                "1 channels, but got 64 channels instead")
     assert _arguments_mentioned(config, shape_error, {"model.channels": 8, "model.lr": 0.01}) == []
-    for said in ("channels=8 is too few", "Invalid channels value: 8", "channels (8) must be even"):
+    for said in ("channels=8 is too few", "Invalid channels value: 8", "channels (8) must be even",
+                 "channels must be even (or left out), got 8"):
         assert _arguments_mentioned(config, ValueError(said), {"model.channels": 8, "model.lr": 0.01}) \
             == ["space.model.channels"], said
     assert _arguments_mentioned(config, ValueError("channels=80"), {"model.channels": 8, "model.lr": 0.01}) == []
