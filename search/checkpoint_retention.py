@@ -12,7 +12,7 @@ from typing import Any
 from ray.tune import Callback
 
 from .experiment import trial_dir_of, trial_name
-from .outcome import COMPLETE, FINISHED_STATES, PRUNED, TRIAL_NUMBER, paused_by_a_full_disk
+from .outcome import COMPLETE, FAILED, FINISHED_STATES, PRUNED, TRIAL_NUMBER, paused_by_a_full_disk
 from .trials_table import TrialsTable, best_first, has_value
 
 
@@ -91,7 +91,7 @@ class KeepBestCheckpoints(Callback):
 
     def _rank(self, row: dict[str, Any]) -> tuple[tuple[float, int], int] | None:
         """A scored ended trial's place: better values first, then lower numbers."""
-        if row.get("state") not in (COMPLETE, PRUNED) or not has_value(row):
+        if row.get("state") not in (COMPLETE, PRUNED, FAILED) or not has_value(row):
             return None
         return best_first(row, self.table.mode), int(row["trial"])
 

@@ -371,9 +371,10 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
                   if best.get(key) is not None]  # a best.json of before 2026-12-06 has neither
     best_rows += [[f"param {k}", v] for k, v in (best.get("params") or {}).items()]
     best_rows += [[f"test {k}", v] for k, v in (best.get("test_metrics") or {}).items()]
-    if best.get("pruned_ahead"):  # not the best by its rule (TrialsTable.best_row), but better
-        ahead = best["pruned_ahead"]
-        best_rows.append(["pruned, scored better", f"trial {ahead['trial']}: {ahead['value']}"])
+    ahead = best.get("ahead") or best.get("pruned_ahead")  # the latter: a best.json of before 2026-12-07
+    if ahead:  # not the best by its rule (TrialsTable.best_row), but better
+        best_rows.append([f"{str(ahead.get('state') or 'PRUNED').lower()}, scored better",
+                          f"trial {ahead['trial']}: {ahead['value']}"])
     counts = [[state, count] for state, count in summary.counts.items()]
     failed = [[row.get("trial"), row.get("epochs"), row.get("reason")] for row in summary.rows
               if row.get("state") == "FAILED"]

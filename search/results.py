@@ -21,7 +21,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
     With URI storage the checkpoint is fetched first (another node may have written it)."""
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
     row = table.best_row()
-    pruned_ahead = table.pruned_ahead(row)
+    ahead = table.ahead_of_best(row)
     if row is None:
         return None
     number = int(row["trial"])
@@ -72,9 +72,9 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         if mirror is not None and checkpoint.exists() else None,
         "test_metrics": test_metrics,
         "test_error": test_error,  # why the evaluation failed; hpsearch resume runs it again
-        # a pruned trial that scored better: not a candidate (TrialsTable.best_row), but said
-        "pruned_ahead": None if pruned_ahead is None else {
-            "trial": int(pruned_ahead["trial"]), "value": pruned_ahead["best"], "epochs": pruned_ahead.get("epochs")},
+        # a pruned or failed trial that scored better: not a candidate (TrialsTable.best_row), but said
+        "ahead": None if ahead is None else {"trial": int(ahead["trial"]), "state": ahead["state"],
+                                             "value": ahead["best"], "epochs": ahead.get("epochs")},
     }
     write_json(exp.best_json, best)
     if test_metrics:

@@ -41,6 +41,18 @@ STATE_STYLES = {"COMPLETE": "green", "PRUNED": "yellow", "FAILED": "red", "RUNNI
 # Why the best trial named is not a pruned one that scored better (``TrialsTable.best_row``).
 PRUNED_NOT_CANDIDATES = ("a pruned trial is the best only when none completed (Optuna's rule: its value is from "
                          "an epoch before ASHA judged it)")
+FAILED_NOT_CANDIDATES = "a failed trial is never the best (a later epoch of it failed: its reason says why)"
+
+
+def ahead_of_best(ahead: dict[str, Any], metric: str, value: Any) -> str:
+    """The words for a pruned or failed trial that scored better than the best, and why it
+    is not the best; ``ahead``: best.json's ``ahead`` or a trials.csv row (with its value
+    as ``value``). A best.json of before 2026-12-07 names only a pruned one, as
+    ``pruned_ahead``."""
+    state = str(ahead.get("state") or "PRUNED")
+    epochs = f" (in {counted(ahead['epochs'], 'epoch')})" if ahead.get("epochs") not in (None, "") else ""
+    why = FAILED_NOT_CANDIDATES if state == "FAILED" else PRUNED_NOT_CANDIDATES
+    return f"{state.lower()} trial {ahead['trial']} scored better, {metric} = {_fmt(value)}{epochs}, but {why}"
 
 
 def table_console(piped_width: int = 160) -> Console:
@@ -83,7 +95,7 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
             console.print(f"{len(rows) - len(shown)} more trials not shown (the latest {SHOWN_TRIALS} are, and "
                           f"those running or paused, and the best); `hpsearch status {study_address(exp.root)} --all` "
                           f"shows every one, and trials.csv has them.", markup=False, soft_wrap=True)
-        console.print(_summary_line(rows, best, table.pruned_ahead(best), metric, config["mode"]), markup=False,
+        console.print(_summary_line(rows, best, table.ahead_of_best(best), metric, config["mode"]), markup=False,
                       soft_wrap=True)
     elif any(state != WAITING for state in queued_and_not):
         # trials.csv deleted or lost: the study still has its trials (audit 27)
@@ -175,7 +187,7 @@ def _worth_showing(rows: list[dict[str, Any]], best: dict[str, Any] | None) -> l
 def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, ahead: dict[str, Any] | None,
                   metric: str, mode: str) -> str:
     """``3300 trials: 1276 complete, 1921 pruned, 103 failed; best val_loss = 0.1667 (trial 3257)``;
-    ``ahead``: a pruned trial that scored better (``TrialsTable.pruned_ahead``)."""
+    ``ahead``: a pruned or failed trial that scored better (``TrialsTable.ahead_of_best``)."""
     states: dict[str, int] = {}
     for row in rows:
         states[str(row.get("state", ""))] = states.get(str(row.get("state", "")), 0) + 1
@@ -184,8 +196,7 @@ def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, ahead
     if best is not None:
         line += f"; best {metric} = {_fmt(best.get('best'))} (trial {best['trial']})"
         if ahead is not None:
-            line += (f"; pruned trial {ahead['trial']} scored better, {metric} = {_fmt(ahead['best'])}, but "
-                     f"{PRUNED_NOT_CANDIDATES}")
+            line += f"; {ahead_of_best(ahead, metric, float(ahead['best']))}"
     # A trial not ended is not the study's best yet (the test evaluation takes ended ones),
     # but its better value so far is worth a word: the line seemed to skip it (audit 21, D4).
     going = [row for row in rows if row.get("state") in ("RUNNING", "PAUSED") and has_value(row)]
@@ -219,11 +230,9 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
                       markup=False, soft_wrap=True)
     if best.get("checkpoint"):
         console.print(f"  checkpoint: {best['checkpoint']}", markup=False)
-    ahead = best.get("pruned_ahead")
+    ahead = best.get("ahead") or best.get("pruned_ahead")
     if ahead:
-        console.print(f"  pruned trial {ahead['trial']} scored better, {best['metric']} = {_fmt(ahead['value'])} "
-                      f"(in {counted(ahead.get('epochs'), 'epoch')}), but {PRUNED_NOT_CANDIDATES}", markup=False,
-                      soft_wrap=True)
+        console.print(f"  {ahead_of_best(ahead, best['metric'], ahead['value'])}", markup=False, soft_wrap=True)
 
 
 def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: list[str],

@@ -125,7 +125,7 @@ class TrialsTable:
         Optuna's rule (its ``best_trial`` takes complete trials only): a pruned trial's
         value is from an epoch before ASHA judged it short of its rung, and with a metric
         that falls as training goes on (a loss that overfits) the best value of any epoch
-        can be a pruned trial's first. ``pruned_ahead`` names such a trial."""
+        can be a pruned trial's first. ``ahead_of_best`` names such a trial."""
         for states in (("COMPLETE",), ("COMPLETE", "PRUNED")):
             candidates = sorted((r for r in self.rows.values() if r.get("state") in states and has_value(r)),
                                 key=lambda row: int(row["trial"]))
@@ -133,16 +133,17 @@ class TrialsTable:
                 return best_of(candidates, self.mode, key=lambda row: _as_float(row["best"]))
         return None
 
-    def pruned_ahead(self, best: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The best pruned trial when it scored better than ``best``, ``best_row()``'s complete
+    def ahead_of_best(self, best: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The best pruned or failed trial when it scored better than ``best``, ``best_row()``'s
         trial, which callers have already found: where the best is named, this is said beside
         it (audit 33: the result named trial 7 at 10.03, the table above it listed a pruned
-        trial at 10.71, and nothing said why)."""
-        if best is None or best.get("state") != "COMPLETE":
+        trial at 10.71, and nothing said why; audit 74: a trial that diverged after its best
+        epoch failed, and ``status --top`` ranked it first with no word why it was not the best)."""
+        if best is None:
             return None
-        pruned = sorted((r for r in self.rows.values() if r.get("state") == "PRUNED" and has_value(r)),
-                        key=lambda row: int(row["trial"]))
-        ahead = best_of(pruned, self.mode, key=lambda row: _as_float(row["best"]))
+        others = sorted((r for r in self.rows.values() if r.get("state") in ("PRUNED", "FAILED") and has_value(r)
+                         and int(r["trial"]) != int(best["trial"])), key=lambda row: int(row["trial"]))
+        ahead = best_of(others, self.mode, key=lambda row: _as_float(row["best"]))
         if ahead is None or _as_float(ahead["best"]) == _as_float(best["best"]):
             return None
         return ahead if best_of([ahead, best], self.mode, key=lambda row: _as_float(row["best"])) is ahead else None

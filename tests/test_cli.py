@@ -559,6 +559,11 @@ def test_a_search_that_reached_its_time_budget_says_how_many_trials_finished(tmp
     out = capsys.readouterr().out
     assert "pruned trial 2 scored better, score = 10.71 (in 1 epoch), but a pruned trial is the best only when " \
            "none completed" in " ".join(out.split()), out
+    # a failed one too (audit 74); the best.json above is of before it, which named pruned ones only
+    print_best({"trial": 7, "metric": "score", "value": 10.03, "state": "COMPLETE", "epochs": 5, "params": {},
+                "ahead": {"trial": 3, "state": "FAILED", "value": 10.9, "epochs": 2}})
+    out = " ".join(capsys.readouterr().out.split())
+    assert "failed trial 3 scored better, score = 10.9 (in 2 epochs), but a failed trial is never the best" in out, out
 
 
 def test_numeric_choices_of_ints_and_floats_get_their_hparams_columns_and_rows(tmp_path):
@@ -965,6 +970,23 @@ def test_status_shows_the_error_of_a_trial_waiting_for_its_next_try_as_it_is(tmp
                         width=110)
     row = next(line for line in text.splitlines() if "PENDING" in line)
     assert "The actor died" in row and ": The" not in row, row
+
+
+def test_status_names_a_failed_trial_that_scored_better_than_the_best_beside_it(tmp_path, capsys):
+    """``--top`` ranked a trial that diverged after its best epoch first, and the summary
+    under it named another as the best, with no word why (audit 74)."""
+    from hpsearch.search.trials_table import TrialsTable
+
+    exp = _study_with(tmp_path, ["COMPLETE", "FAILED", "PRUNED"])
+    table = TrialsTable.load(exp.trials_csv, "val_acc", "max", [])
+    for number, best in enumerate((0.9, 0.95, 0.8)):
+        table.row(number).update(best=best)
+    table.row(1).update(epochs=2)
+    table.save(exp.trials_csv)
+    assert main(["status", str(exp.root), "--top", "2"]) == 0
+    output = " ".join(capsys.readouterr().out.split())
+    assert "best val_acc = 0.9 (trial 0); failed trial 1 scored better, val_acc = 0.95 (in 2 epochs), but a failed " \
+           "trial is never the best (a later epoch of it failed: its reason says why)" in output, output
 
 
 def test_status_of_a_large_study_shows_its_latest_running_and_best_trials_and_sums_it_up(tmp_path, capsys):

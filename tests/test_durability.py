@@ -349,6 +349,22 @@ def test_keep_checkpoints_leaves_the_best_ended_trials_theirs(tmp_path, mode):
     assert checkpoint(3).exists()
 
 
+def test_keep_checkpoints_keeps_a_failed_trials_best_epoch_that_scored_best(tmp_path):
+    """A trial that diverged after its best epoch ends FAILED with that epoch's best.ckpt:
+    the study's best model, deleted by ``keep_checkpoints: 1`` (audit 74)."""
+    from hpsearch.search.checkpoint_retention import KeepBestCheckpoints
+    from hpsearch.search.trials_table import TrialsTable
+
+    exp, table = ExperimentDir(tmp_path), TrialsTable("val_mse", "min", [])
+    for number, (state, best) in enumerate([("COMPLETE", 0.38), ("FAILED", 0.28), ("PRUNED", 0.5)]):
+        table.row(number).update(state=state, best=best)
+        (exp.trial_dir(f"trial_{number:04d}") / "checkpoints").mkdir(parents=True)
+        (exp.trial_dir(f"trial_{number:04d}") / "checkpoints" / "best.ckpt").write_bytes(b"x")
+    KeepBestCheckpoints(1, table, exp).setup()
+    kept = {n for n in range(3) if (exp.trial_dir(f"trial_{n:04d}") / "checkpoints" / "best.ckpt").exists()}
+    assert kept == {0, 1}, kept  # the best value's, and the study's best (a complete trial's)
+
+
 def test_a_best_checkpoint_that_storage_will_not_delete_warns_and_the_search_goes_on(tmp_path):
     from types import SimpleNamespace
 

@@ -197,13 +197,18 @@ def test_best_json_gives_the_values_exactly_as_sampled(tmp_path, example_config)
     assert best["params"] == sampled == json.loads((tmp_path / "best.json").read_text())["params"]
     assert sampled["model.optimizer"] is None and sampled["data.split_seed"] == "007"
     assert best["config"]["data"]["init_args"]["split_seed"] == "007"
-    assert best["pruned_ahead"] is None
+    assert best["ahead"] is None
     assert (best["device"], best["precision"]) == ("cpu", "bf16-mixed")  # what it ran with (audit 33)
     # A pruned trial that scored better is named in best.json, though it is not the best (audit 33).
     table.row(1).update(state="PRUNED", best=0.95, epochs=1, **sampled)
     table.save(tmp_path / "trials.csv")
     best = finalize(config, ExperimentDir(tmp_path))
-    assert best["trial"] == 0 and best["pruned_ahead"] == {"trial": 1, "value": 0.95, "epochs": 1}
+    assert best["trial"] == 0 and best["ahead"] == {"trial": 1, "state": "PRUNED", "value": 0.95, "epochs": 1}
+    # and a trial that failed after a better epoch (audit 74)
+    table.row(2).update(state="FAILED", best=0.97, epochs=2, **sampled)
+    table.save(tmp_path / "trials.csv")
+    best = finalize(config, ExperimentDir(tmp_path))
+    assert best["trial"] == 0 and best["ahead"] == {"trial": 2, "state": "FAILED", "value": 0.97, "epochs": 2}
 
 
 def test_a_trial_sampled_but_not_started_when_the_session_ends_is_paused_with_the_running(tmp_path, example_config):

@@ -55,7 +55,7 @@ def test_a_pruned_trial_that_scored_better_than_the_best_is_named_beside_it():
     """The result named trial 7 at 10.03 while status listed a pruned trial at 10.71,
     and nothing said why that one was not the best (audit 33)."""
     def ahead(t: TrialsTable):
-        return t.pruned_ahead(t.best_row())
+        return t.ahead_of_best(t.best_row())
 
     assert ahead(table())["trial"] == 1  # 0.95, pruned, against the best complete trial's 0.9
     assert ahead(table("min")) is None  # the best, 0.8, is ahead of it
@@ -66,6 +66,18 @@ def test_a_pruned_trial_that_scored_better_than_the_best_is_named_beside_it():
     for number in (0, 2):
         none_completed.rows[number]["state"] = "FAILED"
     assert ahead(none_completed) is None  # the pruned trial is the best itself
+
+
+
+def test_a_trial_that_failed_after_scoring_better_than_the_best_is_named_beside_it():
+    """A trial that diverged after its best epoch failed: ``status --top`` ranked it first
+    and the best named another, with no word why (audit 74)."""
+    t = table()
+    t.rows[3]["best"] = 0.99
+    ahead = t.ahead_of_best(t.best_row())
+    assert (t.best_row()["trial"], ahead["trial"], ahead["state"]) == (2, 3, "FAILED")
+    t.rows[3]["best"] = 0.5
+    assert t.ahead_of_best(t.best_row())["trial"] == 1  # the pruned one, then
 
 
 def test_pruned_trials_count_when_none_completed():
