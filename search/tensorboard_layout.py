@@ -111,10 +111,13 @@ def hparams_columns(config: ExperimentConfig, logged_metrics: list[str], at_step
     hparams.append(hp.HParam(STATE_HPARAM, hp.Discrete(list(FINISHED_STATES))))
     hparams.append(hp.HParam(EPOCHS_HPARAM, hp.IntInterval(0, config.scheduler.max_epochs)))
     metric = config.metric
-    own = sorted(_own_metric_columns(config, logged_metrics))
+    # the search metric logged on_step and on_epoch reaches TensorBoard as NAME_epoch only:
+    # its "last" column read NAME, empty in every trial (audit 74)
+    last = f"{metric}_epoch" if f"{metric}_epoch" in logged_metrics else metric
+    own = sorted(_own_metric_columns(config, logged_metrics) - {last})
     validation = [name for name in own if VALIDATION_NAME.search(name)]
     metrics = [hp.Metric(f"hp/{metric}", display_name=f"best {metric}"),
-               hp.Metric(metric, display_name=f"last {metric}")]
+               hp.Metric(last, display_name=f"last {metric}")]
     rest = sorted(set(own) - set(validation), key=lambda n: (n.startswith("lr-"), n))
     metrics += [hp.Metric(name, group=STEPS_RUN if name in at_steps else None)
                 for name in (*validation, *SPEED_METRICS, *rest)]

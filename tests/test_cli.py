@@ -615,6 +615,16 @@ def test_hparams_columns_gain_the_metrics_a_later_trial_logged(tmp_path):
     write_hparams_columns(tensorboard, config, ["val_acc", "val_f1"])
     assert groups()["step_loss"] == "steps" and groups()["val_loss"] == groups()["val_f1"] == "", groups()
 
+    # the search metric logged on_step and on_epoch: its last value is NAME_epoch's (audit 74)
+    stepped = tmp_path / "stepped"
+    write_hparams_columns(stepped, config, ["val_acc", "val_acc_epoch", "val_acc_step"], {"val_acc_step"})
+    [stored] = _stored_columns(stepped)
+    shown = {metric.name.tag: metric.display_name for metric in stored.metric_infos}
+    assert shown["val_acc_epoch"] == "last val_acc" and "val_acc" not in shown, shown
+    before = list(stepped.glob("events.out.tfevents.*"))
+    write_hparams_columns(stepped, config, ["val_acc", "val_acc_epoch", "val_acc_step"])  # covered: not written again
+    assert list(stepped.glob("events.out.tfevents.*")) == before
+
 
 def test_the_hparams_columns_tensorboard_shows_first_hold_the_state_the_validation_metrics_and_the_speed(tmp_path):
     """TensorBoard shows the first five parameter columns (by its own order) and the first
