@@ -108,7 +108,8 @@ EPOCH_FIGURES = ("hps_epoch_time_s", "hps_train_time_s", "hps_val_time_s", "hps_
 class TrialsTableRecorder(Callback):
     """Keeps ``trials.csv`` current: every trial's state, params, metric and telemetry.
 
-    Results rewrite the file at most every ``min_interval_s``; trial ends always do.
+    Results rewrite the file at most every ``min_interval_s`` (one held back is written
+    once the interval has passed); trial ends always do.
     ``planned``: a trial's columns known from its config before it reports (its device,
     precision, strategy, seed), filled in at its start where the row has none: a trial that
     failed before its first report, on its precision or strategy say, showed none of them.
@@ -121,6 +122,7 @@ class TrialsTableRecorder(Callback):
         self.min_interval_s = min_interval_s
         self.planned = planned
         self._last_write = 0.0
+        self._unsaved = False  # a change the interval held back
 
     def _row(self, trial) -> dict[str, Any]:
         number = int(trial.config[TRIAL_NUMBER])
@@ -191,11 +193,19 @@ class TrialsTableRecorder(Callback):
     def on_experiment_end(self, trials, **info) -> None:
         self._write(force=True)
 
+    def on_step_end(self, iteration, trials, **info) -> None:
+        """A result held back by the interval is written once it has passed: it waited for
+        the next report or a trial's end, an epoch behind in ``status`` (audit 75)."""
+        if self._unsaved:
+            self._write()
+
     def _write(self, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self._last_write >= self.min_interval_s:
             self.table.save(self.path)
-            self._last_write = now
+            self._last_write, self._unsaved = now, False
+        else:
+            self._unsaved = True
 
 
 class TensorBoardSessions(Callback):

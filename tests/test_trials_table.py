@@ -167,6 +167,27 @@ def test_a_resumed_trials_checkpointed_epoch_counts_its_compute_once(tmp_path):
     assert recorder.table.row(0)["compute_s"] == 8.0 and recorder.table.row(0)["epochs"] == 2
 
 
+def test_a_result_held_back_by_the_write_interval_is_written_once_it_has_passed(tmp_path):
+    """A report within the interval of the last write waited for the next report or a
+    trial's end: ``status`` was an epoch behind the journal (audit 75)."""
+    import time
+    from types import SimpleNamespace
+
+    from hpsearch.search.outcome import PruneLog
+    from hpsearch.search.tune_callbacks import TrialsTableRecorder
+
+    recorder = TrialsTableRecorder(TrialsTable("val_acc", "max", []), tmp_path / "trials.csv", PruneLog(),
+                                   min_interval_s=60)
+    trial = SimpleNamespace(trial_id="t0", config={"hps_trial_number": 0})
+    recorder.on_trial_result(0, [], trial, {"val_acc": 0.5, "epoch": 1})
+    recorder.on_trial_result(0, [], trial, {"val_acc": 0.6, "epoch": 2})  # within the interval: held
+    recorder.on_step_end(1, [])
+    assert [r["epochs"] for r in read_rows(tmp_path / "trials.csv")] == [1]
+    recorder._last_write = time.monotonic() - 61  # the interval has passed, with no other report
+    recorder.on_step_end(2, [])
+    assert [r["epochs"] for r in read_rows(tmp_path / "trials.csv")] == [2]
+
+
 def test_a_trials_planned_techniques_are_in_its_row_from_its_start(tmp_path, example_config):
     """A trial that failed before its first report (on its precision or strategy, say)
     had empty precision, strategy and world_size columns."""
