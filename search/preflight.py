@@ -125,7 +125,8 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type,
         raise ConfigError([config.problem(_argument_named(config, "model", exc, params),
                                           f"{model_built} raised {type(exc).__name__}: {exc}{_at(exc)}")]) from None
     with lightning_quieted():  # the driver may be the user's own Python session
-        logged, in_training = _a_few_batches(config, params, model, datamodule, model_class, data_class)
+        logged, in_training, at_steps_only = _a_few_batches(config, params, model, datamodule, model_class,
+                                                            data_class)
         if on_data is not None:
             on_data(datamodule)
         for precision in _other_searched_precisions(config, params):
@@ -140,7 +141,10 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type,
                 f"{model_class.__name__} logs there: "
                 f"{', '.join(logged) or 'nothing'}"
                 + (f" ({config.metric!r} only in training, whose value validation would not change)"
-                   if config.metric in in_training else ""),
+                   if config.metric in in_training else "")
+                + (f" ({config.metric!r} at each validation batch only, logged with on_step=True and "
+                   f"on_epoch=False: log it with on_epoch=True, Lightning's default in validation, for the "
+                   f"epoch's value)" if config.metric in at_steps_only else ""),
             )])
         _limits_at_the_largest_batch_sizes(config, values, data_class, loader)  # after: its builds draw random numbers
         problems = _manual_optimization_problems(config, model_class, model)
@@ -241,13 +245,15 @@ def _other_searched_precisions(config: ExperimentConfig, params: dict[str, Any])
 
 
 def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, datamodule,
-                   model_class: type, data_class: type, blame: str | None = None) -> list[str]:
+                   model_class: type, data_class: type,
+                   blame: str | None = None) -> tuple[list[str], list[str], list[str]]:
     """Two training steps and one validation batch in one ``fit`` (the DataModule is set
     up once), then one test batch if there is a test split, in the trials' precision (see
     ``preflight_precision``). A training_step, loader, configure_optimizers, scheduler or
     test_step that raises would otherwise fail every trial, each try after Ray started
     (or, for test_step, the search's final evaluation). Returns the metrics logged by
-    validation's end. ``blame``: the field a failure is put on (by default, the one the
+    validation's end, those logged only in training, and those logged at steps only (not
+    an epoch's value). ``blame``: the field a failure is put on (by default, the one the
     error points to)."""
     import pytorch_lightning as pl
     import torch
@@ -260,7 +266,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
         """Which phase runs, and what was logged by validation's end (where a trial's
         reporter looks for the metric)."""
 
-        phase, logged, in_training = "the set-up before the first batch", [], []
+        phase, logged, in_training, at_steps_only = "the set-up before the first batch", [], [], []
         before_validation: dict = {}
 
         batches: dict = {}  # the trials' loaders' lengths, by the limit setting that cuts them
@@ -291,6 +297,8 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
         def on_validation_end(self, trainer, pl_module) -> None:
             self.logged = sorted(logged_since(trainer, self.before_validation))
             self.in_training = sorted(set(trainer.callback_metrics) - set(self.logged))
+            # logged with on_step=True only: at each batch to the logger, never as the epoch's value
+            self.at_steps_only = sorted(set(trainer.logged_metrics) - set(trainer.callback_metrics))
             self.phase = "the epoch's end, after validation (LR schedulers, epoch-end hooks)"
 
         def on_test_start(self, trainer, pl_module) -> None:
@@ -328,7 +336,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
     _limits_leave_batches(config, settings, params, watch.batches)
     if blame is None:  # the preflight's own values, once
         _warn_of_loader_workers_of_its_own(config, data_class, getattr(watch, "loader_workers", 0))
-    return watch.logged, watch.in_training
+    return watch.logged, watch.in_training, watch.at_steps_only
 
 
 def _warn_of_loader_workers_of_its_own(config: ExperimentConfig, data_class: type, workers: int) -> None:

@@ -363,6 +363,21 @@ def test_preflight_refuses_a_metric_logged_only_in_training(example_config, monk
     assert "only in training" in problem.message and "val_acc" in problem.message
 
 
+
+def test_preflight_tells_a_metric_logged_at_validation_batches_only_to_log_the_epochs_value(example_config,
+                                                                                            monkeypatch):
+    """It was said not to be logged at all, though the model logs it (audit 74)."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["model"]["class_path"] = "userpkg.step_logged:ValidationStepLoggedCNN"
+    example_config["metric"] = "batch_acc"
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "metric" and "'batch_acc' at each validation batch only, logged with on_step=True and " \
+        "on_epoch=False: log it with on_epoch=True" in problem.message, problem.message
+
+
 def test_preflight_reports_a_constructor_that_raises(example_config):
     # The message names the argument with its value, so the argument is named, not init_args.
     example_config["model"]["init_args"]["optimizer"] = "lbfgs"
