@@ -251,8 +251,12 @@ def _run_config(source, overrides, name: str | None, storage: str | None) -> Exp
 
 
 # Words in a metric's name that say which way it is better, as names are usually written
-MINIMIZED_WORDS = {"loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "wer", "cer"}
-MAXIMIZED_WORDS = {"acc", "accuracy", "f1", "auc", "auroc", "precision", "recall", "iou", "dice", "bleu", "map"}
+# (regression's and generation's too: audit 74)
+MINIMIZED_WORDS = {"loss", "error", "err", "mse", "mae", "rmse", "msle", "rmsle", "mape", "smape", "nll", "perplexity",
+                   "ppl", "wer", "cer", "fid"}
+MAXIMIZED_WORDS = {"acc", "accuracy", "top1", "top5", "f1", "auc", "auroc", "precision", "recall", "iou", "dice",
+                   "bleu", "rouge", "map", "ap", "ndcg", "mrr", "r2", "psnr", "ssim", "pearson", "spearman",
+                   "explained", "kappa", "mcc"}
 TURNED_WORDS = {"neg", "negative", "minus"}  # val_neg_loss: the other way
 TURNED_AROUND = re.compile(r"(^|[^a-z0-9])1-")  # val_1-acc (not val_loss_1, acc@1, dataloader_idx_1; audit 47)
 

@@ -823,6 +823,11 @@ def test_init_args_too_deep_for_experiment_yaml_are_refused_naming_the_argument(
     ("val_loss/dataloader_idx_1", "max", "mode: max searches for the highest val_loss/dataloader_idx_1, which is "
                                          "usually minimized; set mode: min"),  # not turned (audit 47)
     ("val/acc@1", "min", "mode: min searches for the lowest val/acc@1, which is usually maximized; set mode: max"),
+    # regression's and generation's names (audit 74)
+    ("val_r2", "min", "mode: min searches for the lowest val_r2, which is usually maximized; set mode: max"),
+    ("val_psnr", "min", "mode: min searches for the lowest val_psnr, which is usually maximized; set mode: max"),
+    ("val_mape", "max", "mode: max searches for the highest val_mape, which is usually minimized; set mode: min"),
+    ("val_r2", "max", None), ("val_smape", "min", None),
 ])
 def test_a_mode_against_the_metrics_name_is_warned_of_before_the_study_starts(example_config, metric, mode, warned):
     """``mode: max`` with ``val_loss`` kept the worst trials, and a study's mode cannot
