@@ -469,10 +469,12 @@ class TuneReporter(pl.Callback):
                     "in validation_step, or change 'metric' in the experiment file."
                 )
             return None
-        # The search metric, and every loss the model logs: a model that optimizes manually
+        # The search metric, and for a model that optimizes manually every loss it logs: it
         # returns no loss from training_step for the step check to see (an accuracy can
-        # stay finite, at chance, while the loss is NaN).
-        for name in (self.metric, *sorted(k for k in metrics if "loss" in k.lower())):
+        # stay finite, at chance, while the loss is NaN). Another model's step check sees
+        # its loss: an auxiliary loss of its own that is inf failed its trial (audit 74).
+        manual = not getattr(trainer.lightning_module, "automatic_optimization", True)
+        for name in (self.metric, *sorted(k for k in metrics if manual and "loss" in k.lower())):
             if not math.isfinite(metrics[name]):
                 raise NonFiniteError(f"{name} is {metrics[name]} at epoch {trainer.current_epoch + 1}")
         return metrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -473,6 +474,24 @@ def test_a_nan_loss_under_manual_optimization_fails_the_trial(tmp_path):
     data = SlowLoadingData(item_seconds=0.0)
     with pytest.raises(NonFiniteError, match=r"(train|val)_loss is nan at epoch 2"):
         reports_of(tmp_path, mlp_for(data, manually_optimized(MLPClassifier, nan_from_epoch=1)), data, epochs=3)
+
+
+class LogsAnInfiniteAuxiliaryLoss(MLPClassifier):
+    """Trains finely, and logs a loss of its own that is infinite from its second epoch."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_aux_loss", float("inf") if self.current_epoch >= 1 else 1.0)
+        return super().validation_step(batch, batch_idx)
+
+
+def test_an_infinite_loss_a_model_logs_beside_its_own_training_loss_does_not_fail_its_trial(tmp_path):
+    """A model that optimizes automatically has its training loss checked at its steps: a
+    logged loss of its own that was inf failed its trial, though its search metric and
+    training were fine (audit 74)."""
+    data = SlowLoadingData(item_seconds=0.0)
+    reports = reports_of(tmp_path, mlp_for(data, LogsAnInfiniteAuxiliaryLoss), data, epochs=3)
+    assert [report["epoch"] for report in reports] == [1, 2, 3], reports
+    assert math.isinf(reports[-1]["val_aux_loss"]) and math.isfinite(reports[-1]["val_acc"])
 
 
 def test_a_resumed_trial_trains_on_as_the_uninterrupted_one_would_have(tmp_path):
