@@ -194,24 +194,28 @@ def _arguments_mentioned(config: ExperimentConfig, exc: Exception, params: dict[
     is named ("Invalid weight_decay value: -0.0001", the optimizer's; "got
     batch_size=16.0", Lightning's): an ``init_args`` value, or a searched one as sampled
     (``params``). Both must appear: a name alone (say 'channels' in a shape error) may not
-    be at fault. A whole number must follow its name ("channels=8", "channels: 8", "channels
-    must be even, got 8"): shapes in any error hold small numbers, and a shape error that
-    said "channels" blamed ``channels: 8`` for tensors of shape (8, 8) (audit 71)."""
+    be at fault. A whole number counts as a number of its own, outside a shape's list:
+    "channels" and an 8 in "input[1, 64, 8, 8]" blamed ``channels: 8`` for tensors missing
+    a dimension (audit 71), and an 8 inside 128 counted too."""
     message, fields = str(exc), []
+    outside_shapes = _SHAPE.sub(" ", message)
     for section in sections:
         searched = config.params_for(section, params)
         given = {**getattr(config, section).init_args, **searched}
         for name, value in given.items():
             if not isinstance(value, (int, float, str)) or not re.search(rf"\b{re.escape(name)}\b", message):
                 continue
-            if isinstance(value, int) and not isinstance(value, bool):  # "name=8", "name: 8", "name ..., got 8"
-                quoted = re.search(rf"\b{re.escape(name)}\b(?:\W{{0,4}}(?:value\W{{0,3}})?|[^.\n]*?\bgot\W{{1,3}})"
-                                   rf"(?<![\w.-]){value}(?![\w.])", message)
+            if isinstance(value, int) and not isinstance(value, bool):
+                quoted = re.search(rf"(?<![\w.-]){value}(?!\w|\.\d)", outside_shapes)
             else:
                 quoted = str(value) in message
             if quoted:
                 fields.append(f"space.{section}.{name}" if name in searched else f"{section}.init_args.{name}")
     return fields
+
+
+# A list of whole numbers in brackets, as shapes and sizes are printed: [1, 64, 8, 8], (8, 8)
+_SHAPE = re.compile(r"[\[(]\s*-?\d+(?:\s*,\s*-?\d+)+\s*,?\s*[\])]")
 
 
 def _driver_has_gpu() -> bool:

@@ -1516,7 +1516,7 @@ def test_a_value_the_set_up_refuses_by_name_and_value_is_blamed_on_its_argument(
     assert problem.field == "model.init_args.weight_decay" and "Invalid weight_decay value: -0.0001" in problem.message
 
 
-def test_a_whole_number_is_blamed_only_where_it_follows_its_name_not_where_a_shape_holds_it(example_config):
+def test_a_whole_number_is_blamed_where_it_stands_alone_not_where_a_shape_holds_it(example_config):
     """Tensors of shape (8, 8) in a model of 8 channels: the convolution's error says
     "channels" and holds an 8, and ``channels`` was blamed (audit 71)."""
     from hpsearch.search.preflight import _arguments_mentioned
@@ -1526,10 +1526,12 @@ def test_a_whole_number_is_blamed_only_where_it_follows_its_name_not_where_a_sha
                                "1 channels, but got 64 channels instead")
     assert _arguments_mentioned(config, shape_error, {"model.channels": 8, "model.lr": 0.01}) == []
     for said in ("channels=8 is too few", "Invalid channels value: 8", "channels (8) must be even",
-                 "channels must be even (or left out), got 8"):
+                 "channels must be even (or left out), got 8", "channels must be a power of 2, got 8.",
+                 "Invalid value for channels=8. Must be 16", "channels: expected 16, got 8 [8, 16]"):
         assert _arguments_mentioned(config, ValueError(said), {"model.channels": 8, "model.lr": 0.01}) \
             == ["space.model.channels"], said
-    assert _arguments_mentioned(config, ValueError("channels=80"), {"model.channels": 8, "model.lr": 0.01}) == []
+    for said in ("channels=80", "128 channels", "channels of shape (8, 8)"):  # not a number of its own
+        assert _arguments_mentioned(config, ValueError(said), {"model.channels": 8, "model.lr": 0.01}) == [], said
 
 
 def test_a_value_set_by_hand_named_beside_a_searched_one_is_blamed_not_the_searched_one(example_config):
