@@ -81,7 +81,8 @@ class RetryPolicy(Callback):
         self._last_fault[number] = fault
         if faults > self.max_retries or repeated:
             how = " the same way, at the same point" if repeated else ""
-            where = _raised_at(trial)
+            # not where a peer rank met the lost connection: the ended rank's place is unknown
+            where = None if fault[0].startswith(PEER_ENDED) else _raised_at(trial)
             trial.config[GIVE_UP] = f"failed {faults} time{'s' if faults != 1 else ''}{how}: {fault[0]}" \
                                     f"{f' (at {where})' if where else ''}{traceback_at(trial, self.exp)}"
         else:
@@ -294,9 +295,12 @@ def last_error_line(trial, exp=None) -> str:
     # raised without a message)
     exception = [line for line in lines if re.match(r"[\w.<>]+(\([\w.]+\))?: ", line)
                  or re.fullmatch(r"(?:[\w<>]+\.)*[A-Z]\w*", line)]
+    # Ray Train's account of a distributed trial's ranks (one-process trials have no ranks)
+    distributed = "WorkerGroupError" in last_failure or "[Rank " in last_failure
     if exception:
-        # a rank's own error, not the lost connection its peers met because of it
-        line = ([text for text in exception if not _PEER_LOST.search(text)] or exception)[-1]
+        # a rank's own error, not the lost connection its peers met because of it (a
+        # one-process trial's own ConnectionResetError is its error: audit 76)
+        line = ([text for text in exception if not (distributed and _PEER_LOST.search(text))] or exception)[-1]
         below = raw[len(raw) - raw[::-1].index(line):]
         indented = [text.strip() for text in itertools.takewhile(lambda text: text[0].isspace(), below)]
         if line.endswith(":") and indented:  # its message goes on indented below (a ConfigError's problems)
@@ -312,7 +316,7 @@ def last_error_line(trial, exp=None) -> str:
         told = crash_line(crash_account(trial_dir_of(trial, exp)))
         if told:
             return told[:300]
-        lost = _PEER_LOST.search(line)
+        lost = _PEER_LOST.search(line) if distributed else None
         if lost:  # os._exit in a rank was named by its peer's error, a new port at each try (left by audit 61)
             line = f"{PEER_ENDED} ({lost.group(0)})"
     return line[:300]

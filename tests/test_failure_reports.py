@@ -433,9 +433,17 @@ def test_a_rank_that_crashed_is_the_fault_of_its_distributed_trial_not_its_peers
 def test_a_ranks_own_error_is_the_trials_not_the_lost_connection_its_peer_met(tmp_path):
     """Ray Train lists the ranks' errors in rank order, and the last line was taken: a
     rank 0 that raised was named by rank 1's broken connection to it."""
+    from hpsearch.search.experiment import ExperimentDir
+
     both = PEER_CRASHED.format(port=41882).replace("[Rank 0 Error Snippet]:\n", "[Rank 0 Error Snippet]:\n"
                                                    "ValueError: bad shape in rank 0\n[Rank 1 Error Snippet]:\n")
     assert last_error_line(error_file(tmp_path, both)) == "ValueError: bad shape in rank 0"
+    # a one-process trial's own lost connection (a model streaming its data) is its error (audit 76)
+    own = "Failure # 1 (occurred at x)\nTraceback (most recent call last):\n  File \"m.py\", line 16, in " \
+          "training_step\nConnectionResetError: [Errno 104] Connection reset by peer\n"
+    trial = error_file(tmp_path, own)
+    trial.config = {"hps_trial_number": 0}
+    assert last_error_line(trial, ExperimentDir(tmp_path)) == "ConnectionResetError: [Errno 104] Connection reset by peer"
 
 
 def test_a_rank_hung_in_a_collective_is_not_said_to_hang_in_tensorboard(tmp_path):
