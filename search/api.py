@@ -264,11 +264,14 @@ TURNED_AROUND = re.compile(r"(^|[^a-z0-9])1-")  # val_1-acc (not val_loss_1, acc
 def usual_mode(metric: str) -> str | None:
     """"min" or "max" where the metric's name says which way it is better (``val_loss``,
     ``val/acc``), else None."""
-    words = set(re.split(r"[^a-z0-9]+", metric.lower()))
-    if words & TURNED_WORDS or TURNED_AROUND.search(metric.lower()):
+    words = re.split(r"[^a-z0-9]+", metric.lower())
+    if set(words) & TURNED_WORDS or TURNED_AROUND.search(metric.lower()):
         return None
-    minimized, maximized = bool(words & MINIMIZED_WORDS), bool(words & MAXIMIZED_WORDS)
-    return "min" if minimized and not maximized else "max" if maximized and not minimized else None
+    # the last word that says decides, as a name's last word is what it is: val_top1_err is
+    # an error, val_r2_loss a loss (audit 76)
+    said = [("min" if word in MINIMIZED_WORDS else "max") for word in words
+            if word in MINIMIZED_WORDS or word in MAXIMIZED_WORDS]
+    return said[-1] if said else None
 
 
 def resume(
