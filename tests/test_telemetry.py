@@ -646,7 +646,8 @@ def test_gpu_work_still_queued_at_a_phase_end_is_counted_in_that_phase(monkeypat
     monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
     reporter = TuneReporter("val_acc", "max", 1, report=lambda metrics: None, static_fields={})
     trainer = SimpleNamespace(global_step=0, current_epoch=0, sanity_checking=False, world_size=1,
-                              callback_metrics={"val_acc": torch.tensor(0.5)})
+                              callback_metrics={"val_acc": torch.tensor(0.5)},
+                              lightning_module=SimpleNamespace(automatic_optimization=True))
     gpu_module = SimpleNamespace(device=torch.device("cuda", 0))
     batch = torch.zeros(4, 2)
     reporter.on_train_epoch_start(trainer, gpu_module)
@@ -685,7 +686,8 @@ def test_ddp_ranks_that_disagree_on_the_search_metric_get_a_note(rank_values, no
     reporter = TuneReporter("val_acc", "max", 3, report=lambda metrics: None, static_fields={"hps_notes": ""})
     trainer = SimpleNamespace(global_step=4, current_epoch=0, sanity_checking=False, world_size=2, global_rank=0,
                               callback_metrics={"val_acc": torch.tensor(rank_values[0])},
-                              strategy=SimpleNamespace(all_gather=all_gather))
+                              strategy=SimpleNamespace(all_gather=all_gather),
+                              lightning_module=SimpleNamespace(automatic_optimization=True))
     module = SimpleNamespace(device=torch.device("cpu"))
     for _ in range(2):
         reporter.on_validation_start(trainer, module)
