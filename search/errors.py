@@ -118,6 +118,12 @@ class ConfigError(HpsearchError):
         return cls([Problem(field, message, line, source)])
 
 
+# Why a training DataLoader gives no batch: said by the preflight, and by a trial whose
+# loader gave none (it ended with no result, as if pruned: audit 77)
+NO_TRAINING_BATCH = ("a batch size larger than the training split with drop_last, an empty dataset or "
+                     "IterableDataset, or a sampler that draws nothing")
+
+
 class ResourceError(HpsearchError):
     """A trial asks for more than the cluster can give; the message names the numbers."""
 

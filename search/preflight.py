@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 from .components import build_datamodule, build_model, innermost_user_frame, raised_at, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .devices import loader_in_use, loader_options, resolve_precision
-from .errors import ConfigError, warn_user
+from .errors import NO_TRAINING_BATCH, ConfigError, warn_user
 from .lightning_trainer import ctrl_c_interrupts, lightning_quieted
 from .space import sampled_only, with_value
 
@@ -270,10 +270,12 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
         """Which phase runs, and what was logged by validation's end (where a trial's
         reporter looks for the metric)."""
 
-        phase, logged, in_training, at_steps_only = "the set-up before the first batch", [], [], []
-        before_validation: dict = {}
-
-        batches: dict = {}  # the trials' loaders' lengths, by the limit setting that cuts them
+        def __init__(self) -> None:
+            self.phase, self.logged, self.in_training, self.at_steps_only = \
+                "the set-up before the first batch", [], [], []
+            self.before_validation: dict = {}
+            self.batches: dict = {}  # the trials' loaders' lengths, by the limit setting that cuts them
+            self.trained = 0  # training batches run
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.batches["limit_train_batches"] = _length(trainer.train_dataloader)
@@ -283,6 +285,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             self.phase = f"training batch {batch_idx + 1}"
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.trained += 1
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
             if batch_idx == 0 and isinstance(loss, torch.Tensor) and loss.numel() == 1 \
                     and not bool(torch.isfinite(loss.detach())):
@@ -337,6 +340,10 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             raise ConfigError([config.problem(field, f"{watch.phase} failed{in_precision}: {type(exc).__name__}: "
                                                      f"{exc}{_relative_path_note(exc)}{_at(exc)}"
                                                      f"{'; it ran' + searched if searched else ''}")]) from None
+    if watch.trained == 0:  # no validation ran either: the metric was blamed (audit 77)
+        raise ConfigError([config.problem(blame or _batch_size_field(config),
+                                          f"the training DataLoader gave no batch{_searched(config, params)}: "
+                                          f"{NO_TRAINING_BATCH}")])
     _limits_leave_batches(config, settings, params, watch.batches)
     if blame is None:  # the preflight's own values, once
         _warn_of_loader_workers_of_its_own(config, data_class, getattr(watch, "loader_workers", 0))
@@ -379,18 +386,33 @@ def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, 
             # conditional, and not sampled at these values: its range was never tried (audit 41)
             limits += param.edge_values()
         for limit in limits:
-            if length and _is_fraction(limit) and int(length * limit) == 0:
+            if _is_fraction(limit) and (length is None or int(length * limit) == 0):
                 break
         else:
             continue
         field = f"space.trainer.{name}" if f"trainer.{name}" in config.space else f"trainer.{name}"
         which = "training" if name == "limit_train_batches" else "validation"
+        if length is None:  # the preflight trains two batches, by an int of its own (audit 77)
+            raise ConfigError([config.problem(field, f"{limit:g} is a fraction of the {which} batches, and the "
+                                                     f"{which} DataLoader has no length (an IterableDataset): "
+                                                     f"Lightning refuses a fraction for it in a trial; give a "
+                                                     f"whole number of batches (an int), or 1.0")])
         searched = at or _searched(config, params)
         larger = "" if at else " (more where a larger batch size gives fewer batches)"
         raise ConfigError([config.problem(field, f"{limit:g} of the {length} {which} batches"
                                                  f"{searched} is none, which Lightning refuses "
                                                  f"in a trial: give at least {1 / length:.3g}{larger}"
                                                  f", or a whole number of batches (an int)")])
+
+
+def _batch_size_field(config: ExperimentConfig) -> str:
+    """The field an empty training loader is put on: the data's batch size, searched or
+    set, most often; else the DataModule."""
+    searched = [key for key in config.space if key.startswith("data.") and names_a_batch_size(key)
+                and "eval" not in key]
+    given = [f"data.init_args.{name}" for name in config.data.init_args
+             if names_a_batch_size(name) and "eval" not in name]
+    return f"space.{searched[0]}" if searched else given[0] if given else "data.class_path"
 
 
 def _is_fraction(limit: Any) -> bool:
@@ -401,14 +423,15 @@ def _limits_at_the_largest_batch_sizes(config: ExperimentConfig, values: dict[st
                                        loader: dict[str, Any]) -> None:
     """``_limits_leave_batches`` at the largest value of each searched data argument named
     for a batch size, conditional ones too: the preflight trained at one, and a fraction
-    that left batches at 32 left none at 256 (audit 69). Measured as the DataModule, built
+    that left batches at 32 left none at 256 (audit 69); and a training loader that gives
+    no batch there (``drop_last`` with a batch larger than the split: audit 77). Measured as the DataModule, built
     and set up with it, gives its loaders (a fixed ``eval_batch_size``, a sampler that
     draws more samples than the data holds: audit 70); a DataModule that cannot be so
     asked is left to the trials."""
     limited = {name for name in ("limit_train_batches", "limit_val_batches")
                if _is_fraction(getattr(config.trainer, name)) or f"trainer.{name}" in config.space}
     for key, param in config.space.items():
-        if not limited or not key.startswith("data.") or not names_a_batch_size(key):
+        if not key.startswith("data.") or not names_a_batch_size(key):
             continue
         largest = max((value for value in param.edge_values()
                        if isinstance(value, int) and not isinstance(value, bool)), default=None)
@@ -424,6 +447,9 @@ def _limits_at_the_largest_batch_sizes(config: ExperimentConfig, values: dict[st
                            "limit_val_batches": _length(datamodule.val_dataloader())}
         except Exception:  # noqa: BLE001 - its loaders need a trainer, say: the trials will tell
             continue
+        if batches["limit_train_batches"] == 0:  # every trial that samples it ended with no result (audit 77)
+            raise ConfigError([config.problem(f"space.{key}", f"at {key}={largest} (the space's largest) the "
+                                                              f"training DataLoader gives no batch: {NO_TRAINING_BATCH}")])
         _limits_leave_batches(config, config.with_trainer_params(variant), variant,
                               {name: length for name, length in batches.items() if name in limited},
                               at=f" at {key}={largest} (the space's largest)")

@@ -123,6 +123,11 @@ class MetricNotLoggedError(HpsearchError):
     """The search metric was not among the metrics logged at validation."""
 
 
+class NoTrainingBatchError(HpsearchError):
+    """The training DataLoader gave no batch: the trial would end with no result, which
+    Tune took for a pruned trial's (audit 77); retrying would repeat it."""
+
+
 class NonFiniteError(HpsearchError):
     """The training loss, a logged loss or the search metric became NaN or infinite;
     retrying would repeat it."""
@@ -181,6 +186,7 @@ class TuneReporter(pl.Callback):
         self.fields_at_train_start = fields_at_train_start
         self.best: float | None = None
         self.reported = False
+        self.batches_run = 0  # training batches this session of the trial ran
         self._pending: dict[str, Any] | None = None  # composed at an epoch's end, sent just after
         self._final: dict[str, Any] | None = None  # the training's last report, sent after fit
         self.stopped_by_tune = False  # Tune stopped the trial at a report (its SystemExit, not the user's)
@@ -308,6 +314,7 @@ class TuneReporter(pl.Callback):
                 self._check_losses_finite(trainer)  # waits for the queued steps: training time
         self._train_seconds += time.perf_counter() - self._batch_started
         self._train_samples += _samples_in(batch, self._several_loaders)
+        self.batches_run += 1
 
     def _check_losses_finite(self, trainer: pl.Trainer) -> None:
         """Raise if a training loss since the last check was NaN or infinite: the one

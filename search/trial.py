@@ -21,7 +21,8 @@ from typing import Any, Callable
 
 from .components import build_datamodule, build_model, raised_at, raised_by, resolve_class, shipped_code_first
 from .config import ExperimentConfig
-from .errors import ConfigError, HpsearchError, UnreadableDataFile, exception_chain, first_line, own_line
+from .errors import (NO_TRAINING_BATCH, ConfigError, HpsearchError, UnreadableDataFile, exception_chain, first_line,
+                     own_line)
 from .experiment import TRIAL_SETTINGS, TRIAL_TRACEBACK, ExperimentDir, atomic_write_text, trial_name, write_json
 from .checkpoints import latest_good_checkpoint, resumed_at
 from .gc_pause import collector_paused
@@ -170,7 +171,7 @@ def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experim
 
         from .devices import loader_in_use, trial_device, use_sharing_strategy
         from .lightning_trainer import build_trainer, quiet_lightning, remember_callback_factories
-        from .reporting import TuneReporter
+        from .reporting import NoTrainingBatchError, TuneReporter
 
         quiet_lightning()
         remember_callback_factories()
@@ -260,6 +261,8 @@ def _fit_trial(trial_config: dict[str, Any], experiment: dict[str, Any], experim
             reporter.send_final(trainer)  # Tune may stop the trial here: SystemExit, as above
             if resume_from is not None and not reporter.reported:
                 reporter.report_restored(trainer, _validate_quietly(model, datamodule, device))
+            elif not reporter.reported and reporter.batches_run == 0:
+                raise NoTrainingBatchError(f"the training DataLoader gave no batch: {NO_TRAINING_BATCH}")
         except (Exception, SystemExit) as exc:
             reason = _failure_reason(exc, stopped_by_tune=reporter.stopped_by_tune)
             if reason is None:
@@ -354,7 +357,7 @@ def _failure_reason(exc: BaseException, stopped_by_tune: bool = False) -> str | 
     import torch
     from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-    from .reporting import MetricNotLoggedError, NonFiniteError
+    from .reporting import MetricNotLoggedError, NonFiniteError, NoTrainingBatchError
 
     interrupt = next((error for error in exception_chain(exc) if isinstance(error, KeyboardInterrupt)), None)
     if interrupt is not None:
@@ -376,7 +379,7 @@ def _failure_reason(exc: BaseException, stopped_by_tune: bool = False) -> str | 
                 f"not retried: the same code would call it again")[:300]
     if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
         return f"OOM: {type(exc).__name__}: {first_line(exc) or 'out of memory'}"[:300]
-    if isinstance(exc, (NonFiniteError, MetricNotLoggedError)):
+    if isinstance(exc, (NonFiniteError, MetricNotLoggedError, NoTrainingBatchError)):
         return str(exc)
     if _disk_full(exc):
         return f"disk full: {exc}"[:300]

@@ -1268,6 +1268,84 @@ def test_a_datamodule_that_cannot_read_a_file_in_its_constructor_fails_its_trial
     assert "RAISED OSError [Errno 5] Input/output error" in done.stdout, done.stdout  # for Ray Tune to retry
 
 
+def test_a_trial_whose_training_loader_gives_no_batch_fails_saying_so(example_config, tmp_path):
+    """Its fit ran no epoch, and it ended as "PRUNED (stopped before its first result)",
+    the cause only in its output.log (audit 77). In a process of its own, as in a worker."""
+    (tmp_path / "empty_data.py").write_text(
+        "from torch.utils.data import DataLoader\n"
+        "from hpsearch.models.digits import DigitsDataModule\n"
+        "class DropsEveryBatch(DigitsDataModule):\n"
+        "    def train_dataloader(self):\n"
+        "        return DataLoader(self._splits['train'], batch_size=100_000, drop_last=True)\n")
+    example_config["data"]["class_path"] = "empty_data:DropsEveryBatch"
+    _, done = _trials_in_a_process(tmp_path, example_config, """
+        trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64},
+                                  TRIAL_NUMBER: 0}, experiment=json.load(open("experiment.json")), experiment_dir="study")
+        print("REPORT", json.dumps(reports[-1], default=str))
+    """)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [report] = [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines()
+                if line.startswith("REPORT ")]
+    assert report[FINISHED] and report[FAILURE].startswith(
+        "the training DataLoader gave no batch: a batch size larger than the training split with drop_last"), report
+
+
+def test_preflight_refuses_a_fraction_of_the_batches_of_a_loader_without_a_length(example_config):
+    """The preflight trains two batches, by an int of its own: ``limit_train_batches: 0.5``
+    with an IterableDataset passed ``check``, and Lightning refused it in every trial (audit 77)."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule
+
+    class Streamed(IterableDataset):
+        def __init__(self, items):
+            self.items = items
+
+        def __iter__(self):
+            return iter(self.items)
+
+    class StreamsItsTraining(DigitsDataModule):
+        def train_dataloader(self):
+            return DataLoader(Streamed(self._splits["train"]), batch_size=self.batch_size,
+                              collate_fn=self.collate_for(self.batch_size))
+
+    example_config["trainer"] = {"limit_train_batches": 0.5}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, CNNClassifier, StreamsItsTraining)
+    [problem] = caught.value.problems
+    assert problem.field == "trainer.limit_train_batches" and "0.5 is a fraction of the training batches, and the " \
+        "training DataLoader has no length (an IterableDataset)" in problem.message, problem
+    example_config["trainer"] = {"limit_train_batches": 3}
+    assert "val_acc" in run_preflight(load_config(example_config), CNNClassifier, StreamsItsTraining)
+
+
+@pytest.mark.parametrize("searched", [False, True], ids=["at-its-values", "at-the-largest-batch-size"])
+def test_preflight_refuses_a_training_loader_that_gives_no_batch(example_config, searched):
+    """``check`` passed, and every trial ended with no result; at the preflight's own values
+    the metric was blamed, as no validation ran (audit 77)."""
+    from torch.utils.data import DataLoader
+
+    from hpsearch.models.cnn import CNNClassifier
+    from hpsearch.models.digits import DigitsDataModule
+
+    class DropsTheLastBatch(DigitsDataModule):
+        def train_dataloader(self):
+            return DataLoader(self._splits["train"], batch_size=self.batch_size, drop_last=True,
+                              collate_fn=self.collate_for(self.batch_size))
+
+    example_config["space"]["data.batch_size"] = {"type": "int", "low": 16, "high": 4096} if searched \
+        else {"type": "categorical", "choices": [4096]}
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, CNNClassifier, DropsTheLastBatch)
+    [problem] = caught.value.problems
+    said = "at data.batch_size=4096 (the space's largest) the training DataLoader gives no batch" if searched \
+        else "the training DataLoader gave no batch with the searched values"
+    assert problem.field == "space.data.batch_size" and said in problem.message, problem
+
+
 def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_recorded_its_settings(example_config, tmp_path):
     """``sys.exit(4)`` in a training step ended the Ray worker with exit code 4, which the
     driver took for a process killed by the out-of-memory killer or a native crash, and
