@@ -16,9 +16,10 @@ training together if it did (``stopped_by_scheduler``, see ``rung_decisions``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 import pytorch_lightning as pl
@@ -200,8 +201,10 @@ class TuneReporter(pl.Callback):
         self._epoch_started = self._batch_started = self._fetched_before_epoch = 0.0
         self._val_started = self._val_seconds = self._checkpointed_before_epoch = self._published_s = 0.0
         self._cpu_at_epoch_start = self._epoch_cpu_s = 0.0
-        self._train_samples, self._train_seconds = 0, 0.0
+        self._train_samples: int | None = 0  # None: a batch's size could not be told
+        self._train_seconds = 0.0
         self._several_loaders = False
+        self._fixed_batches: tuple[int, int] | None = None  # see ``_fixed_batches``
         self._losses_finite: torch.Tensor | None = None  # on the loss's device; see FINITE_CHECK_EVERY
         self._unchecked_from_step = 0
         # This epoch's validated metrics, saved in its checkpoint (``state_dict``); and those
@@ -231,6 +234,7 @@ class TuneReporter(pl.Callback):
         loaders = trainer.train_dataloader
         # Several training loaders (a list or mapping of them): each batch holds one batch of each.
         self._several_loaders = isinstance(loaders, (list, tuple, Mapping)) and len(loaders) > 1
+        self._fixed_batches = _fixed_batches(loaders)
         self._unchecked_from_step = trainer.global_step  # a resumed trial's steps go on from its checkpoint
         if self._checkpointed_epoch is not None:
             validated, self._checkpointed_epoch = self._checkpointed_epoch, None
@@ -313,7 +317,12 @@ class TuneReporter(pl.Callback):
             if (batch_idx + 1) % FINITE_CHECK_EVERY == 0:
                 self._check_losses_finite(trainer)  # waits for the queued steps: training time
         self._train_seconds += time.perf_counter() - self._batch_started
-        self._train_samples += _samples_in(batch, self._several_loaders)
+        if self._fixed_batches is not None:  # what the loader batched, whatever the batch holds
+            size, drawn = self._fixed_batches
+            samples: int | None = max(0, min(size, drawn - size * batch_idx))
+        else:
+            samples = _samples_in(batch, self._several_loaders)
+        self._train_samples = None if samples is None or self._train_samples is None else self._train_samples + samples
         self.batches_run += 1
 
     def _check_losses_finite(self, trainer: pl.Trainer) -> None:
@@ -550,7 +559,9 @@ class TuneReporter(pl.Callback):
             "hps_startup_s": self._startup_s or 0.0,
             "hps_data_starved": steady_wait >= STARVED_MIN_WAIT_S and steady_wait / steady > STARVED_SHARE,
             # over the training's time, waiting for data included: what the trial trained at
-            "hps_samples_per_s": self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
+            # (none where a batch's size could not be told: a wrong figure was given; audit 77)
+            "hps_samples_per_s": None if self._train_samples is None
+            else self._train_samples * trainer.world_size / busy if busy > 0 else 0.0,
         }
 
     def _store_files(self, trainer: pl.Trainer, metrics: dict[str, Any], timed: bool = True) -> None:
@@ -573,7 +584,7 @@ class TuneReporter(pl.Callback):
         publishing = time.perf_counter()
         if trainer.global_rank == 0:
             if trainer.logger is not None and in_tensorboard:
-                scalars = {f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS}
+                scalars = {f"speed/{key[4:]}": float(metrics[key]) for key in SPEED_KEYS if metrics[key] is not None}
                 if metrics["hps_best"] is not None:
                     scalars[f"hp/{self.metric}"] = metrics["hps_best"]
                 trainer.logger.log_epoch_metrics(scalars, metrics[EPOCH])
@@ -616,25 +627,59 @@ def _wait_for_device(pl_module) -> None:
         torch.cuda.synchronize(device)
 
 
-def _samples_in(batch: Any, several_loaders: bool) -> int:
+def _fixed_batches(loaders: Any) -> tuple[int, int] | None:
+    """(batch size, samples an epoch draws) of a DataLoader that batches a sampler with a
+    length by a fixed size (torch's own ``BatchSampler``): each of its batches holds that
+    many, but a last short one. None for any other (a batch sampler of the user's, an
+    IterableDataset, several loaders), whose batches are measured one by one."""
+    from torch.utils.data import BatchSampler, DataLoader
+
+    if not isinstance(loaders, DataLoader) or loaders.batch_size is None \
+            or type(loaders.batch_sampler) is not BatchSampler:
+        return None
+    try:
+        return int(loaders.batch_size), len(loaders.batch_sampler.sampler)
+    except TypeError:  # a sampler without a length
+        return None
+
+
+def _samples_in(batch: Any, several_loaders: bool) -> int | None:
     """The samples of one training step: with several training loaders, Lightning hands a
-    list or mapping holding one batch of each (None for one that ran out), summed here."""
-    if several_loaders and isinstance(batch, Mapping):
-        return sum(_batch_size(part) for part in batch.values())
-    if several_loaders and isinstance(batch, (list, tuple)):
-        return sum(_batch_size(part) for part in batch)
+    list or mapping holding one batch of each (None for one that ran out), summed here.
+    None where a batch's size cannot be told."""
+    if several_loaders and isinstance(batch, (Mapping, list, tuple)):
+        parts = [_batch_size(part) for part in (batch.values() if isinstance(batch, Mapping) else batch)
+                 if part is not None]
+        return None if None in parts else sum(parts)  # type: ignore[arg-type]
     return _batch_size(batch)
 
 
-def _batch_size(batch: Any) -> int:
-    """The number of samples in a batch of any common structure (first tensor's length)."""
+def _batch_size(batch: Any) -> int | None:
+    """The samples in a batch of any structure (tensors, lists of strings or ids, mappings,
+    dataclasses), where every part that has a length agrees on it; None where they differ
+    (a graph's edges beside its nodes, sequences of several lengths) or none has one. The
+    first tensor's length was taken: 0 for a dataclass, or a dict whose first value held
+    strings, and the edges' count for a graph (audit 77)."""
+    sizes = set(_sizes(batch))
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _sizes(batch: Any) -> Iterator[int]:
     if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_size(batch[0])
-    if isinstance(batch, dict) and batch:
-        return _batch_size(next(iter(batch.values())))
-    return 0
+        if batch.dim():
+            yield int(batch.shape[0])
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from _sizes(value)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for field in dataclasses.fields(batch):
+            yield from _sizes(getattr(batch, field.name))
+    elif isinstance(batch, (list, tuple)) and batch:
+        if all(isinstance(item, (str, bytes, int, float, bool)) or item is None for item in batch):
+            yield len(batch)  # a sample's name or id each
+        else:
+            for item in batch:
+                yield from _sizes(item)
 
 
 def logged_since(trainer: pl.Trainer, before: dict[str, Any]) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -413,6 +414,53 @@ def test_samples_per_s_counts_every_training_loaders_batch(tmp_path, loaders):
         busy = report["hps_train_time_s"] + report["hps_data_wait_s"]
         samples = BATCHES * 8 * (2 if loaders is TwoTrainingLoaders else 1)
         assert report["hps_samples_per_s"] == pytest.approx(samples / busy), report
+
+
+@dataclasses.dataclass
+class NamedBatch:
+    ids: list
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+class DataclassBatches(SlowLoadingData):
+    """Batches as a dataclass whose first field holds the samples' ids."""
+
+    def train_dataloader(self):
+        def collate(items):
+            images, labels = torch.utils.data.default_collate(items)
+            return NamedBatch([f"id{n}" for n in range(len(labels))], images, labels)
+        return torch.utils.data.DataLoader(self._splits["train"], batch_size=8, collate_fn=collate)
+
+
+class TrainsOnNamedBatches(MLPClassifier):
+    def training_step(self, batch, batch_idx):
+        return super().training_step((batch.images, batch.labels), batch_idx)
+
+
+def test_samples_per_s_counts_a_dataclass_batchs_samples(tmp_path):
+    """A dataclass batch (or a mapping whose first value holds names) counted 0 samples: the
+    first tensor's length was taken, and it found none (audit 77)."""
+    data = DataclassBatches(item_seconds=0.0)
+    for report in reports_of(tmp_path, mlp_for(data, TrainsOnNamedBatches), data):
+        busy = report["hps_train_time_s"] + report["hps_data_wait_s"]
+        assert report["hps_samples_per_s"] == pytest.approx(BATCHES * 8 / busy), report
+
+
+def test_a_batchs_size_is_what_every_part_with_a_length_agrees_on_else_unknown():
+    """The first tensor's length was taken: a graph's edge count, 0 for a dataclass or a
+    mapping whose first value held names (audit 77)."""
+    from torch.utils.data import DataLoader
+
+    from hpsearch.search.reporting import _batch_size, _fixed_batches
+
+    assert _batch_size({"names": ["a", "b", "c"], "x": torch.zeros(3, 5), "y": torch.zeros(3)}) == 3
+    assert _batch_size(NamedBatch(["a", "b"], torch.zeros(2, 4), torch.zeros(2))) == 2
+    assert _batch_size({"edge_index": torch.zeros(2, 40), "x": torch.zeros(16, 8), "y": torch.zeros(4)}) is None
+    assert _batch_size([torch.zeros(5), torch.zeros(7)]) is None and _batch_size({"meta": "text"}) is None
+    # a loader that batches by a fixed size tells each batch's size, whatever it holds: the last one short
+    assert _fixed_batches(DataLoader(range(10), batch_size=4)) == (4, 10)
+    assert _fixed_batches(DataLoader(range(10), batch_sampler=[[0, 1], [2, 3, 4]])) is None
 
 
 def test_work_between_steps_is_not_counted_as_waiting_on_data(tmp_path):
