@@ -448,8 +448,8 @@ def _limits_at_the_largest_batch_sizes(config: ExperimentConfig, values: dict[st
         except Exception:  # noqa: BLE001 - its loaders need a trainer, say: the trials will tell
             continue
         if batches["limit_train_batches"] == 0:  # every trial that samples it ended with no result (audit 77)
-            raise ConfigError([config.problem(f"space.{key}", f"at {key}={largest} (the space's largest) the "
-                                                              f"training DataLoader gives no batch: {NO_TRAINING_BATCH}")])
+            raise ConfigError([config.problem(f"space.{key}", f"at {key}={largest} (the space's largest) the training "
+                                                              f"DataLoader gives no batch: {NO_TRAINING_BATCH}")])
         _limits_leave_batches(config, config.with_trainer_params(variant), variant,
                               {name: length for name, length in batches.items() if name in limited},
                               at=f" at {key}={largest} (the space's largest)")

@@ -58,6 +58,35 @@ def test_every_sampler_builds_and_samples(sampler, example_config, tmp_path):
     assert set(trial.params) == set(config.space)
 
 
+def test_cmaes_learns_from_the_trials_asha_pruned(example_config):
+    """CMA-ES by default waits for a population of complete trials: in a search where ASHA
+    pruned two thirds, every trial it sampled was of its first generation (audit 78)."""
+    import warnings
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from hpsearch.search.searcher import make_sampler
+
+    example_config["search"]["sampler"] = "cmaes"
+    example_config["space"] = {"model.lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True},
+                               "model.dropout": {"type": "float", "low": 0.0, "high": 0.5}}
+    config = load_config(example_config)
+    study = optuna.create_study(sampler=make_sampler(config), direction="minimize")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for number in range(24):  # one complete (which fixes CMA-ES's space), the rest pruned at rung 1
+            trial = study.ask(fixed_distributions=to_distributions(config))
+            trial.report(trial.params["model.dropout"], 1)
+            if number == 0:
+                study.tell(trial, trial.params["model.dropout"])
+            else:
+                study.tell(trial, state=TrialState.PRUNED)
+    generations = {value for trial in study.trials for key, value in trial.system_attrs.items()
+                   if key.endswith("generation")}
+    assert max(generations) >= 2, generations
+
+
 @pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes"])
 def test_a_resumed_search_samples_a_stream_no_fresh_study_of_another_seed_samples(sampler, example_config):
     """The seed of a resumed session was the study's seed plus its trials so far: a study of
