@@ -392,7 +392,7 @@ class SchedulerConfig(StrictModel):
                 raise FieldValueError("reduction_factor", f"{self.reduction_factor} makes Ray's ASHA build "
                                       f"{int(rungs):,} rungs (one per power of it up to max_epochs / grace_period),"
                                       f" at most {ASHA_RUNGS_LIMIT:,}: give at least {math.ceil(lowest * 1e4) / 1e4:g}"
-                                      f" (ASHA keeps 1 in reduction_factor trials at each rung; 2 to 4 is usual)")
+                                      f" (ASHA keeps about 1 in reduction_factor trials at each rung; 2 to 4 is usual)")
         return self
 
 

@@ -287,7 +287,7 @@ def _rungs_plot(summary: StudySummary):
     labels = [f"epoch {r.epoch}" for r in summary.rungs]
     positions = range(len(labels))
     axes.bar([p - 0.2 for p in positions], [r.reached for r in summary.rungs], width=0.4, label="reached the rung")
-    axes.bar([p + 0.2 for p in positions], [r.kept for r in summary.rungs], width=0.4, label="trained past it")
+    axes.bar([p + 0.2 for p in positions], [r.kept for r in summary.rungs], width=0.4, label="kept (not pruned there)")
     axes.set_xticks(list(positions), labels)
     axes.set_ylabel("trials")
     axes.set_title("ASHA rungs: trials reached and kept")
@@ -410,7 +410,7 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
         "<h2>ASHA rungs</h2>",
         _table("rungs", ["rung epoch", "trials reached", "trials kept"], rungs) if rungs else
         "<p>No ASHA scheduler in this study.</p>",
-        _image(images, "rungs", "trials that reached each rung and trials that trained past it") if rungs else "",
+        _image(images, "rungs", "trials that reached each rung and trials ASHA kept there") if rungs else "",
         "<h2>Compute</h2>", _table("compute", ["", "trial-seconds"], compute),
         _image(images, "compute", "compute spent, and compute not spent because trials stopped early"),
         "<h2>Speed per trial</h2>", *([f"<p>{html.escape(speed_note)}</p>"] if speed_note else []),

@@ -23,7 +23,7 @@ from .trials_table import TrialsTable, read_rows
 class RungCount:
     epoch: int
     reached: int  # trials that ran at least this many epochs
-    kept: int  # of those, trials that trained past it
+    kept: int  # of those, trials ASHA did not prune there (one early-stopped there was kept: audit 78)
 
 
 @dataclass
@@ -67,8 +67,9 @@ def summarize(exp: ExperimentDir) -> StudySummary:
             pruning += saved
         elif str(row.get("reason", "")) in ("early_stopping", "stopped_by_model"):
             stopping += saved
-    ran = [_number(r.get("epochs")) for r in rows]  # a paused trial reached its rungs too
-    rungs = [RungCount(epoch, sum(1 for e in ran if e >= epoch), sum(1 for e in ran if e > epoch))
+    ran = [(_number(r.get("epochs")), r.get("state") == "PRUNED") for r in rows]  # a paused one reached its rungs too
+    rungs = [RungCount(epoch, sum(1 for e, _ in ran if e >= epoch),
+                       sum(1 for e, pruned in ran if e > epoch or (e == epoch and not pruned)))
              for epoch in scheduler.rung_epochs]
     return StudySummary(
         name=config.get("name", exp.root.name), experiment_dir=str(exp.root), metric=config["metric"],

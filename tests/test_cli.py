@@ -305,6 +305,21 @@ def _study_with(tmp_path, states, **overrides):
     return exp
 
 
+def test_a_rungs_kept_trials_are_those_asha_did_not_prune_there(tmp_path):
+    """A trial early-stopped at a rung's epoch was counted as cut by ASHA there: "kept" was
+    the trials that trained past it (audit 78)."""
+    from hpsearch.search.study_summary import summarize
+    from hpsearch.search.trials_table import TrialsTable
+
+    exp = _study_with(tmp_path, ["PRUNED", "COMPLETE", "COMPLETE", "PRUNED"], **{"scheduler/max_epochs": 4})
+    table = TrialsTable.load(exp.trials_csv, "val_acc", "max", [])
+    for number, epochs in enumerate((1, 2, 4, 2)):  # trial 1 early-stopped at rung 2, trial 3 pruned there
+        table.row(number).update(epochs=epochs)
+    table.save(exp.trials_csv)
+    rungs = {rung.epoch: (rung.reached, rung.kept) for rung in summarize(exp).rungs}
+    assert rungs == {1: (4, 3), 2: (3, 2)}, rungs
+
+
 def test_compare_and_report_say_when_the_best_trial_is_a_pruned_one(tmp_path, capsys):
     """With no trial complete, the best is a pruned one: best and status said so, compare
     and the report's best configuration did not (audit 49)."""

@@ -75,10 +75,12 @@ def test_report_renders_in_headless_chromium_and_agrees_with_trials_csv(finished
         assert int(counts[state]) == sum(r["state"] == state for r in table.values())
     assert float(compute["spent"]) == pytest.approx(sum(float(r["compute_s"]) for r in table.values()), abs=1e-3)
     assert float(compute["saved by pruning"]) > 0  # ASHA pruned some trials in this study
-    # ASHA's rungs (grace 1, factor 2, 4 epochs: 1 and 2): trials that reached and passed each.
-    epochs = [int(r["epochs"]) for r in table.values()]
+    # ASHA's rungs (grace 1, factor 2, 4 epochs: 1 and 2): trials that reached each, and those it
+    # kept there: a trial early-stopped at a rung was counted as cut (audit 78)
+    ended = [(int(r["epochs"]), r["state"]) for r in table.values()]
     assert [[int(v) for v in row] for row in rungs] == [
-        [rung, sum(e >= rung for e in epochs), sum(e > rung for e in epochs)] for rung in (1, 2)]
+        [rung, sum(e >= rung for e, _ in ended), sum(e > rung or (e == rung and s != "PRUNED") for e, s in ended)]
+        for rung in (1, 2)]
     stored_best = json.loads((exp_dir / "best.json").read_text())
     assert float(best["value"]) == pytest.approx(stored_best["value"])
     assert int(best["trial"]) == stored_best["trial"]
