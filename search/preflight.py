@@ -276,10 +276,13 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             self.before_validation: dict = {}
             self.batches: dict = {}  # the trials' loaders' lengths, by the limit setting that cuts them
             self.trained = 0  # training batches run
+            self.loader_workers, self.iterable = 0, False  # of the training DataLoader
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.batches["limit_train_batches"] = _length(trainer.train_dataloader)
             self.loader_workers = loader_in_use(trainer.train_dataloader).get("hps_num_workers", 0)
+            self.iterable = isinstance(getattr(trainer.train_dataloader, "dataset", None),
+                                       torch.utils.data.IterableDataset)
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.phase = f"training batch {batch_idx + 1}"
@@ -346,7 +349,9 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
                                           f"{NO_TRAINING_BATCH}")])
     _limits_leave_batches(config, settings, params, watch.batches)
     if blame is None:  # the preflight's own values, once
-        _warn_of_loader_workers_of_its_own(config, data_class, getattr(watch, "loader_workers", 0))
+        _warn_of_loader_workers_of_its_own(config, data_class, watch.loader_workers)
+        if watch.iterable:
+            _warn_of_an_iterable_read_by_every_worker(config, data_class, params, watch.loader_workers)
     return watch.logged, watch.in_training, watch.at_steps_only
 
 
@@ -361,6 +366,25 @@ def _warn_of_loader_workers_of_its_own(config: ExperimentConfig, data_class: typ
         warn_user(f"{data_class.__name__}'s training DataLoader starts {workers} loader processes of its own, which "
                   f"share the {cpus:g} CPU(s) each trial worker holds with its training: pass a num_workers argument "
                   f"of its constructor to its DataLoaders, and hpsearch sizes it to the trial (loader.num_workers)")
+
+
+def _warn_of_an_iterable_read_by_every_worker(config: ExperimentConfig, data_class: type, params: dict[str, Any],
+                                              own_workers: int) -> None:
+    """Each loader worker reads the whole of an IterableDataset that does not shard itself
+    by ``get_worker_info()``: hpsearch gives the DataModule the trial's worker count, and a
+    DataModule right at its own default of none then held every item once per worker in an
+    epoch, unwarned (audit 77)."""
+    from .components import Signature
+
+    given = {**config.data.init_args, **config.params_for("data", params)}.get("num_workers")
+    if given is None and "num_workers" in Signature.of(data_class).names:
+        given = loader_options(config.loader, config.resources, on_gpu=config.resources.worker_gpus > 0)["num_workers"]
+    workers = max(own_workers, given if isinstance(given, int) else 0)
+    if workers > 1:
+        warn_user(f"{data_class.__name__}'s training data is an IterableDataset, and a trial's DataLoader reads it "
+                  f"with {workers} loader processes: each reads all of it unless the dataset shards itself by "
+                  f"torch.utils.data.get_worker_info(), and an epoch then holds every item {workers} times; shard "
+                  f"it so, or give the DataModule 1 loader worker (loader.num_workers: 1)")
 
 
 def _length(loaders: Any) -> int | None:

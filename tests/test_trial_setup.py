@@ -1320,6 +1320,13 @@ def test_preflight_refuses_a_fraction_of_the_batches_of_a_loader_without_a_lengt
     example_config["trainer"] = {"limit_train_batches": 3}
     assert "val_acc" in run_preflight(load_config(example_config), CNNClassifier, StreamsItsTraining)
 
+    # read by every loader worker of a trial: each epoch would hold each item twice (audit 77)
+    example_config["loader"] = {"num_workers": 2}
+    example_config["resources"] = {"cpus_per_trial": 2}
+    with pytest.warns(UserWarning, match=r"StreamsItsTraining's training data is an IterableDataset, and a trial's "
+                                         r"DataLoader reads it with 2 loader processes: each reads all of it unless"):
+        run_preflight(load_config(example_config), CNNClassifier, StreamsItsTraining)
+
 
 @pytest.mark.parametrize("searched", [False, True], ids=["at-its-values", "at-the-largest-batch-size"])
 def test_preflight_refuses_a_training_loader_that_gives_no_batch(example_config, searched):
