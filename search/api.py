@@ -267,11 +267,11 @@ def usual_mode(metric: str) -> str | None:
     words = re.split(r"[^a-z0-9]+", metric.lower())
     if set(words) & TURNED_WORDS or TURNED_AROUND.search(metric.lower()):
         return None
-    # the last word that says decides, as a name's last word is what it is: val_top1_err is
-    # an error, val_r2_loss a loss (audit 76)
-    said = [("min" if word in MINIMIZED_WORDS else "max") for word in words
-            if word in MINIMIZED_WORDS or word in MAXIMIZED_WORDS]
-    return said[-1] if said else None
+    # a loss or an error word says it, wherever it stands: val_top1_err, val_r2_loss and
+    # mmseg's val_loss_dice are each minimized (audits 76 and 79)
+    if set(words) & MINIMIZED_WORDS:
+        return "min"
+    return "max" if set(words) & MAXIMIZED_WORDS else None
 
 
 def resume(

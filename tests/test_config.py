@@ -828,10 +828,10 @@ def test_init_args_too_deep_for_experiment_yaml_are_refused_naming_the_argument(
     ("val_psnr", "min", "mode: min searches for the lowest val_psnr, which is usually maximized; set mode: max"),
     ("val_mape", "max", "mode: max searches for the highest val_mape, which is usually minimized; set mode: min"),
     ("val_r2", "max", None), ("val_smape", "min", None),
-    # the last word that says decides (audit 76)
+    # a loss or an error word says it, wherever it stands (audits 76 and 79)
     ("val_top1_err", "max", "mode: max searches for the highest val_top1_err, which is usually minimized; set mode: min"),
     ("val_r2_loss", "max", "mode: max searches for the highest val_r2_loss, which is usually minimized; set mode: min"),
-    ("val_loss_acc", "min", "mode: min searches for the lowest val_loss_acc, which is usually maximized; set mode: max"),
+    ("val/decode.loss_dice", "min", None), ("val_err_top1", "min", None), ("val_loss_iou", "min", None),
 ])
 def test_a_mode_against_the_metrics_name_is_warned_of_before_the_study_starts(example_config, metric, mode, warned):
     """``mode: max`` with ``val_loss`` kept the worst trials, and a study's mode cannot
