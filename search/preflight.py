@@ -392,7 +392,7 @@ def _length(loaders: Any) -> int | None:
     loader = loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
     try:
         return len(loader)
-    except TypeError:
+    except (TypeError, NotImplementedError):  # Lightning's ``has_len`` takes both as no length (audit 79)
         return None
 
 

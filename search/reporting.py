@@ -639,7 +639,7 @@ def _fixed_batches(loaders: Any) -> tuple[int, int] | None:
         return None
     try:
         return int(loaders.batch_size), len(loaders.batch_sampler.sampler)
-    except TypeError:  # a sampler without a length
+    except (TypeError, NotImplementedError):  # a sampler without a length
         return None
 
 

@@ -463,6 +463,31 @@ def test_a_batchs_size_is_what_every_part_with_a_length_agrees_on_else_unknown()
     assert _fixed_batches(DataLoader(range(10), batch_sampler=[[0, 1], [2, 3, 4]])) is None
 
 
+class LengthUnknown(torch.utils.data.Sampler):
+    """A sampler that cannot tell its length, as torch's base class once said and user samplers still do."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __iter__(self):
+        return iter(range(self.count))
+
+    def __len__(self):
+        raise NotImplementedError
+
+
+def test_a_loader_whose_sampler_cannot_tell_its_length_is_measured_batch_by_batch_and_not_refused():
+    """Lightning takes a NotImplementedError from ``len`` as no length; the preflight's count
+    of batches raised it, refusing a loader the trials train with (audit 79)."""
+    from torch.utils.data import DataLoader
+
+    from hpsearch.search.preflight import _length
+    from hpsearch.search.reporting import _fixed_batches
+
+    loader = DataLoader(range(10), batch_size=4, sampler=LengthUnknown(10))
+    assert _fixed_batches(loader) is None and _length(loader) is None
+
+
 def test_work_between_steps_is_not_counted_as_waiting_on_data(tmp_path):
     data = SlowLoadingData(item_seconds=0.0)
     for report in reports_of(tmp_path, mlp_for(data, SlowBetweenSteps), data):
