@@ -125,8 +125,8 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type,
         raise ConfigError([config.problem(_argument_named(config, "model", exc, params),
                                           f"{model_built} raised {type(exc).__name__}: {exc}{_at(exc)}")]) from None
     with lightning_quieted():  # the driver may be the user's own Python session
-        logged, in_training, at_steps_only = _a_few_batches(config, params, model, datamodule, model_class,
-                                                            data_class)
+        seen = _a_few_batches(config, params, model, datamodule, model_class, data_class)
+        logged = seen.logged
         if on_data is not None:
             on_data(datamodule)
         for precision in _other_searched_precisions(config, params):
@@ -141,12 +141,13 @@ def _preflight(config: ExperimentConfig, model_class: type, data_class: type,
                 f"{model_class.__name__} logs there: "
                 f"{', '.join(logged) or 'nothing'}"
                 + (f" ({config.metric!r} only in training, whose value validation would not change)"
-                   if config.metric in in_training else "")
+                   if config.metric in seen.in_training else "")
                 + (f" ({config.metric!r} at each validation batch only, logged with on_step=True and "
                    f"on_epoch=False: log it with on_epoch=True, Lightning's default in validation, for the "
-                   f"epoch's value)" if config.metric in at_steps_only else ""),
+                   f"epoch's value)" if config.metric in seen.at_steps_only else ""),
             )])
-        _limits_at_the_largest_batch_sizes(config, values, data_class, loader)  # after: its builds draw random numbers
+        # after: its builds draw random numbers
+        _limits_at_the_largest_batch_sizes(config, values, data_class, loader, seen.may_drop_batches)
         problems = _manual_optimization_problems(config, model_class, model)
         problems += _values_the_classes_refuse(config, model_class, data_class, values, model, datamodule, loader)
         if problems and config.resources.worker_gpus > 0 and not _driver_has_gpu():
@@ -249,15 +250,16 @@ def _other_searched_precisions(config: ExperimentConfig, params: dict[str, Any])
 
 
 def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, datamodule,
-                   model_class: type, data_class: type,
-                   blame: str | None = None) -> tuple[list[str], list[str], list[str]]:
+                   model_class: type, data_class: type, blame: str | None = None) -> Any:
     """Two training steps and one validation batch in one ``fit`` (the DataModule is set
     up once), then one test batch if there is a test split, in the trials' precision (see
     ``preflight_precision``). A training_step, loader, configure_optimizers, scheduler or
     test_step that raises would otherwise fail every trial, each try after Ray started
-    (or, for test_step, the search's final evaluation). Returns the metrics logged by
-    validation's end, those logged only in training, and those logged at steps only (not
-    an epoch's value). ``blame``: the field a failure is put on (by default, the one the
+    (or, for test_step, the search's final evaluation). Returns what the batches showed:
+    the metrics logged by validation's end (``logged``), those logged only in training
+    (``in_training``), those logged at steps only (``at_steps_only``: not an epoch's value),
+    and whether a larger batch size could leave the training loader none
+    (``may_drop_batches``). ``blame``: the field a failure is put on (by default, the one the
     error points to)."""
     import pytorch_lightning as pl
     import torch
@@ -277,12 +279,14 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             self.batches: dict = {}  # the trials' loaders' lengths, by the limit setting that cuts them
             self.trained = 0  # training batches run
             self.loader_workers, self.iterable = 0, False  # of the training DataLoader
+            self.may_drop_batches = True
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.batches["limit_train_batches"] = _length(trainer.train_dataloader)
             self.loader_workers = loader_in_use(trainer.train_dataloader).get("hps_num_workers", 0)
             self.iterable = isinstance(getattr(trainer.train_dataloader, "dataset", None),
                                        torch.utils.data.IterableDataset)
+            self.may_drop_batches = _may_drop_batches(trainer.train_dataloader)
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.phase = f"training batch {batch_idx + 1}"
@@ -352,7 +356,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
         _warn_of_loader_workers_of_its_own(config, data_class, watch.loader_workers)
         if watch.iterable:
             _warn_of_an_iterable_read_by_every_worker(config, data_class, params, watch.loader_workers)
-    return watch.logged, watch.in_training, watch.at_steps_only
+    return watch
 
 
 def _warn_of_loader_workers_of_its_own(config: ExperimentConfig, data_class: type, workers: int) -> None:
@@ -385,6 +389,17 @@ def _warn_of_an_iterable_read_by_every_worker(config: ExperimentConfig, data_cla
                   f"with {workers} loader processes: each reads all of it unless the dataset shards itself by "
                   f"torch.utils.data.get_worker_info(), and an epoch then holds every item {workers} times; shard "
                   f"it so, or give the DataModule 1 loader worker (loader.num_workers: 1)")
+
+
+def _may_drop_batches(loader: Any) -> bool:
+    """Whether a larger batch size could leave this training loader no batch: one that
+    drops a last short batch, or batches in a way of its own (a batch sampler of the
+    user's, several loaders). torch's own batching without ``drop_last`` always gives one."""
+    from torch.utils.data import BatchSampler, DataLoader
+
+    if isinstance(loader, DataLoader) and type(loader.batch_sampler) is BatchSampler:
+        return bool(loader.batch_sampler.drop_last)
+    return True
 
 
 def _length(loaders: Any) -> int | None:
@@ -444,16 +459,20 @@ def _is_fraction(limit: Any) -> bool:
 
 
 def _limits_at_the_largest_batch_sizes(config: ExperimentConfig, values: dict[str, Any], data_class: type,
-                                       loader: dict[str, Any]) -> None:
+                                       loader: dict[str, Any], may_drop_batches: bool = True) -> None:
     """``_limits_leave_batches`` at the largest value of each searched data argument named
     for a batch size, conditional ones too: the preflight trained at one, and a fraction
     that left batches at 32 left none at 256 (audit 69); and a training loader that gives
     no batch there (``drop_last`` with a batch larger than the split: audit 77). Measured as the DataModule, built
     and set up with it, gives its loaders (a fixed ``eval_batch_size``, a sampler that
     draws more samples than the data holds: audit 70); a DataModule that cannot be so
-    asked is left to the trials."""
+    asked is left to the trials. Built only where it can matter: a fraction of the batches
+    is set or searched, or the training loader may drop batches (``may_drop_batches``); a
+    DataModule whose setup takes seconds paid them again at every check (audit 79)."""
     limited = {name for name in ("limit_train_batches", "limit_val_batches")
                if _is_fraction(getattr(config.trainer, name)) or f"trainer.{name}" in config.space}
+    if not limited and not may_drop_batches:
+        return
     for key, param in config.space.items():
         if not key.startswith("data.") or not names_a_batch_size(key):
             continue
