@@ -447,11 +447,13 @@ def _limits_leave_batches(config: ExperimentConfig, settings, params: dict[str, 
 def _batch_size_field(config: ExperimentConfig) -> str:
     """The field an empty training loader is put on: the data's batch size, searched or
     set, most often; else the DataModule."""
-    searched = [key for key in config.space if key.startswith("data.") and names_a_batch_size(key)
-                and "eval" not in key]
-    given = [f"data.init_args.{name}" for name in config.data.init_args
-             if names_a_batch_size(name) and "eval" not in name]
-    return f"space.{searched[0]}" if searched else given[0] if given else "data.class_path"
+    def training(name: str) -> bool:  # not an evaluation's batch size, nor drop_last_batch (audit 79)
+        return "batch_size" in name and not re.search(r"eval|val|test|predict", name)
+
+    searched = sorted((key for key in config.space if key.startswith("data.") and training(key)),
+                      key=lambda key: key != "data.batch_size")
+    given = sorted((name for name in config.data.init_args if training(name)), key=lambda name: name != "batch_size")
+    return f"space.{searched[0]}" if searched else f"data.init_args.{given[0]}" if given else "data.class_path"
 
 
 def _is_fraction(limit: Any) -> bool:
@@ -491,7 +493,11 @@ def _limits_at_the_largest_batch_sizes(config: ExperimentConfig, values: dict[st
         except Exception:  # noqa: BLE001 - its loaders need a trainer, say: the trials will tell
             continue
         if batches["limit_train_batches"] == 0:  # every trial that samples it ended with no result (audit 77)
-            raise ConfigError([config.problem(f"space.{key}", f"at {key}={largest} (the space's largest) the training "
+            # the data's other values it was built with: the preflight's (audit 79)
+            others = ", ".join(f"{name}={_shown(value)}" for name, value in variant.items()
+                               if name.startswith("data.") and name != key and name in config.space)
+            raise ConfigError([config.problem(f"space.{key}", f"at {key}={largest} (the space's largest"
+                                                              f"{f', with {others}' if others else ''}) the training "
                                                               f"DataLoader gives no batch: {NO_TRAINING_BATCH}")])
         _limits_leave_batches(config, config.with_trainer_params(variant), variant,
                               {name: length for name, length in batches.items() if name in limited},

@@ -1346,13 +1346,32 @@ def test_preflight_refuses_a_training_loader_that_gives_no_batch(example_config,
 
     example_config["space"]["data.batch_size"] = {"type": "int", "low": 16, "high": 4096} if searched \
         else {"type": "categorical", "choices": [4096]}
+    example_config["space"]["data.split_seed"] = {"type": "categorical", "choices": [3, 4]}
     config = load_config(example_config)
     with pytest.raises(ConfigError) as caught:
         run_preflight(config, CNNClassifier, DropsTheLastBatch)
     [problem] = caught.value.problems
-    said = "at data.batch_size=4096 (the space's largest) the training DataLoader gives no batch" if searched \
-        else "the training DataLoader gave no batch with the searched values"
+    # with the data's other values it was built with, the preflight's (audit 79)
+    said = ("at data.batch_size=4096 (the space's largest, with data.split_seed=3) the training DataLoader gives no "
+            "batch") if searched else "the training DataLoader gave no batch with the searched values"
     assert problem.field == "space.data.batch_size" and said in problem.message, problem
+
+
+def test_an_empty_training_loader_is_put_on_the_training_batch_size():
+    """It was put on the first argument whose name held "batch" and not "eval":
+    val_batch_size, or drop_last_batch (audit 79)."""
+    from types import SimpleNamespace
+
+    from hpsearch.search.preflight import _batch_size_field
+
+    def config(space=(), **init_args):
+        return SimpleNamespace(space=dict.fromkeys(space), data=SimpleNamespace(init_args=init_args))
+
+    assert _batch_size_field(config(val_batch_size=512, drop_last_batch=True, batch_size=16)) == \
+        "data.init_args.batch_size"
+    assert _batch_size_field(config(["data.val_batch_size", "data.train_batch_size"])) == \
+        "space.data.train_batch_size"
+    assert _batch_size_field(config(drop_last_batch=True)) == "data.class_path"
 
 
 def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_recorded_its_settings(example_config, tmp_path):
