@@ -278,14 +278,14 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             self.before_validation: dict = {}
             self.batches: dict = {}  # the trials' loaders' lengths, by the limit setting that cuts them
             self.trained = 0  # training batches run
-            self.loader_workers, self.iterable = 0, False  # of the training DataLoader
+            self.loader_workers, self.iterable, self.train_dataset = 0, False, None  # of the training DataLoader
             self.may_drop_batches = True
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.batches["limit_train_batches"] = _length(trainer.train_dataloader)
             self.loader_workers = loader_in_use(trainer.train_dataloader).get("hps_num_workers", 0)
-            self.iterable = isinstance(getattr(trainer.train_dataloader, "dataset", None),
-                                       torch.utils.data.IterableDataset)
+            self.train_dataset = getattr(trainer.train_dataloader, "dataset", None)
+            self.iterable = isinstance(self.train_dataset, torch.utils.data.IterableDataset)
             self.may_drop_batches = _may_drop_batches(trainer.train_dataloader)
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -355,7 +355,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
     if blame is None:  # the preflight's own values, once
         _warn_of_loader_workers_of_its_own(config, data_class, watch.loader_workers)
         if watch.iterable:
-            _warn_of_an_iterable_read_by_every_worker(config, data_class, params, watch.loader_workers)
+            _warn_of_an_iterable_read_by_every_worker(config, data_class, watch.train_dataset, watch.loader_workers)
     return watch
 
 
@@ -372,23 +372,52 @@ def _warn_of_loader_workers_of_its_own(config: ExperimentConfig, data_class: typ
                   f"of its constructor to its DataLoaders, and hpsearch sizes it to the trial (loader.num_workers)")
 
 
-def _warn_of_an_iterable_read_by_every_worker(config: ExperimentConfig, data_class: type, params: dict[str, Any],
+def _warn_of_an_iterable_read_by_every_worker(config: ExperimentConfig, data_class: type, dataset: Any,
                                               own_workers: int) -> None:
     """Each loader worker reads the whole of an IterableDataset that does not shard itself
     by ``get_worker_info()``: hpsearch gives the DataModule the trial's worker count, and a
     DataModule right at its own default of none then held every item once per worker in an
-    epoch, unwarned (audit 77)."""
+    epoch, unwarned (audit 77). The most workers any trial can give it (a searched count's
+    largest: audit 79); none said for a dataset seen to shard itself."""
     from .components import Signature
+    from .devices import datamodule_worker_counts
 
-    given = {**config.data.init_args, **config.params_for("data", params)}.get("num_workers")
-    if given is None and "num_workers" in Signature.of(data_class).names:
+    own_counts = datamodule_worker_counts(config.data.init_args, config.space)
+    if own_counts:
+        given = max(own_counts.values())
+    elif "num_workers" in Signature.of(data_class).names:
         given = loader_options(config.loader, config.resources, on_gpu=config.resources.worker_gpus > 0)["num_workers"]
-    workers = max(own_workers, given if isinstance(given, int) else 0)
-    if workers > 1:
-        warn_user(f"{data_class.__name__}'s training data is an IterableDataset, and a trial's DataLoader reads it "
+    else:
+        given = 0
+    workers = max(own_workers, given)
+    if workers > 1 and not _shards_itself(dataset):
+        warn_user(f"{data_class.__name__}'s training data is an IterableDataset, and a trial's DataLoader can read it "
                   f"with {workers} loader processes: each reads all of it unless the dataset shards itself by "
                   f"torch.utils.data.get_worker_info(), and an epoch then holds every item {workers} times; shard "
                   f"it so, or give the DataModule 1 loader worker (loader.num_workers: 1)")
+
+
+def _shards_itself(dataset: Any, items: int = 2) -> bool:
+    """Whether an IterableDataset gives two loader workers other items: its first ``items``
+    as worker 0 of 2 and as worker 1 of 2, told by torch's ``get_worker_info()``. A dataset
+    that shards itself correctly was warned of as one that does not (audit 79); one that
+    cannot be so asked (its items do not pickle, its iteration fails here) is taken as not."""
+    import itertools
+    import pickle
+
+    from torch.utils.data._utils import worker
+
+    def first_items(worker_id: int) -> list[bytes]:
+        worker._worker_info = worker.WorkerInfo(id=worker_id, num_workers=2, seed=0, dataset=dataset)
+        try:
+            return [pickle.dumps(item) for item in itertools.islice(iter(dataset), items)]
+        finally:
+            worker._worker_info = None
+
+    try:
+        return first_items(0) != first_items(1)
+    except Exception:  # noqa: BLE001 - the warning stands
+        return False
 
 
 def _may_drop_batches(loader: Any) -> bool:

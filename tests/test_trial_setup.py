@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -1325,9 +1326,29 @@ def test_preflight_refuses_a_fraction_of_the_batches_of_a_loader_without_a_lengt
     # read by every loader worker of a trial: each epoch would hold each item twice (audit 77)
     example_config["loader"] = {"num_workers": 2}
     example_config["resources"] = {"cpus_per_trial": 2}
-    with pytest.warns(UserWarning, match=r"StreamsItsTraining's training data is an IterableDataset, and a trial's "
-                                         r"DataLoader reads it with 2 loader processes: each reads all of it unless"):
+    said = (r"StreamsItsTraining's training data is an IterableDataset, and a trial's DataLoader can read it with 2 "
+            r"loader processes: each reads all of it unless")
+    with pytest.warns(UserWarning, match=said):
         run_preflight(load_config(example_config), CNNClassifier, StreamsItsTraining)
+    # a count the space can sample, whatever the preflight's (audit 79)
+    example_config["loader"] = {"num_workers": 0}
+    example_config["space"]["data.num_workers"] = {"type": "categorical", "choices": [0, 2]}
+    with pytest.warns(UserWarning, match=said):
+        run_preflight(load_config(example_config), CNNClassifier, StreamsItsTraining)
+
+    class ShardsItself(Streamed):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            return iter(self.items) if info is None else itertools.islice(self.items, info.id, None, info.num_workers)
+
+    class StreamsShards(StreamsItsTraining):
+        def train_dataloader(self):
+            return DataLoader(ShardsItself(self._splits["train"]), batch_size=self.batch_size,
+                              collate_fn=self.collate_for(self.batch_size))
+
+    with warnings.catch_warnings():  # none said of a dataset that shards itself (audit 79)
+        warnings.simplefilter("error", UserWarning)
+        run_preflight(load_config(example_config), CNNClassifier, StreamsShards)
 
 
 @pytest.mark.parametrize("searched", [False, True], ids=["at-its-values", "at-the-largest-batch-size"])
