@@ -282,6 +282,37 @@ class RandomStateInCheckpoint(pl.Callback):
             torch.cuda.set_rng_state_all(state["torch.cuda"])
 
 
+class ValidationLoaderSeedOnResume(pl.Callback):
+    """A DataLoader with persistent workers draws its workers' base seed from torch's
+    generator when it makes its iterator, once in its life: a validation loader at a
+    trial's first validation. A resumed trial makes it again at its first validation after
+    the checkpoint, a draw the uninterrupted trial (and plain Lightning) did not make, and
+    its shuffling and dropout went on from another point (audit 80: val_loss 1.685 against
+    1.693 an epoch later). The generator is set back to where it stood before that
+    validation made the iterator (the workers' own seed differs, as README says of
+    randomness in loader workers). A training loader's iterator is made in Lightning's
+    set-up of the fit, before the random state is set again, so its draw is undone there."""
+
+    def __init__(self, resuming: bool) -> None:
+        self._resuming = resuming
+        self._before: torch.Tensor | None = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._resuming:  # until the first validation: it may come after any batch (val_check_interval)
+            self._before = torch.get_rng_state()
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._resuming or trainer.sanity_checking:
+            return
+        self._resuming, before, self._before = False, self._before, None
+        loaders = trainer.val_dataloaders
+        made_now = [loader for loader in (loaders if isinstance(loaders, (list, tuple)) else [loaders])
+                    if getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0
+                    and getattr(loader, "generator", None) is None]
+        if made_now and before is not None:
+            torch.set_rng_state(before)
+
+
 class PlateauStepOnResume(pl.Callback):
     """The ReduceLROnPlateau step a resumed trial would lose. Lightning steps such a
     scheduler at the epoch's end, after validation, when the epoch's checkpoint is already
@@ -374,6 +405,7 @@ def build_trainer(
     all_callbacks.append(LightningTunersOnResume(resuming=resumed_at is not None))
     all_callbacks.append(StepLogsEveryEpoch())
     all_callbacks.append(RandomStateInCheckpoint(resuming=resumed_at is not None))
+    all_callbacks.append(ValidationLoaderSeedOnResume(resuming=resumed_at is not None))
     all_callbacks.append(ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir)))
     all_callbacks.append(StepsByEpochInCheckpoint())
     logger = TrialLogger(tensorboard_run, resumed_at)  # a resumed attempt hides what it redoes

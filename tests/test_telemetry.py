@@ -586,6 +586,37 @@ def test_a_resumed_trial_trains_on_as_the_uninterrupted_one_would_have(tmp_path)
         [(r["epoch"], r["val_acc"], r["val_loss"]) for r in straight]
 
 
+class PersistentLoaders(SlowLoadingData):
+    """Shuffled by torch's generator, with a persistent loader worker, as a user's own DataLoaders often are."""
+
+    def _own(self, split: str, shuffle: bool):
+        return torch.utils.data.DataLoader(self._splits[split], batch_size=8, shuffle=shuffle, num_workers=1,
+                                           persistent_workers=True, collate_fn=self.collate_for(8))
+
+    def train_dataloader(self):
+        return self._own("train", True)
+
+    def val_dataloader(self):
+        return self._own("val", False)
+
+
+def test_a_resumed_trial_with_persistent_loader_workers_trains_on_as_the_uninterrupted_one(tmp_path):
+    """A persistent validation loader draws its workers' seed from torch's generator once,
+    at its first validation: the resumed trial drew it again after its checkpoint, and its
+    values went their own way an epoch later (audit 80)."""
+    def seeded():
+        data = PersistentLoaders(item_seconds=0.0)
+        pl.seed_everything(7, workers=True, verbose=False)
+        return MLPClassifier(input_shape=data.input_shape, num_classes=data.num_classes, dropout=0.3), data
+
+    straight = reports_of(tmp_path / "straight", *seeded(), epochs=4)
+    reports_of(tmp_path / "stopped", *seeded(), epochs=2)
+    checkpoint = tmp_path / "stopped" / "trial" / "checkpoints" / "epoch-0001.ckpt"
+    resumed = reports_of(tmp_path / "stopped", *seeded(), epochs=4, resume_from=str(checkpoint), reports_expected=3,
+                         known_epochs=2)
+    assert [(r["epoch"], r["val_loss"]) for r in resumed] == [(r["epoch"], r["val_loss"]) for r in straight[1:]]
+
+
 def test_a_resumed_trial_first_reports_again_the_epoch_its_checkpoint_holds(tmp_path):
     # An epoch's checkpoint is written before its report: a trial paused in between (Ctrl+C,
     # SIGTERM) continued from an epoch the study never heard of, which ASHA never judged.
