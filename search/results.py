@@ -66,7 +66,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         "device": row.get("device") or None,
         "precision": row.get("precision") or None,
         "params": params,
-        "config": resolved_config(config, params),
+        "config": resolved_config(config, params, row),
         "checkpoint": str(checkpoint) if checkpoint.exists() else None,
         "checkpoint_uri": join_uri(mirror.uri, str(checkpoint.relative_to(exp.root)))
         if mirror is not None and checkpoint.exists() else None,
@@ -157,12 +157,20 @@ def sampled_params(config: ExperimentConfig, exp: ExperimentDir, number: int) ->
     return dict(open_study(exp.root, config.name, config.mode).trials[number].params)
 
 
-def resolved_config(config: ExperimentConfig, params: dict[str, Any]) -> dict[str, Any]:
-    """The experiment with the sampled values merged in: what the best trial actually ran."""
+def resolved_config(config: ExperimentConfig, params: dict[str, Any],
+                    row: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The experiment with the sampled values merged in: what the best trial actually ran,
+    with the loader workers and pinned memory it had where ``row`` (its trials.csv row)
+    recorded them: "auto" left a retraining by README's recipe to guess, and another
+    worker count draws other seeds (audit 80)."""
     resolved = config.model_dump(mode="json", exclude={"space", "search", "storage"})
     for section in ("model", "data"):
         resolved[section]["init_args"].update(config.params_for(section, params))
     resolved["trainer"] = config.with_trainer_params(params).model_dump(mode="json")
+    for setting in ("num_workers", "pin_memory"):
+        used = (row or {}).get(setting)
+        if used not in (None, ""):
+            resolved["loader"][setting] = int(used) if setting == "num_workers" else str(used) == "True"
     return resolved
 
 

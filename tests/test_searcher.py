@@ -188,7 +188,8 @@ def test_best_json_gives_the_values_exactly_as_sampled(tmp_path, example_config)
     sampled = searcher.suggest("a")["params"]
     searcher.on_trial_complete("a", result(1, 0.9, finished=True, reason="max_epochs"))
     table = TrialsTable(config.metric, config.mode, list(config.space))
-    table.row(0).update(state="COMPLETE", best=0.9, device="cpu", precision="bf16-mixed", **sampled)
+    table.row(0).update(state="COMPLETE", best=0.9, device="cpu", precision="bf16-mixed", num_workers=1,
+                        pin_memory=False, **sampled)
     table.save(tmp_path / "trials.csv")
     assert TrialsTable.load(tmp_path / "trials.csv", config.metric, config.mode, list(config.space)).rows[0] \
         .get("data.split_seed") == "007"  # read back as written, no longer as the number 7
@@ -197,6 +198,8 @@ def test_best_json_gives_the_values_exactly_as_sampled(tmp_path, example_config)
     assert best["params"] == sampled == json.loads((tmp_path / "best.json").read_text())["params"]
     assert sampled["model.optimizer"] is None and sampled["data.split_seed"] == "007"
     assert best["config"]["data"]["init_args"]["split_seed"] == "007"
+    # the loader it had, not "auto": another worker count draws other seeds (audit 80)
+    assert (best["config"]["loader"]["num_workers"], best["config"]["loader"]["pin_memory"]) == (1, False)
     assert best["ahead"] is None
     assert (best["device"], best["precision"]) == ("cpu", "bf16-mixed")  # what it ran with (audit 33)
     # A pruned trial that scored better is named in best.json, though it is not the best (audit 33).
