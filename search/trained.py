@@ -30,6 +30,9 @@ class LoadedTrial:
     params: dict[str, Any]  # its sampled values, exactly as sampled
     value: float | None  # its best value of the study's metric
     checkpoint: Path  # the best.ckpt its weights are from
+    # what it ran in (trials.csv's precision, e.g. "bf16-mixed"): its values are of that
+    # precision, and a Trainer of another gives others (audit 80); None if not recorded
+    precision: str | None = None
 
 
 def load_trial(experiment_dir: str | Path, trial: int | None = None, *, map_location: Any = "cpu") -> LoadedTrial:
@@ -78,7 +81,8 @@ def _loaded(experiment_dir: str | Path, trial: int | None, map_location: Any) ->
     params = dict(existing_study(exp.root, config.name, repair=False).trials[number].params)
     model, datamodule = _built_with_weights(config, params, checkpoint, map_location, exp, trained_seed(row))
     value = row.get("best")
-    return LoadedTrial(model, datamodule, number, params, None if value in (None, "") else float(value), checkpoint)
+    return LoadedTrial(model, datamodule, number, params, None if value in (None, "") else float(value), checkpoint,
+                       row.get("precision") or None)
 
 
 def _numbers(rows: dict[int, Any]) -> str:

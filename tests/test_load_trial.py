@@ -38,6 +38,7 @@ def test_the_best_trials_model_scores_on_the_test_split_what_its_evaluation_did(
     # by a NumPy number, as a pandas table of result.trials gives it: refused as no int (audit 51)
     assert hpsearch.load_trial(exp_dir, numpy.int64(best["trial"])).trial == best["trial"]
     assert not loaded.model.training and loaded.checkpoint.name == "best.ckpt"
+    assert loaded.precision == best["precision"]  # what its values are of (audit 80)
     assert loaded.model.hparams["lr"] == best["params"]["model.lr"]  # built with its sampled values
     loaded.datamodule.setup("test")
     assert accuracy_on_test_split(loaded) == pytest.approx(best["test_metrics"]["test_acc"], abs=1e-6)
