@@ -1234,6 +1234,11 @@ def _trials_in_a_process(tmp_path: Path, example_config: dict, loop: str):
                                   timeout=300)
 
 
+def _reports_printed(done) -> list[dict]:
+    """The last reports a script of ``_trials_in_a_process`` printed, one "REPORT {json}" line each."""
+    return [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+
+
 def test_a_datamodule_that_cannot_read_a_file_in_its_constructor_fails_its_trial_at_once(example_config, tmp_path):
     """``UnreadableDataFile`` from a constructor was retried, as any OSError there is, though
     README promised a DataModule may raise it to end its trial (audit 50); an I/O error is
@@ -1260,8 +1265,7 @@ def test_a_datamodule_that_cannot_read_a_file_in_its_constructor_fails_its_trial
                 print("RAISED", type(exc).__name__, exc)
     """)
     assert done.returncode == 0, done.stdout + done.stderr
-    [report] = [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines()
-                if line.startswith("REPORT ")]
+    [report] = _reports_printed(done)
     # named by the user's line, its traceback kept, as a fault in training is (audit 61: neither)
     traceback = tmp_path / "study" / "trials" / "trial_0000" / "error.txt"
     assert report[FINISHED] and report[FAILURE] == (
@@ -1287,8 +1291,7 @@ def test_a_trial_whose_training_loader_gives_no_batch_fails_saying_so(example_co
         print("REPORT", json.dumps(reports[-1], default=str))
     """)
     assert done.returncode == 0, done.stdout + done.stderr
-    [report] = [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines()
-                if line.startswith("REPORT ")]
+    [report] = _reports_printed(done)
     assert report[FINISHED] and report[FAILURE].startswith(
         "the training DataLoader gave no batch: a batch size larger than the training split with drop_last"), report
 
@@ -1420,7 +1423,7 @@ def test_a_trial_whose_code_calls_sys_exit_fails_with_that_reason_and_recorded_i
             print("SEEDED", os.environ.get("PL_GLOBAL_SEED"))
     """)
     assert done.returncode == 0, done.stdout + done.stderr  # the worker lives on, for the next trial
-    lasts = [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    lasts = _reports_printed(done)
     assert len(lasts) == 2, done.stdout + done.stderr  # the second trial ended too, and the worker lived on
     # a trial trains with the seed its config carries, else the one the study's seed gives it
     from hpsearch.search.seeding import training_seed
