@@ -829,7 +829,8 @@ def test_init_args_too_deep_for_experiment_yaml_are_refused_naming_the_argument(
     ("val_mape", "max", "mode: max searches for the highest val_mape, which is usually minimized; set mode: min"),
     ("val_r2", "max", None), ("val_smape", "min", None),
     # a loss or an error word says it, wherever it stands (audits 76 and 79)
-    ("val_top1_err", "max", "mode: max searches for the highest val_top1_err, which is usually minimized; set mode: min"),
+    ("val_top1_err", "max",
+     "mode: max searches for the highest val_top1_err, which is usually minimized; set mode: min"),
     ("val_r2_loss", "max", "mode: max searches for the highest val_r2_loss, which is usually minimized; set mode: min"),
     ("val/decode.loss_dice", "min", None), ("val_err_top1", "min", None), ("val_loss_iou", "min", None),
 ])

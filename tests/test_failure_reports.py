@@ -443,7 +443,8 @@ def test_a_ranks_own_error_is_the_trials_not_the_lost_connection_its_peer_met(tm
           "training_step\nConnectionResetError: [Errno 104] Connection reset by peer\n"
     trial = error_file(tmp_path, own)
     trial.config = {"hps_trial_number": 0}
-    assert last_error_line(trial, ExperimentDir(tmp_path)) == "ConnectionResetError: [Errno 104] Connection reset by peer"
+    said = last_error_line(trial, ExperimentDir(tmp_path))
+    assert said == "ConnectionResetError: [Errno 104] Connection reset by peer", said
 
 
 def test_a_rank_hung_in_a_collective_is_not_said_to_hang_in_tensorboard(tmp_path):

@@ -1236,7 +1236,8 @@ def _trials_in_a_process(tmp_path: Path, example_config: dict, loop: str):
 
 def _reports_printed(done) -> list[dict]:
     """The last reports a script of ``_trials_in_a_process`` printed, one "REPORT {json}" line each."""
-    return [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    return [json.loads(line.removeprefix("REPORT ")) for line in done.stdout.splitlines()
+            if line.startswith("REPORT ")]
 
 
 def test_a_datamodule_that_cannot_read_a_file_in_its_constructor_fails_its_trial_at_once(example_config, tmp_path):
@@ -1287,7 +1288,8 @@ def test_a_trial_whose_training_loader_gives_no_batch_fails_saying_so(example_co
     example_config["data"]["class_path"] = "empty_data:DropsEveryBatch"
     _, done = _trials_in_a_process(tmp_path, example_config, """
         trial_module.train_trial({"params": {"model.lr": 0.01, "model.channels": 8, "data.batch_size": 64},
-                                  TRIAL_NUMBER: 0}, experiment=json.load(open("experiment.json")), experiment_dir="study")
+                                  TRIAL_NUMBER: 0}, experiment=json.load(open("experiment.json")),
+                                 experiment_dir="study")
         print("REPORT", json.dumps(reports[-1], default=str))
     """)
     assert done.returncode == 0, done.stdout + done.stderr
