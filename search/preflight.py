@@ -494,12 +494,13 @@ def _limits_at_the_largest_batch_sizes(config: ExperimentConfig, values: dict[st
     """``_limits_leave_batches`` at the largest value of each searched data argument named
     for a batch size, conditional ones too: the preflight trained at one, and a fraction
     that left batches at 32 left none at 256 (audit 69); and a training loader that gives
-    no batch there (``drop_last`` with a batch larger than the split: audit 77). Measured as the DataModule, built
-    and set up with it, gives its loaders (a fixed ``eval_batch_size``, a sampler that
-    draws more samples than the data holds: audit 70); a DataModule that cannot be so
-    asked is left to the trials. Built only where it can matter: a fraction of the batches
-    is set or searched, or the training loader may drop batches (``may_drop_batches``); a
-    DataModule whose setup takes seconds paid them again at every check (audit 79)."""
+    no batch there (``drop_last`` with a batch larger than the split: audit 77). Measured
+    as the DataModule, built and set up with it, gives its loaders (a fixed
+    ``eval_batch_size``, a sampler that draws more samples than the data holds: audit 70);
+    a DataModule that cannot be so asked is left to the trials. Built only where it can
+    matter: a fraction of the batches is set or searched, or the training loader may drop
+    batches (``may_drop_batches``); a DataModule whose setup takes seconds paid them again
+    at every check (audit 79)."""
     limited = {name for name in ("limit_train_batches", "limit_val_batches")
                if _is_fraction(getattr(config.trainer, name)) or f"trainer.{name}" in config.space}
     if not limited and not may_drop_batches:
