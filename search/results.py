@@ -9,7 +9,7 @@ from .config import ExperimentConfig
 from .errors import HpsearchError, exception_chain, own_line
 from .experiment import TRIAL_SETTINGS, ExperimentDir, trial_name, write_json
 from .checkpoints import BEST_CHECKPOINT, checkpoint_dir, epochs_trained
-from .storage import Mirror, join_uri
+from .storage import Mirror
 from .trials_table import TrialsTable
 
 
@@ -68,8 +68,7 @@ def finalize(config: ExperimentConfig, exp: ExperimentDir, mirror: Mirror | None
         "params": params,
         "config": resolved_config(config, params, row),
         "checkpoint": str(checkpoint) if checkpoint.exists() else None,
-        "checkpoint_uri": join_uri(mirror.uri, str(checkpoint.relative_to(exp.root)))
-        if mirror is not None and checkpoint.exists() else None,
+        "checkpoint_uri": mirror.address_of(checkpoint) if mirror is not None and checkpoint.exists() else None,
         "test_metrics": test_metrics,
         "test_error": test_error,  # why the evaluation failed; hpsearch resume runs it again
         # a pruned or failed trial that scored better: not a candidate (TrialsTable.best_row), but said

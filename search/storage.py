@@ -128,6 +128,11 @@ class Mirror:
             raise StorageError(f"cannot open storage {self.uri!r}: {exc}") from None
         return filesystem, base.rstrip("/")
 
+    def address_of(self, path: Path) -> str:
+        """Where a file or folder of the working copy lives in storage: what a message names
+        (the working copy is a folder the user never made)."""
+        return join_uri(self.uri, path.relative_to(self.local).as_posix())
+
     def exists(self, relative: str = "experiment.yaml") -> bool:
         import pyarrow.fs as pafs
 

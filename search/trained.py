@@ -57,14 +57,14 @@ def _loaded(experiment_dir: str | Path, trial: int | None, map_location: Any) ->
     from .experiment import TRIAL_SETTINGS, trial_name
     from .results import trained_seed, trained_with
     from .searcher import existing_study
-    from .storage import StudyHome, join_uri
+    from .storage import StudyHome, study_address
     from .trials_table import TrialsTable
 
     exp, mirror = StudyHome.existing(experiment_dir)
     config = load_config(exp.config_file, stored=True)
     table = TrialsTable.load(exp.trials_csv, config.metric, config.mode, list(config.space))
     row = table.best_row() if trial is None else table.rows.get(trial)
-    study = mirror.uri if mirror is not None else exp.root  # a URI study's errors named its working copy
+    study = study_address(exp.root)  # a URI study's errors named its working copy
     if row is None:
         raise HpsearchError(f"{study}: no trial has finished with a result yet" if trial is None else
                             f"{study} has no trial {trial} (its trials: {_numbers(table.rows)})")
@@ -73,7 +73,7 @@ def _loaded(experiment_dir: str | Path, trial: int | None, map_location: Any) ->
         mirror.pull(f"trials/{trial_name(number)}/checkpoints/{BEST_CHECKPOINT}",
                     f"trials/{trial_name(number)}/{TRIAL_SETTINGS}")
     checkpoint = checkpoint_dir(exp.trial_dir(trial_name(number))) / BEST_CHECKPOINT
-    shown = join_uri(mirror.uri, str(checkpoint.relative_to(exp.root))) if mirror is not None else checkpoint
+    shown = mirror.address_of(checkpoint) if mirror is not None else checkpoint
     _check_loadable(checkpoint, shown, number, row, config.search.keep_checkpoints)
     config = trained_with(config, exp, number)
     # read as a reader: a search may be running on the study, and its journal is its own

@@ -19,7 +19,7 @@ from .experiment import STUDY_FILE, TRIAL_TRACEBACK, ExperimentDir, trial_name
 from .journal_reader import one_trial
 from .status_view import num_workers_setting, starved_advice
 from .outcome import FIRST_TRIAL, best_of
-from .storage import join_uri, study_address
+from .storage import study_address
 from .study_lock import search_runs
 from .trial_watch import CRASH_FILE, written_accounts
 from .trials_table import read_rows
@@ -71,7 +71,7 @@ def print_trial(exp: ExperimentDir, number: int, console: Console, mirror: Mirro
         mirror.pull(*trial_files(number, row))
     checkpoint = f"trials/{trial_name(number)}/checkpoints/best.ckpt"
     kept = (exp.root / checkpoint).exists() or (mirror is not None and mirror.exists(checkpoint))
-    shown = join_uri(mirror.uri, f"trials/{trial_name(number)}") if mirror is not None else folder
+    shown = mirror.address_of(folder) if mirror is not None else folder
     line("folder", f"{shown}{_files(folder, kept)}")
     runs = sorted(p.name for p in exp.tensorboard_dir.glob(f"{trial_name(number)}*") if p.is_dir())
     if runs:
