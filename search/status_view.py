@@ -44,7 +44,7 @@ PRUNED_NOT_CANDIDATES = ("a pruned trial is the best only when none completed (O
 FAILED_NOT_CANDIDATES = "a failed trial is never the best (a later epoch of it failed: its reason says why)"
 
 
-def ahead_of_best(ahead: dict[str, Any], metric: str, value: Any) -> str:
+def ahead_note(ahead: dict[str, Any], metric: str, value: Any) -> str:
     """The words for a pruned or failed trial that scored better than the best, and why it
     is not the best; ``ahead``: best.json's ``ahead`` or a trials.csv row (with its value
     as ``value``). A best.json of before 2026-12-07 names only a pruned one, as
@@ -196,7 +196,7 @@ def _summary_line(rows: list[dict[str, Any]], best: dict[str, Any] | None, ahead
     if best is not None:
         line += f"; best {metric} = {_fmt(best.get('best'))} (trial {best['trial']})"
         if ahead is not None:
-            line += f"; {ahead_of_best(ahead, metric, float(ahead['best']))}"
+            line += f"; {ahead_note(ahead, metric, float(ahead['best']))}"
     # A trial not ended is not the study's best yet (the test evaluation takes ended ones),
     # but its better value so far is worth a word: the line seemed to skip it (audit 21, D4).
     going = [row for row in rows if row.get("state") in ("RUNNING", "PAUSED") and has_value(row)]
@@ -232,7 +232,7 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
         console.print(f"  checkpoint: {best['checkpoint']}", markup=False)
     ahead = best.get("ahead") or best.get("pruned_ahead")
     if ahead:
-        console.print(f"  {ahead_of_best(ahead, best['metric'], ahead['value'])}", markup=False, soft_wrap=True)
+        console.print(f"  {ahead_note(ahead, best['metric'], ahead['value'])}", markup=False, soft_wrap=True)
 
 
 def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: list[str],
