@@ -87,20 +87,27 @@ def loader_setting_warnings(loader: LoaderConfig, resources: ResourcesConfig,
                       f"holds (resources.cpus_per_{'worker' if resources.workers_per_trial > 1 else 'trial'})")
 
 
-def loader_in_use(loaders: Any) -> dict[str, Any]:
-    """What the trial's training DataLoaders (as Lightning holds them: one, or a list or
-    mapping of them) actually use, for trials.csv: their worker processes together, and
-    whether batches are pinned (torch pins only where an accelerator exists). hpsearch's
-    own options may not be what ran: a DataModule may fix its own ``num_workers``, or not
-    pass hpsearch's on."""
+def training_loaders(loaders: Any) -> list:
+    """The DataLoaders among a trial's training loaders as Lightning holds them (one, or a
+    list or mapping of them, or a CombinedLoader)."""
     from pytorch_lightning.utilities import CombinedLoader
     from torch.utils.data import DataLoader
 
     combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders)  # Lightning's flattening
-    found = [leaf for leaf in combined.flattened if isinstance(leaf, DataLoader)]
+    return [leaf for leaf in combined.flattened if isinstance(leaf, DataLoader)]
+
+
+def loader_in_use(loaders: Any) -> dict[str, Any]:
+    """What the trial's training DataLoaders actually use, for trials.csv: the worker count
+    of one (the most any has: a DataModule passing its ``num_workers`` on gives each as many,
+    and their sum put in best.json's config gave a retraining twice the workers, other seeds),
+    and whether batches are pinned (torch pins only where an accelerator exists). hpsearch's
+    own options may not be what ran: a DataModule may fix its own ``num_workers``, or not
+    pass hpsearch's on."""
+    found = training_loaders(loaders)
     if not found:
         return {}
-    return {"hps_num_workers": sum(int(dl.num_workers) for dl in found),
+    return {"hps_num_workers": max(int(dl.num_workers) for dl in found),
             "hps_pin_memory": any(dl.pin_memory for dl in found) and _pinning_possible()}
 
 

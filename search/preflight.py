@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 from .components import build_datamodule, build_model, innermost_user_frame, raised_at, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
-from .devices import loader_in_use, loader_options, resolve_precision
+from .devices import loader_options, resolve_precision, training_loaders
 from .errors import NO_TRAINING_BATCH, ConfigError, warn_user
 from .lightning_trainer import ctrl_c_interrupts, lightning_quieted
 from .space import sampled_only, with_value
@@ -278,12 +278,15 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             self.before_validation: dict = {}
             self.batches: dict = {}  # the trials' loaders' lengths, by the limit setting that cuts them
             self.trained = 0  # training batches run
-            self.loader_workers, self.iterable, self.train_dataset = 0, False, None  # of the training DataLoader
+            self.loader_workers = self.most_loader_workers = 0  # of the training DataLoaders: all, one's most
+            self.iterable, self.train_dataset = False, None
             self.may_drop_batches = True
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.batches["limit_train_batches"] = _length(trainer.train_dataloader)
-            self.loader_workers = loader_in_use(trainer.train_dataloader).get("hps_num_workers", 0)
+            loaders = training_loaders(trainer.train_dataloader)
+            self.loader_workers = sum(int(loader.num_workers) for loader in loaders)  # processes beside training
+            self.most_loader_workers = max((int(loader.num_workers) for loader in loaders), default=0)
             self.train_dataset = getattr(trainer.train_dataloader, "dataset", None)
             self.iterable = isinstance(self.train_dataset, torch.utils.data.IterableDataset)
             self.may_drop_batches = _may_drop_batches(trainer.train_dataloader)
@@ -355,7 +358,8 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
     if blame is None:  # the preflight's own values, once
         _warn_of_loader_workers_of_its_own(config, data_class, watch.loader_workers)
         if watch.iterable:
-            _warn_of_an_iterable_read_by_every_worker(config, data_class, watch.train_dataset, watch.loader_workers)
+            _warn_of_an_iterable_read_by_every_worker(config, data_class, watch.train_dataset,
+                                                      watch.most_loader_workers)
     return watch
 
 

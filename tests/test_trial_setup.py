@@ -146,9 +146,12 @@ def test_trials_csv_gets_what_the_training_dataloaders_use_not_hpsearchs_options
     own = DataLoader(data, batch_size=4, num_workers=1, pin_memory=True)
     pinned = torch.cuda.is_available()
     assert loader_in_use(own) == {"hps_num_workers": 1, "hps_pin_memory": pinned}
+    # several: the count of one, which best.json's loader.num_workers gives each in a retraining
     several = {"a": own, "b": [DataLoader(data, num_workers=2)]}
-    assert loader_in_use(several) == {"hps_num_workers": 3, "hps_pin_memory": pinned}
-    assert loader_in_use(CombinedLoader(several, "max_size_cycle"))["hps_num_workers"] == 3
+    assert loader_in_use(several) == {"hps_num_workers": 2, "hps_pin_memory": pinned}
+    assert loader_in_use(CombinedLoader(several, "max_size_cycle"))["hps_num_workers"] == 2
+    alike = [DataLoader(data, num_workers=2), DataLoader(data, num_workers=2)]
+    assert loader_in_use(alike)["hps_num_workers"] == 2
     assert loader_in_use(iter([1, 2])) == {}  # not a DataLoader: nothing to say
 
 
