@@ -348,7 +348,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             # may have been given a bad value of the space (channels 0, audit 36).
             searched = "" if field.startswith("space.") else _searched(config, params)
             raise ConfigError([config.problem(field, f"{watch.phase} failed{in_precision}: {type(exc).__name__}: "
-                                                     f"{exc}{_relative_path_note(exc)}{_at(exc)}"
+                                                     f"{exc}{_relative_path_note(exc)}{_label_note(exc)}{_at(exc)}"
                                                      f"{'; it ran' + searched if searched else ''}")]) from None
     if watch.trained == 0:  # no validation ran either: the metric was blamed (audit 77)
         raise ConfigError([config.problem(blame or _batch_size_field(config),
@@ -576,6 +576,8 @@ def _field_at_fault(config: ExperimentConfig, exc: Exception, params: dict[str, 
         for section in ("data", "model"):
             if (field := _argument_named(config, section, exc, params)) != f"{section}.init_args":
                 return field
+    if (class_count := _class_count_field(config, exc, params)) is not None:
+        return class_count
     mentioned = _arguments_mentioned(config, exc, params)
     if len(mentioned) == 1:
         return mentioned[0]
@@ -621,6 +623,36 @@ def _at(exc: Exception) -> str:
     """Where in the user's code ``exc`` was raised, as trials say it: `` (at file:line in fn)``."""
     where = raised_at(exc)
     return f" (at {where})" if where else ""
+
+
+# torch's cross_entropy and nll_loss for a label at or beyond the model's output size
+_LABEL_OUT_OF_RANGE = re.compile(r"Target (-?\d+) is out of bounds")
+_CLASS_COUNT = re.compile(r"(num_|n_)?(classes|labels)|num_outputs|output_size|out_features")
+
+
+def _class_count_field(config: ExperimentConfig, exc: Exception, params: dict[str, Any]) -> str | None:
+    """The model's class count, set or searched, for a label beyond it: the error names
+    no argument, and ``num_classes: 5`` on 10-class data was blamed on ``model.class_path``."""
+    found = _LABEL_OUT_OF_RANGE.search(str(exc))
+    if found is None or int(found.group(1)) < 0:
+        return None
+    searched = config.params_for("model", params)
+    for name in [*searched, *config.model.init_args]:
+        if _CLASS_COUNT.fullmatch(name):
+            return f"space.model.{name}" if name in searched else f"model.init_args.{name}"
+    return None
+
+
+def _label_note(exc: Exception) -> str:
+    """For a label the loss cannot take: what it means in the user's terms."""
+    found = _LABEL_OUT_OF_RANGE.search(str(exc))
+    if found is None:
+        return ""
+    label = int(found.group(1))
+    if label < 0:
+        return f" (a batch holds the label {label}: class labels count from 0)"
+    return (f" (a batch holds the label {label}, and the model's output has fewer classes: give the model as many "
+            f"classes as the data holds, at least {label + 1})")
 
 
 def _relative_path_note(exc: Exception) -> str:

@@ -1651,6 +1651,18 @@ def test_a_value_the_set_up_refuses_by_name_and_value_is_blamed_on_its_argument(
     assert problem.field == "model.init_args.weight_decay" and "Invalid weight_decay value: -0.0001" in problem.message
 
 
+def test_a_class_count_below_the_datas_labels_is_blamed_on_that_argument_and_says_how_many(example_config):
+    """torch's "Target 9 is out of bounds" names no argument: ``num_classes: 5`` on the
+    10-class digits was blamed on model.class_path."""
+    example_config["model"]["init_args"]["num_classes"] = 5
+    config = load_config(example_config)
+    with pytest.raises(ConfigError) as caught:
+        run_preflight(config, *check_components(config))
+    [problem] = caught.value.problems
+    assert problem.field == "model.init_args.num_classes", problem.message
+    assert re.search(r"holds the label \d, and the model's output has fewer classes.*at least \d+", problem.message)
+
+
 def test_a_whole_number_is_blamed_where_it_stands_alone_not_where_a_shape_holds_it(example_config):
     """Tensors of shape (8, 8) in a model of 8 channels: the convolution's error says
     "channels" and holds an 8, and ``channels`` was blamed (audit 71)."""
