@@ -212,7 +212,7 @@ class TuneReporter(pl.Callback):
         self._validated_epoch: dict[str, Any] | None = None
         self._checkpointed_epoch: dict[str, Any] | None = None
         self._earlier_epochs: list[dict[str, Any]] = []  # every validated epoch before the newest, alike
-        self._ranks_compared = False  # see _compare_ranks_metric
+        self._ranks_differed = False  # see _compare_ranks_metric
 
     def state_dict(self) -> dict[str, Any]:
         """What an epoch's checkpoint keeps of this callback: that epoch's validated metrics,
@@ -378,16 +378,19 @@ class TuneReporter(pl.Callback):
                 "trained_with": {key: self.static_fields[key] for key in TRAINED_WITH if key in self.static_fields}}
 
     def _compare_ranks_metric(self, trainer: pl.Trainer, pl_module, value: float) -> None:
-        """Once a trial, under DDP: whether the ranks agree on the search metric. Logged
-        without ``sync_dist=True``, each rank's value is its own shard's, and rank 0's alone
-        is reported, so trials would be compared on part of the validation data; the trial's
-        notes (console, trials.csv) then say so. One all-gather of one number, on every rank."""
-        if trainer.world_size < 2 or self._ranks_compared:
+        """Under DDP, at each validation until they first differ: whether the ranks agree on
+        the search metric. Logged without ``sync_dist=True``, each rank's value is its own
+        shard's, and rank 0's alone is reported, so trials would be compared on part of the
+        validation data; the trial's notes (console, trials.csv) then say so. Ranks may agree
+        at first (a few classes, equal shards) and part later: compared at the first
+        validation only, they went unnoted (audit 82). One all-gather of one number, on
+        every rank, each rank deciding alike from the same gathered values."""
+        if trainer.world_size < 2 or self._ranks_differed:
             return
-        self._ranks_compared = True
         values = trainer.strategy.all_gather(torch.tensor(value, dtype=torch.float64, device=pl_module.device))
         low, high = float(values.min()), float(values.max())
         if high - low > 1e-6 * max(1.0, abs(high), abs(low)):
+            self._ranks_differed = True
             note = (f"{self.metric} differs between the {trainer.world_size} ranks ({low:.4g} to {high:.4g}): "
                     f"log it with sync_dist=True, or rank 0's share of the validation data alone decides")
             self.static_fields["hps_notes"] = "; ".join(filter(None, (self.static_fields.get("hps_notes"), note)))

@@ -385,7 +385,7 @@ class ProgressDisplay(Callback):
         self.started = time.monotonic()
         self.console = None
         self._live = None
-        self._noted: set[str] = set()
+        self._noted: dict[str, str] = {}  # each trial's notes said so far
         self._summary_said_at = -math.inf
         self._ended_before = 0  # by earlier sessions of the study, counted as this one starts
 
@@ -429,14 +429,17 @@ class ProgressDisplay(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         notes = result.get("hps_notes")
-        if notes and trial.trial_id not in self._noted:
-            # Said once per trial (every report carries them): e.g. a damaged checkpoint set aside.
-            self._noted.add(trial.trial_id)
-            self._say(f"trial {trial.config[TRIAL_NUMBER]}: {notes}")
+        said = self._noted.get(trial.trial_id, "")
+        if notes and notes != said:
+            # Each note said once (every report carries them all): e.g. a damaged checkpoint set
+            # aside at the start, ranks found to disagree on the metric at a later epoch.
+            self._noted[trial.trial_id] = notes
+            new = notes[len(said):].lstrip("; ") if notes.startswith(said) else notes
+            self._say(f"trial {trial.config[TRIAL_NUMBER]}: {new}")
         self._refresh()
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        self._noted.discard(trial.trial_id)  # a retry says its own notes
+        self._noted.pop(trial.trial_id, None)  # a retry says its own notes
         self._refresh()
 
     def on_step_end(self, iteration, trials, **info) -> None:

@@ -1551,6 +1551,27 @@ def test_a_log_gets_the_summary_every_30_s_while_no_trial_ends(tmp_path, capsys)
     assert len(lines) == 1 and "0/4 done" in lines[0] and "1 running" in lines[0], lines
 
 
+def test_a_note_a_trial_gets_at_a_later_epoch_is_said_too_and_each_note_once(tmp_path, capsys):
+    """Every report carries all of a trial's notes; one that came at a later epoch (DDP
+    ranks found to disagree) after one said at the start went unsaid (audit 82)."""
+    from types import SimpleNamespace
+
+    from hpsearch.search.experiment import ExperimentDir
+    from hpsearch.search.outcome import TRIAL_NUMBER
+    from hpsearch.search.trials_table import TrialsTable
+    from hpsearch.search.tune_callbacks import ProgressDisplay
+
+    display = ProgressDisplay(TrialsTable("val_acc", "max", []), 4, ExperimentDir.create(str(tmp_path), "study"))
+    display.setup()
+    capsys.readouterr()
+    trial = SimpleNamespace(trial_id="a", config={TRIAL_NUMBER: 3})
+    for notes in ("checkpoint set aside", "checkpoint set aside", "checkpoint set aside; ranks differ",
+                  "checkpoint set aside; ranks differ"):
+        display.on_trial_result(1, [], trial, {"hps_notes": notes})
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trial 3")]
+    assert said == ["trial 3: checkpoint set aside", "trial 3: ranks differ"], said
+
+
 def test_the_summary_says_about_how_long_the_session_has_left(tmp_path, monkeypatch):
     """At the pace this session has ended trials (a resumed study's earlier ones not
     counted), once it has ended two; the time budget's rest when that ends first."""

@@ -773,15 +773,18 @@ def test_gpu_work_still_queued_at_a_phase_end_is_counted_in_that_phase(monkeypat
     assert len(waited) == 2
 
 
-@pytest.mark.parametrize("rank_values,noted", [((0.5, 0.5), False), ((0.5, 0.75), True)])
-def test_ddp_ranks_that_disagree_on_the_search_metric_get_a_note(rank_values, noted):
+@pytest.mark.parametrize("by_epoch,noted", [([(0.5, 0.5)] * 3, False), ([(0.5, 0.75)] * 3, True),
+                                             ([(0.5, 0.5), (0.5, 0.75), (0.6, 0.8)], True)])
+def test_ddp_ranks_that_disagree_on_the_search_metric_get_a_note(by_epoch, noted):
     """Without sync_dist=True, each DDP rank logs its own shard's metric and rank 0's alone
-    is reported: the trial's notes say so, once. (The DDP search's trials, which sync, get none.)"""
+    is reported: the trial's notes say so, once, at whichever validation the ranks first
+    differ (compared at the first only, ranks that agreed there and parted later went
+    unnoted: audit 82). (The DDP search's trials, which sync, get none.)"""
     from types import SimpleNamespace
 
     from hpsearch.search.reporting import TuneReporter
 
-    gathered = []
+    gathered, epochs = [], iter(by_epoch)
 
     def all_gather(value):
         gathered.append(float(value))
@@ -789,17 +792,20 @@ def test_ddp_ranks_that_disagree_on_the_search_metric_get_a_note(rank_values, no
 
     reporter = TuneReporter("val_acc", "max", 3, report=lambda metrics: None, static_fields={"hps_notes": ""})
     trainer = SimpleNamespace(global_step=4, current_epoch=0, sanity_checking=False, world_size=2, global_rank=0,
-                              callback_metrics={"val_acc": torch.tensor(rank_values[0])},
-                              strategy=SimpleNamespace(all_gather=all_gather),
+                              callback_metrics={}, strategy=SimpleNamespace(all_gather=all_gather),
                               lightning_module=SimpleNamespace(automatic_optimization=True))
     module = SimpleNamespace(device=torch.device("cpu"))
-    for _ in range(2):
+    for rank_values in epochs:
         reporter.on_validation_start(trainer, module)
         trainer.callback_metrics = {"val_acc": torch.tensor(rank_values[0])}  # logged by the validation
         reporter.on_validation_end(trainer, module)
-    assert gathered == [rank_values[0]]  # compared once a trial, not every epoch
+    first_difference = next((i for i, values in enumerate(by_epoch) if values[0] != values[1]), len(by_epoch) - 1)
+    assert gathered == [values[0] for values in by_epoch[:first_difference + 1]]  # not compared once they differ
     notes = reporter.static_fields["hps_notes"]
-    assert ("val_acc differs between the 2 ranks (0.5 to 0.75): log it with sync_dist=True" in notes) is noted, notes
+    low, high = next((values for values in by_epoch if values[0] != values[1]), (0.5, 0.75))
+    assert (f"val_acc differs between the 2 ranks ({low:.4g} to {high:.4g}): log it with sync_dist=True"
+            in notes) is noted, notes
+    assert notes.count("differs between") == int(noted)
 
 
 def test_evaluation_keeps_no_autograd_graph_and_the_final_test_runs_in_inference_mode(tmp_path, monkeypatch):
