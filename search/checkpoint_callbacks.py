@@ -162,7 +162,10 @@ class ModelCheckpointsInTrialDir(pl.Callback):
     Lightning's default is beside the logger's files, so its checkpoints sat inside the
     study's ``tensorboard/`` folder; and the final evaluation's trainer, which logs
     elsewhere, resolved another folder, so restoring the callback's state from the best
-    checkpoint made Lightning warn that its folder had changed.
+    checkpoint made Lightning warn that its folder had changed. One that names a
+    ``dirpath`` gets a folder of that name inside it (``moved`` maps each): every trial,
+    and the preflight's, wrote the same file names into one folder, over each other's
+    (audit 82).
 
     It saves at the end of validation, just before hpsearch's own checkpoint callbacks,
     so that the epoch's checkpoint holds its state as of that epoch. By Lightning's default
@@ -177,6 +180,7 @@ class ModelCheckpointsInTrialDir(pl.Callback):
 
     def __init__(self, dirpath: Path) -> None:
         self.dirpath = dirpath
+        self.moved: dict[str, str] = {}  # a dirpath the model named: the trial's folder it got
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         users = [callback for callback in trainer.checkpoint_callbacks
@@ -184,6 +188,9 @@ class ModelCheckpointsInTrialDir(pl.Callback):
         for callback in users:
             if callback.dirpath is None:
                 callback.dirpath = str(self.dirpath)
+            elif not str(callback.dirpath).startswith(str(self.dirpath)):  # not set here before (a second fit)
+                named = str(callback.dirpath)
+                callback.dirpath = self.moved[named] = str(self.dirpath / (Path(named.rstrip("/")).name or "root"))
             if callback._save_on_train_epoch_end is None:  # Lightning's "decide at fit", its constructor's default
                 callback._save_on_train_epoch_end = False
         if users:

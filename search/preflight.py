@@ -20,8 +20,10 @@ import tempfile
 import time
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .checkpoint_callbacks import ModelCheckpointsInTrialDir
 from .components import build_datamodule, build_model, innermost_user_frame, raised_at, raised_by
 from .config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from .devices import loader_options, resolve_precision, training_loaders
@@ -324,6 +326,8 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
     watch, settings = Watch(), config.with_trainer_params(params)
     precision = preflight_precision(config, settings.precision)
     with tempfile.TemporaryDirectory(prefix="hpsearch-preflight-") as scratch, warnings.catch_warnings():
+        # the model's own ModelCheckpoint writes in the scratch folder, as a trial's in its own
+        own_checkpoints = ModelCheckpointsInTrialDir(Path(scratch) / "model_checkpoints")
         warnings.simplefilter("ignore")
         # A logger, as trials have: with one, Lightning also merges and logs the model's
         # and the DataModule's saved hyperparameters, and refuses a clash between them.
@@ -333,7 +337,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
                              limit_train_batches=2, limit_val_batches=1, limit_test_batches=1, num_sanity_val_steps=0,
                              gradient_clip_val=settings.gradient_clip_val,
                              accumulate_grad_batches=settings.accumulate_grad_batches,
-                             callbacks=[watch], default_root_dir=scratch)
+                             callbacks=[watch, own_checkpoints], default_root_dir=scratch)
         try:
             with ctrl_c_interrupts():
                 trainer.fit(model, datamodule=datamodule)
@@ -350,6 +354,10 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             raise ConfigError([config.problem(field, f"{watch.phase} failed{in_precision}: {type(exc).__name__}: "
                                                      f"{exc}{_relative_path_note(exc)}{_label_note(exc)}{_at(exc)}"
                                                      f"{'; it ran' + searched if searched else ''}")]) from None
+    for named in own_checkpoints.moved:
+        warn_user(f"{model_class.__name__}'s ModelCheckpoint names dirpath={named}, into which every trial would "
+                  f"write files of the same names, over each other's: each trial's go in its own "
+                  f"trials/trial_NNNN/model_checkpoints/{Path(own_checkpoints.moved[named]).name}/ instead")
     if watch.trained == 0:  # no validation ran either: the metric was blamed (audit 77)
         raise ConfigError([config.problem(blame or _batch_size_field(config),
                                           f"the training DataLoader gave no batch{_searched(config, params)}: "

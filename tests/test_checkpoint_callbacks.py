@@ -144,13 +144,33 @@ def test_a_models_own_checkpoint_keeps_its_top_k_across_a_resume(tmp_path, monke
     and wrote the epoch again beside it (``-v1``) when Lightning ran the epoch's end
     again: three files for ``save_top_k=1`` (audit 23)."""
     fit(tmp_path, [1.0, 3.0, 0.5], monkeypatch, own_checkpoint=True)
-    folder, own = tmp_path / "checkpoints", tmp_path / "own"
+    folder, own = tmp_path / "checkpoints", tmp_path / "model_checkpoints" / "own"
     [user_key] = [key for key in load(folder / "epoch-0001.ckpt")["callbacks"] if key.startswith("ModelCheckpoint")]
     assert load(folder / "epoch-0001.ckpt")["callbacks"][user_key]["best_model_score"] == 3.0  # its own epoch's
     # a fault in epoch 3 (index 2): the retry starts from epoch 2's (index 1) checkpoint
     fit(tmp_path, [1.0, 3.0, 0.5, 4.0], monkeypatch, resume_from=folder / "epoch-0001.ckpt", own_checkpoint=True)
     [kept] = own.iterdir()
     assert kept.name.startswith("epoch=3-"), kept.name
+
+def test_trials_whose_model_names_one_checkpoint_folder_each_write_into_a_folder_of_their_own(tmp_path, monkeypatch):
+    """Every trial's model named the same ``dirpath``: trials wrote files of the same names
+    into it, over each other's (audit 82). Each trial's go in its own model_checkpoints/."""
+    from types import SimpleNamespace
+
+    from hpsearch.search.checkpoint_callbacks import ModelCheckpointsInTrialDir
+
+    for trial in ("trial_0000", "trial_0001"):  # fit() names its ModelCheckpoint's folder tmp_path/trial/own
+        fit(tmp_path / trial, [1.0, 3.0], monkeypatch, own_checkpoint=True)
+        [kept] = (tmp_path / trial / "model_checkpoints" / "own").iterdir()
+        assert kept.name.startswith("epoch=1-"), kept.name
+        assert not (tmp_path / trial / "own").exists()
+    shared = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "shared"))
+    placed = ModelCheckpointsInTrialDir(tmp_path / "trial_0002" / "model_checkpoints")
+    for _ in range(2):  # a second fit of the trainer leaves it where it is
+        placed.setup(SimpleNamespace(checkpoint_callbacks=[shared], callbacks=[shared]), None, "fit")
+    assert shared.dirpath == str(tmp_path / "trial_0002" / "model_checkpoints" / "shared")
+    assert placed.moved == {str(tmp_path / "shared"): shared.dirpath}
+
 
 def test_a_checkpoint_written_under_the_plain_key_resumes_with_its_best_known(tmp_path, monkeypatch):
     # Studies checkpointed before the callbacks had keys of their own.

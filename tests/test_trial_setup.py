@@ -1663,6 +1663,24 @@ def test_a_class_count_below_the_datas_labels_is_blamed_on_that_argument_and_say
     assert re.search(r"holds the label \d, and the model's output has fewer classes.*at least \d+", problem.message)
 
 
+def test_the_preflight_writes_nothing_into_a_folder_the_models_own_checkpoint_names_and_warns_of_it(
+        example_config, tmp_path, monkeypatch):
+    """A ModelCheckpoint(dirpath=...) of the model's: ``check`` (which creates nothing)
+    left its two-step checkpoint there, and every trial wrote the same names into it over
+    each other's (audit 82); each trial's go into its own folder, which the warning names."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    named = tmp_path / "ckpts"
+    example_config["model"] = {"class_path": "userpkg.own_checkpoint:CNNWithCheckpointFolder",
+                               "init_args": {"own_dir": str(named)}}
+    config = load_config(example_config)
+    with pytest.warns(UserWarning) as caught:
+        run_preflight(config, *check_components(config))
+    assert not named.exists()
+    said = [str(w.message) for w in caught if "names dirpath=" in str(w.message)]
+    assert said and f"dirpath={named}, into which every trial would write" in said[0] \
+        and "trials/trial_NNNN/model_checkpoints/ckpts/" in said[0], said
+
+
 def test_a_whole_number_is_blamed_where_it_stands_alone_not_where_a_shape_holds_it(example_config):
     """Tensors of shape (8, 8) in a model of 8 channels: the convolution's error says
     "channels" and holds an 8, and ``channels`` was blamed (audit 71)."""
