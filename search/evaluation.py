@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,30 @@ def has_test_split(model, datamodule, test_fraction: float | None = None) -> boo
         "test_dataloader", datamodule, LightningDataModule) and held_out != 0
 
 
+# torch's words where a step makes a gradient under inference mode, which keeps none
+_GRADIENT_REFUSED = re.compile(r"does not require grad|[Ii]nference tensors? ")
+
+
+def test_with_fewest_gradients(trainer, model, datamodule, **test_args) -> tuple[list, bool]:
+    """``trainer.test`` under ``torch.inference_mode()``; for a test_step that makes
+    gradients of its own under ``torch.enable_grad()`` (an input's gradient: saliency,
+    adversarial examples, a physics-informed residual), which inference mode refuses,
+    again under ``torch.no_grad()``, which lets it. Such a model's validation ran (inside
+    ``fit`` Lightning validates under no_grad) and its test failed the search (audit 82).
+    Returns the test's outputs and whether inference mode ran it."""
+    import torch
+
+    try:
+        with torch.inference_mode():
+            return trainer.test(model, datamodule=datamodule, **test_args), True
+    except RuntimeError as exc:
+        if not _GRADIENT_REFUSED.search(str(exc)):
+            raise
+    trainer.test_loop.inference_mode = False  # the context Lightning runs its test loop in
+    with torch.no_grad():
+        return trainer.test(model, datamodule=datamodule, **test_args), False
+
+
 def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], checkpoint: str,
                         study_uri: str | None = None, seed: int | None = None) -> dict[str, float]:
     """Test metrics of ``checkpoint`` ({} when the model or data has no test split);
@@ -38,7 +63,8 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     built them (``seeded_as_its_trial``).
 
     Runs under ``torch.inference_mode()``: no autograd state is kept, so evaluation is
-    cheaper and can use larger batches than training.
+    cheaper and can use larger batches than training (under ``no_grad`` for a test_step
+    that makes gradients: ``test_with_fewest_gradients``).
 
     On GPU this runs as a Ray task in a new worker: torch and Lightning are imported by
     ``load_training_stack``, not when Ray unpickles this function, so that the import runs
@@ -47,7 +73,6 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
     config = ExperimentConfig.model_validate(experiment)
     data_class, model_class = load_training_stack(config)
     import pytorch_lightning as pl
-    import torch
     from pytorch_lightning.loggers import TensorBoardLogger
 
     from .devices import trial_device
@@ -84,10 +109,10 @@ def evaluate_checkpoint(experiment: dict[str, Any], params: dict[str, Any], chec
                              enable_model_summary=False,
                              # the folder the model's own ModelCheckpoint had in training, as its restored state says
                              callbacks=[ModelCheckpointsInTrialDir(model_checkpoint_dir(trial_dir))])
-        with torch.inference_mode(), ctrl_c_interrupts(), warnings.catch_warnings():
+        with ctrl_c_interrupts(), warnings.catch_warnings():
             # torch's own words for the loader settings the driver warned of at the start
             # (``devices.loader_setting_warnings``), which came again here, twice over
             for said in LOADER_WARNINGS_SAID_BEFORE:
                 warnings.filterwarnings("ignore", message=said)
-            outputs = trainer.test(model, datamodule=datamodule, ckpt_path=checkpoint, verbose=False)
+            outputs, _ = test_with_fewest_gradients(trainer, model, datamodule, ckpt_path=checkpoint, verbose=False)
         return {k: float(v) for k, v in (outputs[0] if outputs else {}).items()}

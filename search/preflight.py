@@ -267,7 +267,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
     import torch
     from pytorch_lightning.loggers import TensorBoardLogger
 
-    from .evaluation import has_test_split
+    from .evaluation import has_test_split, test_with_fewest_gradients
     from .reporting import logged_since
 
     class Watch(pl.Callback):
@@ -283,6 +283,7 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             self.loader_workers = self.most_loader_workers = 0  # of the training DataLoaders: all, one's most
             self.iterable, self.train_dataset = False, None
             self.may_drop_batches = True
+            self.test_in_inference_mode = True  # see test_with_fewest_gradients
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.batches["limit_train_batches"] = _length(trainer.train_dataloader)
@@ -343,8 +344,8 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
                 trainer.fit(model, datamodule=datamodule)
                 if has_test_split(model, datamodule):
                     watch.phase = "the test split's set-up (setup('test'), test_dataloader)"
-                    with torch.inference_mode():  # as the evaluation runs it
-                        trainer.test(model, datamodule=datamodule, verbose=False)
+                    _, watch.test_in_inference_mode = test_with_fewest_gradients(trainer, model, datamodule,
+                                                                                  verbose=False)
         except Exception as exc:
             in_precision = f" (in {precision} precision, the trials')" if precision != "32-true" else ""
             field = blame or _field_at_fault(config, exc, params, model_class, data_class)
@@ -354,6 +355,9 @@ def _a_few_batches(config: ExperimentConfig, params: dict[str, Any], model, data
             raise ConfigError([config.problem(field, f"{watch.phase} failed{in_precision}: {type(exc).__name__}: "
                                                      f"{exc}{_relative_path_note(exc)}{_label_note(exc)}{_at(exc)}"
                                                      f"{'; it ran' + searched if searched else ''}")]) from None
+    if not watch.test_in_inference_mode:
+        warn_user(f"{model_class.__name__}'s test_step makes gradients, which torch.inference_mode refuses: the best "
+                  f"trial's test evaluation runs it under torch.no_grad() instead")
     for named in own_checkpoints.moved:
         warn_user(f"{model_class.__name__}'s ModelCheckpoint names dirpath={named}, into which every trial would "
                   f"write files of the same names, over each other's: each trial's go in its own "

@@ -836,6 +836,16 @@ def test_evaluation_keeps_no_autograd_graph_and_the_final_test_runs_in_inference
     seen = {(r["step"], r["grad"], r["inference"]) for r in map(json.loads, log.read_text().splitlines())}
     assert seen == {("validation", False, False), ("test", False, True)}, seen
 
+    # A test_step that makes an input's gradient under enable_grad, as its validation_step
+    # may inside fit: inference mode refuses it, and the search failed at its end (audit 82).
+    # It is tested under no_grad instead.
+    log.unlink()
+    config.model.class_path = "userpkg.grad_probe:InputGradientAtEvaluation"
+    tested = evaluate_checkpoint(config.model_dump(mode="json"), {"model.lr": 0.05}, str(checkpoint))
+    assert tested["test_input_gradient"] > 0 and "test_acc" in tested, tested
+    seen = {(r["step"], r["grad"], r["inference"]) for r in map(json.loads, log.read_text().splitlines())}
+    assert seen == {("test", False, False)}, seen
+
     # A test_step that logs through self.logger, as the preflight lets it: the evaluation
     # had no logger, and failed after the whole search.
     config.model.class_path = "userpkg.grad_probe:LogsAtTest"

@@ -1681,6 +1681,19 @@ def test_the_preflight_writes_nothing_into_a_folder_the_models_own_checkpoint_na
         and "trials/trial_NNNN/model_checkpoints/ckpts/" in said[0], said
 
 
+def test_a_test_step_that_makes_gradients_passes_the_preflight_which_says_it_runs_without_inference_mode(
+        example_config, monkeypatch):
+    """Its validation ran under no_grad, its test batch under inference mode failed, and
+    ``run`` refused the search, not saying why (audit 82)."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    example_config["model"]["class_path"] = "userpkg.grad_probe:InputGradientAtEvaluation"
+    example_config["model"]["init_args"]["log_to"] = os.devnull
+    config = load_config(example_config)
+    with pytest.warns(UserWarning, match="InputGradientAtEvaluation's test_step makes gradients, which "
+                                         "torch.inference_mode refuses: .* runs it under torch.no_grad"):
+        run_preflight(config, *check_components(config))
+
+
 def test_a_whole_number_is_blamed_where_it_stands_alone_not_where_a_shape_holds_it(example_config):
     """Tensors of shape (8, 8) in a model of 8 channels: the convolution's error says
     "channels" and holds an 8, and ``channels`` was blamed (audit 71)."""
