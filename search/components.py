@@ -92,10 +92,12 @@ def resolve_class(section: str, class_path: str) -> type:
 def _make_cwd_importable() -> None:
     """On the driver, user packages beside the experiment import as with ``python -m``
     (cwd first). Not in a Ray worker: a node's own directory may hold a stray module of the
-    same name as the user's, which used to shadow the shipped one there."""
+    same name as the user's, which used to shadow the shipped one there. First even where
+    an earlier search of the session put it further down: a second project's folder, put
+    first since, found its module of the same name (audit 81)."""
     cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
+    if sys.path[:1] != [cwd]:
+        sys.path[:] = [cwd] + [entry for entry in sys.path if entry != cwd]
 
 
 # The driver's host name, which every Ray process of a search gets (``tuner.ray_settings``).
@@ -572,10 +574,38 @@ def _forget_user_modules(directory: Path) -> None:
     modules = _user_modules_with_submodules(directory)
     changed = {name.partition(".")[0] for name, module in modules.items()
                if _source_changed(getattr(module, "__file__", None))}
+    # A module of this folder that the process imported from another folder, as user code:
+    # a Python session's search of a second project checked, shipped to the trials,
+    # trained and loaded the first project's module of the same name (audit 81).
+    elsewhere = _held_here_imported_from_elsewhere(directory)
+    modules.update({name: module for name, module in list(sys.modules.items()) if name.partition(".")[0] in elsewhere})
+    changed |= elsewhere
     for name in [name for name in modules if name.partition(".")[0] in changed]:
         del sys.modules[name]
     if changed:
         importlib.invalidate_caches()
+
+
+def _held_here_imported_from_elsewhere(directory: Path) -> set[str]:
+    """The names of top-level modules ``directory`` holds (``name.py``, ``name/__init__.py``)
+    that this process imported from another folder outside the installed packages and the
+    standard library (which a module here of that name would shadow: see ``_stack_shadowed_in``)."""
+    import sysconfig
+
+    directory = directory.resolve()
+    installed = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    found = set()
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if "." in name or name in ("hpsearch", "__main__", "__mp_main__") or not origin:
+            continue
+        if not ((directory / f"{name}.py").is_file() or (directory / name / "__init__.py").is_file()):
+            continue
+        location = Path(origin).resolve()
+        location = location.parent if location.name == "__init__.py" else location
+        if location.parent != directory and not any(root in location.parents for root in installed):
+            found.add(name)
+    return found
 
 
 def _source_changed(path: str | None) -> bool:

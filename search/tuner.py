@@ -132,6 +132,12 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
     settings = ray_settings()  # the driver's Ray Tune reads them too
     environment_before = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
+    shipping = _code_shipped(config)
+    if ray.is_initialized() and _ray_started_here.ships_other_code(shipping):
+        # A Ray an earlier search of this session started ships that search's code, from its
+        # folder, to every worker: a second project's trials trained the first project's
+        # module of the same name (audit 81). A new one ships this search's.
+        shutdown_ray()
     if ray.is_initialized():
         _quiet_tune_logs(verbose)
         if address:
@@ -141,7 +147,7 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
     target = cluster_address(address) or "local"
     if target != "local":
         ensure_cluster_answers(target)
-    runtime_env = worker_runtime_env(user_code_roots(config), joins_cluster=target != "local")
+    runtime_env = worker_runtime_env(list(shipping[1]), joins_cluster=target != "local")
     local_environment = None
     # A local Ray's processes also inherit Ray Tune's trial settings (see trial_actors_inherit_tune_env).
     inherited = {"RAY_ADDRESS": "local", **(tune_trial_env() or {})} if target == "local" else {}
@@ -165,7 +171,42 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
                 raise
             raise join_error(target, exc) from exc
     _quiet_tune_logs(verbose)
+    _ray_started_here.record(shipping)
     return SearchRay(started=True, local_environment=local_environment, environment_before=environment_before)
+
+
+def _code_shipped(config: ExperimentConfig) -> tuple[str, tuple[str, ...]]:
+    """What a Ray started now gives its workers to import from: the driver's folder (which
+    Ray puts first on their path) and the user's code shipped (``user_code_roots``)."""
+    return os.getcwd(), tuple(user_code_roots(config))
+
+
+@dataclass
+class _StartedRay:
+    """The Ray a search of this process started, by its node and job (a new local Ray has a
+    new node, a new connection to a cluster a new job), with the code it ships: Ray is one
+    per process, so this record is too."""
+
+    connection: tuple[str, str] | None = None
+    shipping: tuple[str, tuple[str, ...]] | None = None
+
+    def record(self, shipping: tuple[str, tuple[str, ...]]) -> None:
+        self.connection, self.shipping = _connection(), shipping
+
+    def ships_other_code(self, shipping: tuple[str, tuple[str, ...]]) -> bool:
+        """Whether the running Ray is one a search started, shipping other code (a Ray
+        the user started is theirs, and used as it is)."""
+        return self.connection == _connection() and self.shipping != shipping
+
+
+def _connection() -> tuple[str, str]:
+    import ray
+
+    context = ray.get_runtime_context()
+    return context.get_node_id(), context.get_job_id()
+
+
+_ray_started_here = _StartedRay()
 
 
 def tune_trial_env() -> dict[str, str] | None:

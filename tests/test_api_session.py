@@ -390,3 +390,40 @@ def test_a_verbose_search_leaves_a_logger_the_caller_quiets_meanwhile():
         assert logger.level == logging.DEBUG
     finally:
         logger.setLevel(before)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_second_projects_search_in_one_session_trains_its_own_module_of_the_same_name(tmp_path):
+    """Two projects with a mymodel.py each, searched one after the other in one Python
+    session: the second's trials trained the first's module (the Ray the first search
+    started shipped its folder to every worker), and every trial scored the first's
+    values, as did load_trial (audit 81)."""
+    for project, value in (("a", 0.111), ("b", 0.222)):
+        (tmp_path / project).mkdir()
+        (tmp_path / project / "mymodel.py").write_text(textwrap.dedent(f"""
+            from hpsearch.models.cnn import CNNClassifier
+
+            class Net(CNNClassifier):
+                def validation_step(self, batch, batch_idx):
+                    self.log("val_acc", {value})
+        """))
+    config = shrunk_example(tmp_path / "runs", **{"search/num_trials": 1, "scheduler/max_epochs": 1,
+                                                  "model/class_path": "mymodel:Net"})
+    script = textwrap.dedent(f"""
+        import json, os
+        import hpsearch
+
+        config = json.loads({json.dumps(config)!r})
+        for project in ("a", "b"):
+            os.chdir({str(tmp_path)!r} + "/" + project)
+            result = hpsearch.run({{**config, "name": project}})
+            loaded = hpsearch.load_trial(result.experiment_dir)
+            print("PROJECT", project, round(result.best["value"], 3), type(loaded.model).__module__,
+                  os.path.dirname(__import__("sys").modules[type(loaded.model).__module__].__file__), flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("PROJECT")]
+    assert said == [["a", "0.111", "mymodel", str(tmp_path / "a")], ["b", "0.222", "mymodel", str(tmp_path / "b")]], \
+        out.stdout + out.stderr[-3000:]

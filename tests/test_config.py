@@ -374,6 +374,27 @@ def test_a_second_check_in_one_session_sees_the_edited_model_file(tmp_path, monk
     assert edited is not first and "dropout" in inspect.signature(edited.__init__).parameters
 
 
+def test_a_second_projects_check_in_one_session_imports_its_own_module_not_the_firsts(tmp_path, monkeypatch):
+    """Two projects with a mymodel.py each, searched one after the other in one Python
+    session: the second's search checked, shipped to its trials and trained the first's
+    class (every trial scored the first project's values; audit 81)."""
+    for project in ("a", "b"):
+        (tmp_path / project).mkdir()
+        (tmp_path / project / "mymodel.py").write_text(
+            f"from hpsearch.models.cnn import CNNClassifier\n\n\nclass Net(CNNClassifier):\n    PROJECT = '{project}'\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the checks put each project's folder first
+    monkeypatch.delitem(sys.modules, "mymodel", raising=False)
+    config = example_dict()
+    config["model"]["class_path"] = "mymodel:Net"
+    found = []
+    for project in ("a", "b", "a"):
+        monkeypatch.chdir(tmp_path / project)
+        model_class, _ = check_components(load_config(config))
+        found.append(model_class.PROJECT)
+    monkeypatch.delitem(sys.modules, "mymodel", raising=False)
+    assert found == ["a", "b", "a"]
+
+
 def test_exponent_notation_is_a_number_in_the_file_and_in_set(tmp_path):
     """YAML 1.1 (PyYAML) reads ``1e-4`` as a string; the model then got '1e-4' as its
     weight decay and failed in the preflight, blamed on its class."""
