@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -152,6 +153,8 @@ def check_components(config: ExperimentConfig) -> tuple[type, type]:
     _make_cwd_importable()
     _forget_user_modules(Path.cwd())
     problems: list[Problem] = [Problem("", message) for message in _stack_shadowed_in(Path.cwd())]
+    if problems:  # importing the classes would import the shadowing module, and fail on it
+        raise ConfigError(problems)
     classes: dict[str, type] = {}
     for section in ("model", "data"):
         component: ComponentConfig = getattr(config, section)
@@ -165,6 +168,9 @@ def check_components(config: ExperimentConfig) -> tuple[type, type]:
             problems.append(config.problem(f"{section}.class_path", kind))
             continue
         problems += _argument_problems(config, section, classes[section])
+    # A module here named as one of Python's own that the classes' imports took in its place
+    # ("cannot import name 'Queue' from 'queue'", the user's queue.py): the cause first
+    problems[:0] = [Problem("", message) for message in _standard_modules_shadowed_in(Path.cwd())]
     if not problems:
         problems += _loader_problems(config, classes["model"], classes["data"])
     _remember_user_sources(Path.cwd())
@@ -174,27 +180,88 @@ def check_components(config: ExperimentConfig) -> tuple[type, type]:
     return classes["model"], classes["data"]
 
 
-# What a trial process imports by these names: hpsearch (to unpickle its trial function)
-# and the libraries it trains with.
-TRIALS_IMPORT = ("hpsearch", "ray", "torch", "pytorch_lightning", "lightning_fabric", "torchmetrics", "optuna",
-                 "numpy", "yaml", "tensorboard")
-
-
 def _stack_shadowed_in(directory: Path) -> list[str]:
     """A module in the search's folder named as one a trial imports: Ray's workers import
     that folder first, so every trial got it instead, and failed ('No module named
     hpsearch.search; hpsearch is not a package' for a launcher script named hpsearch.py)
-    while the checks here passed (audit 32). A folder named hpsearch is left alone: it is
-    the package itself when the search runs from hpsearch's own checkout."""
+    while the checks here passed (audit 32). The names are those of every installed
+    library hpsearch depends on, directly or not (a pandas.py passed the checks, and the
+    search failed in Ray Tune's import of pandas: audit 81). A folder named hpsearch is
+    left alone: it is the package itself when the search runs from hpsearch's own checkout."""
+    here = _top_level_modules_in(directory)
+    if not here:
+        return []
+    from importlib import metadata
+
+    stack = _stack_distributions()
     found = []
-    for name in TRIALS_IMPORT:
-        shadows = [directory / f"{name}.py"] + ([] if name == "hpsearch" else [directory / name / "__init__.py"])
-        for path in shadows:
-            if path.is_file():
-                shown = path.name if path.parent == directory else f"{name}/"
-                found.append(f"{shown} in the current folder would be imported by every trial in place of {name} "
-                             f"(Ray's workers import the search's folder first): rename it")
+    for name, path in sorted(here.items()):
+        libraries = [dist for dist in metadata.packages_distributions().get(name, []) if _canonical(dist) in stack]
+        if libraries and not (name == "hpsearch" and path.is_dir()):
+            shown = path.name if path.is_file() else f"{name}/"
+            of = "" if _canonical(libraries[0]) == _canonical(name) else f" (of {libraries[0]})"
+            found.append(f"{shown} in the current folder would be imported by every trial in place of {name}{of} "
+                         f"(Ray's workers import the search's folder first): rename it")
     return found
+
+
+def _standard_modules_shadowed_in(directory: Path) -> list[str]:
+    """A module in the search's folder that this process imported in place of Python's own
+    module of that name (queue.py, profile.py): what imported it then failed on it, in
+    words that named no file (audit 81)."""
+    found = []
+    for name, path in sorted(_top_level_modules_in(directory).items()):
+        module = sys.modules.get(name)
+        if name in sys.stdlib_module_names and module is not None and getattr(module, "__file__", None) \
+                and Path(module.__file__).resolve().is_relative_to(path.resolve()):
+            shown = path.name if path.is_file() else f"{name}/"
+            found.append(f"{shown} in the current folder is imported in place of Python's own module {name}: "
+                         f"rename it")
+    return found
+
+
+def _top_level_modules_in(directory: Path) -> dict[str, Path]:
+    """The modules (``name.py``) and packages (``name/__init__.py``) a folder holds, by name."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return {}
+    found = {}
+    for entry in entries:
+        if entry.suffix == ".py" and entry.stem.isidentifier() and entry.is_file():
+            found[entry.stem] = entry
+        elif entry.name.isidentifier() and (entry / "__init__.py").is_file():
+            found[entry.name] = entry
+    return found
+
+
+def _stack_distributions() -> set[str]:
+    """hpsearch's installed distribution and those it requires, directly or not, with the
+    extras asked for (ray[tune]'s pandas), by canonical name."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    found: set[str] = set()
+    todo: list[tuple[str, frozenset[str]]] = [("hpsearch", frozenset())]
+    while todo:
+        name, extras = todo.pop()
+        try:
+            requires = metadata.distribution(name).requires or []
+        except metadata.PackageNotFoundError:
+            continue
+        found.add(_canonical(name))
+        for line in requires:
+            requirement = Requirement(line)
+            wanted = requirement.marker is None or any(requirement.marker.evaluate({"extra": extra})
+                                                       for extra in (extras or {""}))
+            if wanted and _canonical(requirement.name) not in found:
+                todo.append((requirement.name, frozenset(requirement.extras)))
+    return found
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _warn_of_loader_settings_not_taken(config: ExperimentConfig, data_class: type) -> None:

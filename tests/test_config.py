@@ -792,6 +792,31 @@ def test_a_name_yaml_reads_as_a_number_is_told_to_be_quoted(example_config):
     assert problem.field == "name" and "YAML read 1000.0 as a float: put it in quotes" in problem.message, problem
 
 
+def test_a_module_in_the_search_folder_imported_in_place_of_pythons_own_is_named(example_config, tmp_path,
+                                                                                  monkeypatch):
+    """A queue.py beside the experiment, which the user's model imported in place of
+    Python's queue: the check said "cannot import name 'Queue' from 'queue'" (audit 81)."""
+    for stack in ("hpsearch.models.cnn", "hpsearch.models.digits"):  # imported first, with Python's own modules
+        importlib.import_module(stack)
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "tabnanny", raising=False)  # Python's own, which the model below imports
+    (tmp_path / "tabnanny.py").write_text("")
+    (tmp_path / "shadowed_model.py").write_text("from tabnanny import check\nfrom hpsearch.models.cnn import "
+                                                "CNNClassifier as Net\n")
+    monkeypatch.delitem(sys.modules, "shadowed_model", raising=False)
+    example_config["model"]["class_path"] = "shadowed_model:Net"
+    try:
+        with pytest.raises(ConfigError) as caught:
+            check_components(load_config(example_config))
+    finally:
+        sys.modules.pop("tabnanny", None)
+        sys.modules.pop("shadowed_model", None)
+    first = caught.value.problems[0].message
+    assert first == "tabnanny.py in the current folder is imported in place of Python's own module tabnanny: rename it"
+
+
 def test_a_module_in_the_search_folder_named_as_one_a_trial_imports_is_refused(example_config, tmp_path, monkeypatch):
     """Ray's workers import the search's folder first: a launcher script named hpsearch.py
     failed every trial ('hpsearch' is not a package) while check passed (audit 32)."""
@@ -801,10 +826,22 @@ def test_a_module_in_the_search_folder_named_as_one_a_trial_imports_is_refused(e
     (tmp_path / "numpy").mkdir()
     (tmp_path / "numpy" / "__init__.py").write_text("")
     (tmp_path / "torch").mkdir()  # a folder of files (no package): imported after the real one
+    # libraries the stack imports that hpsearch does not name (Ray Tune's pandas, Ray's
+    # pydantic): every trial failed in words that named no file (audit 81)
+    (tmp_path / "pandas.py").write_text("X = 1\n")
+    (tmp_path / "pydantic.py").write_text("raise ImportError('mine')\n")
+    for own in ("utils", "data", "models", "config"):  # the user's own, which no library of the stack is
+        (tmp_path / f"{own}.py").write_text("")
     with pytest.raises(ConfigError) as caught:
         check_components(load_config(example_config))
     messages = sorted(problem.message for problem in caught.value.problems)
-    assert len(messages) == 2, messages
+    assert len(messages) == 4, messages
+    assert messages[2] == ("pandas.py in the current folder would be imported by every trial in place of pandas "
+                           "(Ray's workers import the search's folder first): rename it"), messages
+    assert messages[3].startswith("pydantic.py in the current folder would be imported"), messages
+    (tmp_path / "pandas.py").unlink()
+    (tmp_path / "pydantic.py").unlink()
+    importlib.invalidate_caches()  # the folder's listing, which may be cached from within the same second
     assert messages[0].startswith("hpsearch.py in the current folder would be imported by every trial in place of "
                                   "hpsearch (Ray's workers import the search's folder first): rename it"), messages
     assert messages[1].startswith("numpy/ in the current folder would be imported by every trial in place of numpy")
