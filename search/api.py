@@ -190,11 +190,15 @@ def room_on_this_machine(config: ExperimentConfig) -> tuple[int, dict[str, float
     fit is a mistake in the file: a ``ConfigError`` naming the resources setting and the
     numbers. CPUs are counted by Ray's own rule (which follows a container's CPU limit);
     GPUs, only when trials ask for some, as torch sees them (``CUDA_VISIBLE_DEVICES``
-    included)."""
+    included). A temporary folder Ray cannot keep its files in is refused too
+    (``refuse_a_temp_folder_ray_cannot_use``)."""
     from ray._private.utils import get_num_cpus
 
     from .errors import ResourceError
+    from .local_ray_env import refuse_a_temp_folder_ray_cannot_use
     from .resources import concurrent_trials_capacity
+
+    refuse_a_temp_folder_ray_cannot_use()
 
     node = {"CPU": float(get_num_cpus(override_docker_cpu_warning=True)), "GPU": 0.0}
     if config.resources.worker_gpus > 0:

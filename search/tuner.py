@@ -26,6 +26,7 @@ from .components import DRIVER_HOST_ENV, user_code_roots
 from .config import ExperimentConfig
 from .errors import counted, warn_user
 from .experiment import ExperimentDir
+from .local_ray_env import local_ray_variables
 from .outcome import (RUNNING, SESSION_COMPLETE, SESSION_DISK_FULL, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED,
                       SESSION_TIME_BUDGET, TRAINING_SEED, TRIAL_NUMBER, PruneLog)
 from .storage import Mirror
@@ -150,7 +151,11 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
     runtime_env = worker_runtime_env(list(shipping[1]), joins_cluster=target != "local")
     local_environment = None
     # A local Ray's processes also inherit Ray Tune's trial settings (see trial_actors_inherit_tune_env).
-    inherited = {"RAY_ADDRESS": "local", **(tune_trial_env() or {})} if target == "local" else {}
+    inherited: dict[str, str | None] = {}
+    if target == "local":
+        inherited = {"RAY_ADDRESS": "local", **(tune_trial_env() or {}), **local_ray_variables()}
+        if "RAY_AUTH_TOKEN" in inherited:  # the driver's own connections to that Ray need it too, while it is up
+            os.environ["RAY_AUTH_TOKEN"] = inherited.pop("RAY_AUTH_TOKEN")
     with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose), \
             _message_dropped(RAY_NO_SIGTERM_HANDLER_NOTICE, quiet=not verbose), \
             _inherited_by_local_ray(inherited), local_ray_without_idle_services(target == "local", verbose), \
@@ -389,7 +394,7 @@ def _local_ray_in_its_own_session(local: bool) -> Iterator[None]:
 
 
 @contextmanager
-def _inherited_by_local_ray(variables: dict[str, str]) -> Iterator[None]:
+def _inherited_by_local_ray(variables: dict[str, str | None]) -> Iterator[None]:
     """Set while ``ray.init`` starts a local Ray, whose processes keep the environment they
     started with; this process's is restored after.
 
@@ -401,7 +406,7 @@ def _inherited_by_local_ray(variables: dict[str, str]) -> Iterator[None]:
     (a DDP trial failed so in a test run beside another Ray). With ``local``, the state
     API finds no other cluster by that file, and answers nothing rather than wrongly."""
     previous = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
+    _restore_environment(variables)  # set, and unset those that are None (see local_ray_variables)
     try:
         yield
     finally:

@@ -1,0 +1,83 @@
+"""What a local Ray needs of this process's environment, settled before it starts.
+
+Ray's own failures there come as tracebacks from inside its start, or as a timeout naming
+an "overloaded GCS" (audit 81): a temporary folder too deeply nested for its Unix
+sockets, or one that cannot be written; a home folder it cannot write its token into;
+``PYTHONWARNINGS=error``, which fails Ray's own processes on their first warning.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from .errors import HpsearchError
+
+# The longest path a Unix socket can have on Linux (sun_path's 108 bytes, less its end).
+SOCKET_PATH_LIMIT = 107
+# Ray's longest socket path below its temporary folder, with a session name at its
+# longest (a date, a time, microseconds and a 7-digit pid).
+LONGEST_SOCKET = os.path.join("ray", "session_2026-12-07_23-39-11_123456_4194304", "sockets", "plasma_store")
+
+
+def ray_temp_folder() -> tuple[str, str]:
+    """The variable that names the folder a local Ray keeps its files in, and the folder,
+    by Ray's own rule (``ray._common.utils.get_default_system_temp_dir``)."""
+    if "RAY_TMPDIR" in os.environ:
+        return "RAY_TMPDIR", os.environ["RAY_TMPDIR"]
+    if sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        return "TMPDIR", os.environ["TMPDIR"]
+    return "the system's temporary folder", "/tmp"
+
+
+def refuse_a_temp_folder_ray_cannot_use() -> None:
+    """Raise, before Ray starts, where its temporary folder would make it fail: a path so
+    long that its sockets' paths pass the limit, or a folder this process cannot write."""
+    variable, folder = ray_temp_folder()
+    longest = len(os.path.join(os.path.abspath(folder), LONGEST_SOCKET).encode())
+    if longest > SOCKET_PATH_LIMIT:
+        raise HpsearchError(
+            f"{variable} is {folder} ({len(folder.encode())} bytes): Ray keeps its local sockets below it, and "
+            f"their paths would be up to {longest} bytes, past a Unix socket's limit of {SOCKET_PATH_LIMIT}; set "
+            f"RAY_TMPDIR to a shorter folder (at most {SOCKET_PATH_LIMIT - len(LONGEST_SOCKET) - 1} bytes, "
+            f"e.g. /tmp), which Ray uses in place of TMPDIR")
+    existing = Path(folder)
+    while not existing.exists() and existing != existing.parent:  # Ray makes the missing part
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise HpsearchError(f"{variable} is {folder}, which this process cannot write, and Ray keeps its local "
+                            f"files there: set RAY_TMPDIR to a folder it can write")
+
+
+def local_ray_variables() -> dict[str, str | None]:
+    """Variables to set (None: to unset) while a local Ray starts, for its processes to
+    keep: ``PYTHONWARNINGS`` without its "error" filters (Ray's dashboard agent failed on a
+    deprecation warning of its own, and the start timed out, naming an overloaded GCS);
+    and, where Ray would have to save a new token in a home folder it cannot write, a
+    token of this Ray's own (``RAY_AUTH_TOKEN``, which Ray reads first)."""
+    variables: dict[str, str | None] = {}
+    warnings_setting = os.environ.get("PYTHONWARNINGS")
+    if warnings_setting is not None and "error" in warnings_setting:
+        kept = ",".join(part for part in warnings_setting.split(",") if not part.strip().startswith("error"))
+        variables["PYTHONWARNINGS"] = kept or None
+    if _needs_a_token_it_cannot_save():
+        variables["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    return variables
+
+
+def _needs_a_token_it_cannot_save() -> bool:
+    """Whether Ray, starting a local cluster with token authentication (its default for
+    one), would have no token and fail to save a new one in ``~/.ray`` (a read-only home)."""
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        return False
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return False
+    token = Path.home() / ".ray" / "auth_token"
+    if token.exists():
+        return False
+    existing = token.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return not os.access(existing, os.W_OK | os.X_OK)

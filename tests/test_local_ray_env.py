@@ -1,0 +1,82 @@
+"""What a local Ray needs of the environment, settled before it starts (audit 81): Ray's own
+failures there were tracebacks from inside its start, or a timeout naming its GCS."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hpsearch.search import local_ray_env
+from hpsearch.search.errors import HpsearchError
+from hpsearch.search.local_ray_env import (LONGEST_SOCKET, SOCKET_PATH_LIMIT, local_ray_variables,
+                                           refuse_a_temp_folder_ray_cannot_use)
+
+
+def test_a_temp_folder_too_deep_for_rays_sockets_is_refused_naming_the_variable_and_the_limit(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    fits = "/" + "t" * (SOCKET_PATH_LIMIT - len(LONGEST_SOCKET) - 2)  # its sockets' paths exactly at the limit
+    assert len(os.path.join(fits, LONGEST_SOCKET)) == SOCKET_PATH_LIMIT
+    monkeypatch.setenv("TMPDIR", fits)
+    monkeypatch.setattr(local_ray_env.os, "access", lambda path, mode: True)  # a folder Ray would make
+    refuse_a_temp_folder_ray_cannot_use()
+    monkeypatch.setenv("TMPDIR", fits + "u")
+    with pytest.raises(HpsearchError, match=rf"TMPDIR is {fits}u \(\d+ bytes\): Ray keeps its local sockets below "
+                                            rf"it, .* up to {SOCKET_PATH_LIMIT + 1} bytes, past a Unix socket's limit"
+                                            rf" of {SOCKET_PATH_LIMIT}; set RAY_TMPDIR"):
+        refuse_a_temp_folder_ray_cannot_use()
+    monkeypatch.setenv("RAY_TMPDIR", "/tmp")  # which Ray takes first
+    refuse_a_temp_folder_ray_cannot_use()
+
+
+def test_a_temp_folder_this_process_cannot_write_is_refused(monkeypatch):
+    import tempfile
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))  # short enough for Ray's sockets below it
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "not" / "made" / "yet"))
+    refuse_a_temp_folder_ray_cannot_use()  # Ray makes it, inside a folder it can write
+    seen = []
+
+    def read_only(path, mode):
+        seen.append(str(path))
+        return False
+
+    monkeypatch.setattr(local_ray_env.os, "access", read_only)
+    with pytest.raises(HpsearchError, match=f"RAY_TMPDIR is {tmp_path}/not/made/yet, which this process cannot "
+                                            f"write"):
+        refuse_a_temp_folder_ray_cannot_use()
+    assert seen == [str(tmp_path)]  # the nearest folder that exists
+    tmp_path.rmdir()
+
+
+@pytest.mark.parametrize("setting,kept", [("error", None), ("error::DeprecationWarning", None),
+                                          ("ignore::UserWarning,error", "ignore::UserWarning"),
+                                          ("default", "keep")])
+def test_rays_processes_start_without_pythonwarnings_error_filters(monkeypatch, setting, kept):
+    """Ray's dashboard agent raised its own deprecation warning, and the start timed out
+    naming an overloaded GCS."""
+    monkeypatch.setenv("PYTHONWARNINGS", setting)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "given")
+    variables = local_ray_variables()
+    if kept == "keep":
+        assert "PYTHONWARNINGS" not in variables
+    else:
+        assert variables == {"PYTHONWARNINGS": kept}
+
+
+def test_a_local_ray_that_cannot_save_its_token_in_a_read_only_home_gets_one_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert local_ray_variables() == {}  # Ray saves its token in ~/.ray itself
+    monkeypatch.setattr(local_ray_env.os, "access", lambda path, mode: str(path) != str(tmp_path))
+    token = local_ray_variables()["RAY_AUTH_TOKEN"]
+    assert len(token) == 64 and token != local_ray_variables()["RAY_AUTH_TOKEN"]
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("saved before")
+    assert local_ray_variables() == {}  # the saved one
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    (tmp_path / ".ray" / "auth_token").unlink()
+    assert local_ray_variables() == {}
