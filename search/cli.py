@@ -595,7 +595,8 @@ def cmd_report(args) -> int:
         written = Path(exc.filename).resolve() if exc.filename else None
         if written is None or out.resolve() not in (written, *written.parents):
             raise  # reading the study
-        raise HpsearchError(f"cannot write the report in {out}: {exc.strerror or exc}") from exc
+        elsewhere = "" if args.out else "; write it elsewhere with --out DIR"  # a study on a read-only mount (audit 81)
+        raise HpsearchError(f"cannot write the report in {out}: {exc.strerror or exc}{elsewhere}") from exc
     print(f"report: {page}")
     return 0
 

@@ -37,6 +37,10 @@ def study_lock(exp: ExperimentDir) -> Iterator[None]:
     except Timeout:
         raise ExperimentError(f"{exp.root} is already being searched by {_new_holder(exp)}; "
                               "wait for it to finish or stop it first") from None
+    except OSError as exc:  # a read-only study: filelock's traceback was all it said (audit 81)
+        raise ExperimentError(f"cannot take the study's lock {exp.root / LOCK_FILE}: {exc.strerror or exc}; "
+                              f"a search writes into its study (hpsearch status, best and compare only read "
+                              f"it, and report --out DIR writes elsewhere)") from None
     try:
         write_json(exp.root / HOLDER_FILE, {
             "pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),

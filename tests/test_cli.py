@@ -429,6 +429,12 @@ def test_a_report_to_a_folder_that_cannot_be_made_is_one_error_line(tmp_path, ca
     assert main(["report", str(exp.root), "--out", str(tmp_path / "a-file" / "report")]) == 1
     err = capsys.readouterr().err
     assert f"error: cannot write the report in {tmp_path / 'a-file' / 'report'}: Not a directory" in err, err
+    assert "--out DIR" not in err  # the user chose it
+    # the study's own folder, on a read-only mount: the way out is --out (audit 81)
+    (exp.root / "report").write_text("")
+    assert main(["report", str(exp.root)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().endswith("File exists; write it elsewhere with --out DIR"), err
 
 
 def test_best_of_a_study_moved_elsewhere_names_its_own_checkpoint(tmp_path, capsys):

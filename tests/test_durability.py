@@ -123,6 +123,24 @@ def test_a_torn_journal_record_is_cut_and_the_study_still_opens(tmp_path):
     assert [t.value for t in open_study(tmp_path, "s", "max").trials] == [1.0, 2.0]
 
 
+def test_a_study_whose_lock_cannot_be_taken_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A read-only study: resume ended in filelock's 43-line traceback (audit 81)."""
+    import errno
+
+    import filelock
+
+    exp = ExperimentDir.create(str(tmp_path), "study")
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(exp.root / ".driver.lock"))
+
+    monkeypatch.setattr(filelock.FileLock, "acquire", read_only)
+    with pytest.raises(ExperimentError, match=r"cannot take the study's lock .*\.driver\.lock: Read-only file "
+                                              r"system; a search writes into its study"):
+        with study_lock(exp):
+            pass
+
+
 def test_a_journal_lock_left_by_a_killed_driver_does_not_hold_up_the_next_one(tmp_path):
     """A driver killed while it appended leaves Optuna's lock file (a symlink to the
     journal): the next session waited 30 s for it, with four warnings (audit 37). The
