@@ -31,7 +31,7 @@ def addable_nodes(config_path: Path | None = None) -> list[dict[str, Any]]:
     path = (config_path or BOOTSTRAP_CONFIG).expanduser()
     if not path.is_file():
         return []
-    config = yaml.safe_load(path.read_text()) or {}  # written as JSON, which YAML reads
+    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}  # written as JSON, which YAML reads
     head_type = config.get("head_node_type")
     workers = [(spec.get("resources") or {}, int(spec.get("max_workers", 0)))
                for name, spec in (config.get("available_node_types") or {}).items() if name != head_type]

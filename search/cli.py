@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="search stopped before the study was complete")  # and this
     warnings.filterwarnings("ignore", message="search stopped: ")  # and why failures stopped it
 
+    _unencodable_text_escaped()
     if args.command in ("run", "resume"):
         _ctrl_c_heard()
         _stop_signals_act_as_ctrl_c()
@@ -234,6 +235,16 @@ def _run_command(args) -> int:
             again = " before the search started; no study was made"
         print(f"\ninterrupted{again}", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _unencodable_text_escaped() -> None:
+    """On a console whose encoding is not UTF-8 (``LC_ALL=C`` without Python's UTF-8 mode),
+    text it cannot encode (a study's path, a trial's error) is written escaped (``\\xe9``):
+    it ended the command in a UnicodeEncodeError (audit 81)."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 class _ReaderMayLeave(PassThroughStream):

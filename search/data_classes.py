@@ -28,7 +28,7 @@ def classes_of(datamodule: Any) -> list[str] | None:
 def stored_classes(exp: ExperimentDir) -> list[str] | None:
     """The names the study recorded (None for a study that recorded none)."""
     try:
-        return json.loads(exp.data_json.read_text())["classes"]
+        return json.loads(exp.data_json.read_text(encoding="utf-8"))["classes"]
     except (FileNotFoundError, KeyError, TypeError, ValueError):  # (TypeError: a file holding no mapping)
         return None
 

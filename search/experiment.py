@@ -128,7 +128,7 @@ class ExperimentDir:
 
 def _readable(path: Path, parse, kind: str) -> dict[str, Any]:
     try:
-        data = parse(path.read_text())
+        data = parse(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise ExperimentError(f"{path} cannot be read ({type(exc).__name__}: {first_line(exc)}); "
                               "it is written whole by hpsearch, so it was damaged or edited") from None
@@ -207,7 +207,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _new_file_beside(path)
     try:
-        with os.fdopen(fd, "w") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -243,7 +243,7 @@ def read_sessions(exp: ExperimentDir) -> list[dict[str, Any]]:
     """Every run/resume session of the study: start, end (None if it never ended cleanly),
     seconds and how it ended; the study's wall time is their sum."""
     try:
-        return json.loads(exp.sessions_json.read_text())
+        return json.loads(exp.sessions_json.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
 

@@ -24,7 +24,7 @@ def journal_records(journal: Path, op_codes: tuple[int, ...]) -> Iterator[dict[s
     if not journal.is_file():
         return
     wanted = re.compile(r'"op_code":\s*(?:%s)\s*[,}]' % "|".join(map(str, op_codes)))
-    with journal.open() as lines:
+    with journal.open(encoding="utf-8") as lines:
         for line in lines:
             if not wanted.search(line):
                 continue

@@ -51,6 +51,21 @@ def refuse_a_temp_folder_ray_cannot_use() -> None:
                             f"files there: set RAY_TMPDIR to a folder it can write")
 
 
+def refuse_paths_ray_cannot_encode(paths: list[str]) -> None:
+    """Raise where the driver's folder or the user code shipped has a path this process's
+    locale cannot encode (``LC_ALL=C`` without Python's UTF-8 mode, a folder named with
+    an é): Ray's start failed on it in a traceback ("surrogates not allowed"; audit 81)."""
+    encoding = sys.getfilesystemencoding()
+    for path in paths:
+        try:
+            path.encode(encoding)
+        except UnicodeEncodeError:
+            shown = path.encode(encoding, "surrogateescape").decode("utf-8", "replace")
+            raise HpsearchError(f"{shown} has characters this process's locale ({encoding}) cannot encode, and "
+                                f"Ray cannot start on it: run with PYTHONUTF8=1, or in a UTF-8 locale "
+                                f"(LC_ALL=C.UTF-8)") from None
+
+
 def local_ray_variables() -> dict[str, str | None]:
     """Variables to set (None: to unset) while a local Ray starts, for its processes to
     keep: ``PYTHONWARNINGS`` without its "error" filters (Ray's dashboard agent failed on a

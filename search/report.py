@@ -68,7 +68,7 @@ def write_report(exp: ExperimentDir, out_dir: Path | None = None) -> Path:
         plt.close(figure)
         images[name] = path
     page = out / "report.html"
-    page.write_text(_html(summary, images))
+    page.write_text(_html(summary, images), encoding="utf-8")
     return page
 
 

@@ -125,7 +125,7 @@ def trained_with(config: ExperimentConfig, exp: ExperimentDir, number: int) -> E
 
     recorded = exp.trial_dir(trial_name(number)) / TRIAL_SETTINGS
     try:
-        return ExperimentConfig.model_validate(json.loads(recorded.read_text()))
+        return ExperimentConfig.model_validate(json.loads(recorded.read_text(encoding="utf-8")))
     except (OSError, ValueError):
         return config
 
@@ -140,7 +140,7 @@ def _evaluation_failure(exc: Exception, exp: ExperimentDir) -> str:
     cause = getattr(exc, "cause", None)  # a Ray task's error (the evaluation on a GPU node) wraps it
     error = cause if isinstance(cause, Exception) else exc
     saved = exp.root / EVALUATION_ERROR
-    saved.write_text("".join(traceback.format_exception(exc)))
+    saved.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
     where = raised_at(error)
     return (f"{type(error).__name__}: {own_line(error)[:240]}{f' (at {where})' if where else ''}; "
             f"traceback: {saved}")

@@ -422,7 +422,7 @@ class OptunaSearcher(Searcher):
 
     def save(self, checkpoint_path: str) -> None:
         # Everything lives in the journal; the marker only tells Tune a state exists.
-        Path(checkpoint_path).write_text(self.config.name)
+        Path(checkpoint_path).write_text(self.config.name, encoding="utf-8")
 
     def restore(self, checkpoint_path: str) -> None:
         self._study = None

@@ -77,7 +77,7 @@ def study_address(root: str | os.PathLike) -> str:
     ``root`` is its working copy (the commands hpsearch prints must reach the study, not
     the copy: a resume of the copy pushed nothing to storage, audit 30), else the path."""
     try:
-        home = (Path(root) / HOME_FILE).read_text().strip()
+        home = (Path(root) / HOME_FILE).read_text(encoding="utf-8").strip()
     except OSError:
         return str(root)
     return home if is_uri(home) else str(root)
@@ -262,7 +262,7 @@ class Mirror:
 
     def mark_working_copy(self) -> None:
         """Record in the working copy which study it mirrors (see ``study_address``)."""
-        (self.local / HOME_FILE).write_text(self.uri + "\n")
+        (self.local / HOME_FILE).write_text(self.uri + "\n", encoding="utf-8")
 
 
 # Set by Ray's job supervisor for a job's entrypoint: the job's runtime environment.

@@ -97,7 +97,7 @@ def holder(exp: ExperimentDir) -> dict | None:
     ``study_lock`` wrote it), or None if absent or unreadable; whether it still runs is for
     the caller to ask (``dead_holder``, ``is_held``)."""
     try:
-        info = json.loads((exp.root / HOLDER_FILE).read_text())
+        info = json.loads((exp.root / HOLDER_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) and "pid" in info and "host" in info else None
@@ -108,7 +108,7 @@ def _process_started(pid: int) -> int | None:
     /proc; None elsewhere): with the pid, it names one process, where a pid alone may
     have been reused by another since."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command's name

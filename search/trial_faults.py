@@ -229,7 +229,7 @@ class KeepTracebacks(Callback):
         account = crash_account(kept.parent)
         own = f"The trial's process's own account (trials/.../crash*.txt):\n{account}\nRay's:\n" if account else ""
         try:
-            atomic_write_text(kept, own + without_colours(Path(source).read_text(errors="replace")))
+            atomic_write_text(kept, own + without_colours(Path(source).read_text(encoding="utf-8", errors="replace")))
         except (OSError, HpsearchError):  # a full disk too
             pass  # Ray's own file stays, and is named instead
 
@@ -261,7 +261,7 @@ def _last_failure(trial) -> str:
     trial, each under a "Failure # N" line."""
     path = getattr(trial, "error_file", None)
     try:
-        text = Path(path).read_text() if path else ""
+        text = Path(path).read_text(encoding="utf-8") if path else ""
     except OSError:
         text = ""
     return without_colours(re.split(r"^Failure # \d+ \(occurred at [^)]*\)\s*$", text, flags=re.MULTILINE)[-1])

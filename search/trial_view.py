@@ -216,7 +216,7 @@ def _traceback(folder: Path) -> tuple[Path, list[str]] | None:
     for path in [folder / TRIAL_TRACEBACK, *sorted(folder.glob("error-rank*.txt"), key=_rank), folder / CRASH_FILE,
                  *sorted(folder.glob("crash-rank*.txt"), key=_rank)]:
         try:
-            text = path.read_text(errors="replace")
+            text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
         lines = text.rstrip().splitlines()

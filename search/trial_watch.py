@@ -81,7 +81,7 @@ class TrialWatch:
         """Native crashes' stacks go to ``path`` (and the watchdog's, on a hang) while the
         block runs; an account left empty is removed, and faulthandler is put back as it was."""
         was_enabled = faulthandler.is_enabled()
-        account = open(path, "w")  # noqa: SIM115 - faulthandler writes to it until the block ends
+        account = open(path, "w", encoding="utf-8")  # noqa: SIM115 - faulthandler writes to it until the block ends
         faulthandler.enable(file=account, all_threads=True)
         stop = threading.Event()
         watchdog = None
@@ -144,7 +144,7 @@ def crash_account(trial_dir: Path) -> str:
     texts = []
     for path in sorted(trial_dir.glob("crash*.txt")):
         try:
-            texts.append(path.read_text(errors="replace"))
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
         except OSError:
             continue
     return "\n".join(text for text in texts if text.strip())

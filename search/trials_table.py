@@ -189,7 +189,7 @@ class TrialsTable:
     def load(cls, path: Path, metric: str, mode: str, param_names: list[str]) -> "TrialsTable":
         table = cls(metric, mode, list(param_names))
         if path.is_file():
-            with path.open(newline="") as handle:
+            with path.open(newline="", encoding="utf-8") as handle:
                 for raw in csv.DictReader(handle):
                     row = Row((k, _parse(v)) for k, v in raw.items() if v != "")
                     _moved_to(row, path.parent)
@@ -218,7 +218,7 @@ COUNT_COLUMNS = ("node_losses",)
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """trials.csv as typed rows, in trial order, naming the study's files where it is now
     (``_moved_to``), as ``TrialsTable.load`` does."""
-    with path.open(newline="") as handle:
+    with path.open(newline="", encoding="utf-8") as handle:
         rows = [{k: _parse(v) for k, v in raw.items()} for raw in csv.DictReader(handle)]
     for row in rows:
         row.update({name: 0 for name in COUNT_COLUMNS if row.get(name) == ""})

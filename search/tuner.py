@@ -26,7 +26,7 @@ from .components import DRIVER_HOST_ENV, user_code_roots
 from .config import ExperimentConfig
 from .errors import counted, warn_user
 from .experiment import ExperimentDir
-from .local_ray_env import local_ray_variables
+from .local_ray_env import local_ray_variables, refuse_paths_ray_cannot_encode
 from .outcome import (RUNNING, SESSION_COMPLETE, SESSION_DISK_FULL, SESSION_FAILURES_IN_A_ROW, SESSION_INTERRUPTED,
                       SESSION_TIME_BUDGET, TRAINING_SEED, TRIAL_NUMBER, PruneLog)
 from .storage import Mirror
@@ -145,6 +145,7 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
             warn_user(f"address={address!r} is ignored: this process already runs Ray (ray.init was called); "
                       "the search uses that one")
         return SearchRay(started=False, environment_before=environment_before)
+    refuse_paths_ray_cannot_encode([os.getcwd(), *shipping[1]])
     target = cluster_address(address) or "local"
     if target != "local":
         ensure_cluster_answers(target)

@@ -305,6 +305,26 @@ def _study_with(tmp_path, states, **overrides):
     return exp
 
 
+def test_a_study_under_a_non_ascii_path_reads_in_a_locale_that_is_not_utf8(tmp_path):
+    """Under LC_ALL=C without Python's UTF-8 mode, status crashed in UnicodeDecodeError on
+    trials.csv, whose trial_dir column held the path (audit 81): the study's files are UTF-8."""
+    from hpsearch.search.trials_table import TrialsTable
+
+    exp = _study_with(tmp_path / "projet é 日本", ["COMPLETE", "PRUNED"])
+    table = TrialsTable.load(exp.trials_csv, "val_acc", "max", [])
+    table.row(0).update(trial_dir=str(exp.root / "trials" / "trial_0000"), error="échec: ✗")
+    table.save(exp.trials_csv)
+    environment = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    environment.pop("PYTHONIOENCODING", None)
+    for command in (["status"], ["status", "--trial", "0"], ["compare"]):
+        out = subprocess.run([sys.executable, "-c", "import sys; from hpsearch.search.cli import main; "
+                              "sys.exit(main(sys.argv[1:]))", *command, str(exp.root)], capture_output=True,
+                             env=environment, timeout=120)
+        assert b"UnicodeDecodeError" not in out.stderr and b"Traceback" not in out.stderr, out.stderr.decode()[-2000:]
+        assert out.returncode == 0, (command, out.stderr.decode()[-2000:])
+        assert b"trial" in out.stdout + out.stderr, out.stdout
+
+
 def test_a_rungs_kept_trials_are_those_asha_did_not_prune_there(tmp_path):
     """A trial early-stopped at a rung's epoch was counted as cut by ASHA there: "kept" was
     the trials that trained past it (audit 78)."""

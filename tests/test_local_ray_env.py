@@ -80,3 +80,15 @@ def test_a_local_ray_that_cannot_save_its_token_in_a_read_only_home_gets_one_of_
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     (tmp_path / ".ray" / "auth_token").unlink()
     assert local_ray_variables() == {}
+
+
+def test_a_path_the_locale_cannot_encode_is_refused_before_ray_starts(monkeypatch):
+    """LC_ALL=C without Python's UTF-8 mode, run from a folder named with an é: Ray's start
+    failed in a traceback, "surrogates not allowed"."""
+    from hpsearch.search.local_ray_env import refuse_paths_ray_cannot_encode
+
+    monkeypatch.setattr(local_ray_env.sys, "getfilesystemencoding", lambda: "ascii")
+    refuse_paths_ray_cannot_encode(["/work/plain", "/work/user code"])
+    with pytest.raises(HpsearchError, match=r"^/work/projet é has characters this process's locale \(ascii\) "
+                                            r"cannot encode, .* PYTHONUTF8=1"):
+        refuse_paths_ray_cannot_encode(["/work/plain", "/work/projet \udcc3\udca9"])  # é's bytes, as ascii decodes them
