@@ -92,9 +92,13 @@ def print_status(exp: ExperimentDir, console: Console | None = None, every_trial
             title += f" — {picked}: {len(shown)} shown"
         console.print(_trials_table(title, shown, params, metric, *_layout(console, title, shown, params, metric)))
         if len(shown) < len(chosen):
-            console.print(f"{len(rows) - len(shown)} more trials not shown (the latest {SHOWN_TRIALS} are, and "
-                          f"those running or paused, and the best); `hpsearch status {study_address(exp.root)} --all` "
-                          f"shows every one, and trials.csv has them.", markup=False, soft_wrap=True)
+            # of the trials chosen: with --state, those in its states (it said the study's rest, and
+            # its --all dropped the states; audit 83)
+            in_states = "".join(f" --state {state}" for state in states)
+            console.print(f"{len(chosen) - len(shown)} more trials{' in that state' if states else ''} not shown "
+                          f"(the latest {SHOWN_TRIALS} are, and those running or paused, and the best); "
+                          f"`hpsearch status {study_address(exp.root)}{in_states} --all` shows every one, and "
+                          f"trials.csv has them.", markup=False, soft_wrap=True)
         console.print(_summary_line(rows, best, table.ahead_of_best(best), metric, config["mode"]), markup=False,
                       soft_wrap=True)
     elif any(state != WAITING for state in queued_and_not):

@@ -1069,6 +1069,11 @@ def test_status_of_a_large_study_shows_its_latest_running_and_best_trials_and_su
     assert main(["status", str(exp.root), "--all"]) == 0
     output = capsys.readouterr().out
     assert shown_trials(output) == list(range(len(states))) and "not shown" not in output, output
+    # of one state: the count of that state's others, and an --all that keeps the state (audit 83)
+    assert main(["status", str(exp.root), "--state", "complete"]) == 0
+    output = " ".join(capsys.readouterr().out.split())
+    assert (f"18 more trials in that state not shown (the latest 40 are, and those running or paused, and the best); "
+            f"`hpsearch status {exp.root} --state COMPLETE --all` shows every one") in output, output
     # No trial ended yet: the paused one's value is said as what it is (audit 21, D4).
     young = _study_with(tmp_path / "young", ["PAUSED", "RUNNING"])
     table = TrialsTable.load(young.trials_csv, "val_acc", "max", [])
