@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import time
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 REASON_WIDTH = 20  # the least width of status's "why it stopped" column
 PARAMS_WIDTH = 16  # the least width of status's shared "params" column
+PARAMS_LINES = 8  # the most lines a trial's values take in that column (status --trial shows them all)
 NARROWEST_FOLDED = 6  # how narrow those two get on a terminal too narrow for their least widths
 TELEMETRY_COLUMNS = {"s/epoch": "epoch_time_s", "start-up s": "startup_s"}  # title: trials.csv's field
 # Left out, in this order, where the table would not fit the terminal even with the
@@ -57,8 +59,12 @@ def ahead_note(ahead: dict[str, Any], metric: str, value: Any) -> str:
 
 def table_console(piped_width: int = 160) -> Console:
     """A terminal's own width; piped output (logs, CI) a wide table rather than rich's
-    80-column default."""
-    return Console() if sys.stdout.isatty() else Console(width=piped_width)
+    80-column default, or the width ``COLUMNS`` asks for (which piped output ignored;
+    audit 83)."""
+    if sys.stdout.isatty():
+        return Console()
+    asked = os.environ.get("COLUMNS", "")
+    return Console(width=int(asked) if asked.isdigit() and int(asked) > 0 else piped_width)
 
 
 def print_status(exp: ExperimentDir, console: Console | None = None, every_trial: bool = False,
@@ -267,8 +273,12 @@ def _layout(console: Console, title: str, rows: list[dict[str, Any]], params: li
     if room < 0:
         params_width = max(NARROWEST_FOLDED, PARAMS_WIDTH + room // 2)
         return params_width, left_out, max(NARROWEST_FOLDED, REASON_WIDTH + room + (PARAMS_WIDTH - params_width))
+    # The room to the values, less what the reasons need of it (at most half): half went to
+    # each, and short reasons left the other half blank (49 of 200 columns; audit 83).
     longest = max((len(_shared_values(row, params)) for row in rows), default=0)
-    return PARAMS_WIDTH + min(max(0, longest - PARAMS_WIDTH), room // 2), left_out, REASON_WIDTH
+    reasons = max((len(_why_it_stopped(row)) for row in rows), default=0)
+    to_reasons = min(max(0, reasons - REASON_WIDTH), room // 2)
+    return PARAMS_WIDTH + min(max(0, longest - PARAMS_WIDTH), room - to_reasons), left_out, REASON_WIDTH
 
 
 class _NotSampled(str):
@@ -286,11 +296,30 @@ def _marked_not_sampled(rows: list[dict[str, Any]], space: dict[str, Any]) -> li
             if conditional else row for row in rows]
 
 
-def _shared_values(row: dict[str, Any], params: list[str]) -> str:
+def _shared_values(row: dict[str, Any], params: list[str], width: int | None = None) -> str:
     """The values of the shared column; a conditional parameter the trial did not sample is
-    left out, rather than shown as ``momentum=-`` in most rows (a sampled null shows as ``-``)."""
-    return " ".join(f"{name}={_sampled(row, param)}" for name, param in zip(_short_names(params), params)
-                    if row.get(param) is not NOT_SAMPLED)
+    left out, rather than shown as ``momentum=-`` in most rows (a sampled null shows as ``-``).
+    With a ``width``: whole ``name=value`` pairs to a line, one too long for a line on lines
+    of its own (folded there, whole), and at most ``PARAMS_LINES`` lines, the last saying how
+    many more: folded as one text at the column's edge, 32 values broke mid-word with the
+    next pair on the same line, and 41 trials made 3,963 lines at 80 columns (audit 83)."""
+    pairs = [f"{name}={_sampled(row, param)}" for name, param in zip(_short_names(params), params)
+             if row.get(param) is not NOT_SAMPLED]
+    if width is None:
+        return " ".join(pairs)
+    lines: list[str] = []  # each a line of the column, but a long pair's, which folds
+    used = 0  # the column's lines they take
+    for index, pair in enumerate(pairs):
+        if lines and len(lines[-1]) + 1 + len(pair) <= width:
+            lines[-1] += f" {pair}"
+            continue
+        needs = -(-len(pair) // width)
+        if used + needs > PARAMS_LINES - (index < len(pairs) - 1):  # room kept for the count of the rest
+            lines.append(f"+{len(pairs) - index} more")
+            break
+        lines.append(pair)
+        used += needs
+    return "\n".join(lines)
 
 
 def _sampled(row: dict[str, Any], param: str) -> str:
@@ -365,21 +394,9 @@ def _row_cells(row: dict[str, Any], params: list[str], params_width: int | None,
     """One trial's cells in ``status``'s table. They hold the user's values and messages as
     they are: a "[rank0]" in an error is text, not rich markup (which dropped it)."""
     state = str(row.get("state", ""))
-    reason = row.get("reason") or ""
-    if row.get("error") and row["error"] != reason:
-        finished_anyway = state in ("COMPLETE", "PRUNED")
-        if finished_anyway:
-            reason = f"{reason} (retried after: {row['error']})"
-        else:  # a trial in its next try, or paused or interrupted before it
-            reason = f"{reason}: {row['error']}" if reason else str(row["error"])
-    if row.get("data_starved") is True:
-        reason = f"{reason} [data-starved: {_waiting_on_data(row)}]".strip()
-    if row.get("notes"):
-        reason = f"{reason} ({row['notes']})"
-    if row.get("retry_of") not in (None, ""):
-        reason = f"{reason} (trial {row['retry_of']}'s configuration again)".strip()
+    reason = _why_it_stopped(row)
     values = [_sampled(row, p) for p in params] if params_width is None else \
-        ["" if measuring else _shared_values(row, params)]
+        ["" if measuring else _shared_values(row, params, params_width)]
     tries = _fmt(row.get("attempts")) + (f" (+{row['node_losses']} node lost)" if row.get("node_losses") else "")
     return [
         Text(str(row["trial"])),
@@ -392,6 +409,24 @@ def _row_cells(row: dict[str, Any], params: list[str], params_width: int | None,
         *(Text(_fmt(row.get(TELEMETRY_COLUMNS[column]))) for column in telemetry),
         Text("" if measuring else str(reason)),
     ]
+
+
+def _why_it_stopped(row: dict[str, Any]) -> str:
+    """A trial's "why it stopped" cell: its reason, with its error, data starvation, notes,
+    and whose configuration it ran again."""
+    reason = row.get("reason") or ""
+    if row.get("error") and row["error"] != reason:
+        if str(row.get("state", "")) in ("COMPLETE", "PRUNED"):  # finished anyway
+            reason = f"{reason} (retried after: {row['error']})"
+        else:  # a trial in its next try, or paused or interrupted before it
+            reason = f"{reason}: {row['error']}" if reason else str(row["error"])
+    if row.get("data_starved") is True:
+        reason = f"{reason} [data-starved: {_waiting_on_data(row)}]".strip()
+    if row.get("notes"):
+        reason = f"{reason} ({row['notes']})"
+    if row.get("retry_of") not in (None, ""):
+        reason = f"{reason} (trial {row['retry_of']}'s configuration again)".strip()
+    return str(reason)
 
 
 def _short_names(params: list[str]) -> list[str]:

@@ -53,7 +53,12 @@ def print_trial(exp: ExperimentDir, number: int, console: Console, mirror: Mirro
     metric, best = config["metric"], exp.stored_best() or {}
     the_best = " (the study's best trial)" if best.get("trial") == number else ""
     console.print(f"trial {number} of {exp.root.name}{the_best}: {_state(row)}", markup=False, soft_wrap=True)
-    line("values", ", ".join(_value(key, row.get(key), spec) for key, spec in config["space"].items()))
+    values = [_value(key, row.get(key), spec) for key, spec in config["space"].items()]
+    if LABEL_WIDTH + len(", ".join(values)) <= console.width:
+        line("values", ", ".join(values))
+    else:  # one to a line: 32 values made one line of 2,300 characters (audit 83)
+        for label, value in zip(["values", *[""] * len(values)], values):
+            line(label, value)
     given = record.get(FIRST_TRIAL)
     if given is not None or row.get("retry_of") not in (None, ""):
         line("", "given by search.first_trials" if given is not None else

@@ -1286,6 +1286,62 @@ def test_status_at_80_columns_fits_the_screen(tmp_path):
     assert "left out" not in text and "3.21" in text, text
 
 
+def test_status_piped_takes_the_width_columns_asks_for(monkeypatch):
+    """Piped, the table was 160 columns whatever COLUMNS said (audit 83)."""
+    from hpsearch.search.status_view import table_console
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False, raising=False)
+    monkeypatch.setenv("COLUMNS", "90")
+    assert table_console().width == 90
+    for unusable in ("", "wide", "0"):
+        monkeypatch.setenv("COLUMNS", unusable)
+        assert table_console().width == 160
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_status_of_many_long_named_parameters_keeps_each_pair_whole_and_a_trial_to_a_few_lines(tmp_path, width):
+    """32 parameters with long names and long categorical values: folded as one text, pairs
+    broke mid-word with the next one on the same line, 41 trials made 3,963 lines at 80
+    columns, and at 200 a quarter of the width went unused (audit 83)."""
+    from rich.console import Console
+
+    from hpsearch.search.experiment import ExperimentDir, write_config
+    from hpsearch.search.status_view import PARAMS_LINES, print_status
+
+    names = [f"model.augmentation_setting_number_{index}" for index in range(32)]
+    config = shrunk_example(tmp_path)
+    config["space"] = {name: {"type": "categorical", "choices": ["a", "b"]} for name in names}
+    exp = ExperimentDir.make(tmp_path / "study")
+    write_config(exp, config)
+    values = {name: f"policy_{index}_v{index % 3}" for index, name in enumerate(names)}
+    header = "trial,state,reason,best,epochs,attempts," + ",".join(names)
+    rows = [f"{trial},COMPLETE,asha,0.{trial + 10},3,1," + ",".join(values.values()) for trial in range(3)]
+    (exp.root / "trials.csv").write_text("\n".join([header, *rows]) + "\n")
+    console = Console(width=width, record=True)
+    print_status(exp, console)
+    lines = console.export_text().splitlines()
+    rule = next(number for number, line in enumerate(lines) if line.startswith("─"))
+    table = lines[rule + 1:rule + 1 + 3 * PARAMS_LINES + 1]
+    starts = [number for number, line in enumerate(table) if line.split()[:2] in (["0", "COMPLETE"],
+                                                                                     ["1", "COMPLETE"])]
+    assert len(starts) == 2 and starts[1] - starts[0] <= PARAMS_LINES, lines  # a trial's rows at most 8 lines
+    first_trial = table[starts[0]:starts[1]]
+    at = first_trial[0].index("augmentation")
+    cells = [line[at:].split("  ")[0].strip() for line in first_trial]
+    # each pair whole: on lines of its own where longer than the column (folded there, at
+    # 80 columns), else beside others, never broken with the next one on its line
+    joined = "".join(cells) if width == 80 else " ".join(cells)
+    shown = [index for index, name in enumerate(names)
+             if f"{name.rsplit('.')[-1]}={values[name]}" in joined]
+    assert shown == list(range(len(shown))) and len(shown) >= 2, cells
+    assert cells[-1] == f"+{32 - len(shown)} more", cells
+    if width == 80:
+        assert all(cell.startswith("augmentation") == (number % 3 == 0) for number, cell in enumerate(cells[:-1])), \
+            cells
+    if width == 200:  # the room not needed by the reasons goes to the values
+        assert max(len(line) for line in table) >= 190, table
+
+
 @pytest.mark.parametrize("width", [72, 64, 56])
 def test_status_under_80_columns_folds_the_values_and_reasons_rather_than_cut_them(tmp_path, width):
     """Under about 73 columns even the least widths of the shared values and the reasons

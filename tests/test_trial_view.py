@@ -83,6 +83,15 @@ def test_a_trial_handed_out_or_queued_without_a_row_is_said_so_and_who_runs_it(e
     shown = console.file.getvalue()
     assert "best 0.75 at epoch 2 (max), last 0.7, after 3 epochs; by epoch: 1: 0.5  2: 0.75  3: 0.7" in shown, shown
     assert "given by search.first_trials" in shown, shown
+    values_line = next(line for line in shown.splitlines() if line.startswith("values"))
+    assert values_line.split(None, 1)[1].startswith("model.lr = , model.channels = , data.batch_size ="), values_line
+    # too many for a line: one to a line, under the label (32 made 2,300 characters; audit 83)
+    narrow = Console(file=io.StringIO(), width=30)
+    print_trial(exp, 0, narrow)
+    lines = narrow.file.getvalue().splitlines()
+    at = next(number for number, line in enumerate(lines) if line.startswith("values"))
+    assert [line.split() for line in lines[at:at + 3]] == [["values", "model.lr", "="], ["model.channels", "="],
+                                                             ["data.batch_size", "="]], lines
     # ended in the study, its row lost with trials.csv: a resume writes it again (audit 47: "starting")
     searcher.on_trial_complete("b", {"val_acc": 0.7, "epoch": 3, "hps_finished": True})
     exp.trials_csv.unlink()
