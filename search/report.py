@@ -49,11 +49,15 @@ def write_report(exp: ExperimentDir, out_dir: Path | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(exp)
     study = _open_study(exp, summary)
+    scored = _scored_copy(study, summary)  # once for both of Optuna's plots (it was built for each)
+    ranked = _ranked_parameters(scored)
+    axes = ranked[:PARALLEL_AXES] if len(ranked) > PARALLEL_AXES else None
     figures = {
         "history": _history_plot(summary),
         "learning_curves": _learning_curves(study, summary),
-        "parallel_coordinates": _optuna_plot("plot_parallel_coordinate", study, summary),
-        "param_importances": _optuna_plot("plot_param_importances", study, summary, importances=True),
+        "parallel_coordinates": _optuna_plot("plot_parallel_coordinate", scored, summary, params=axes),
+        "param_importances": _optuna_plot("plot_param_importances", scored, summary, importances=True,
+                                          height=max(4.5, 1.2 + 0.3 * len(ranked))),
         "rungs": _rungs_plot(summary),
         "compute": _compute_plot(summary),
     }
@@ -68,7 +72,8 @@ def write_report(exp: ExperimentDir, out_dir: Path | None = None) -> Path:
         plt.close(figure)
         images[name] = path
     page = out / "report.html"
-    page.write_text(_html(summary, images), encoding="utf-8")
+    page.write_text(_html(summary, images, parallel_of=(len(axes), len(ranked)) if axes else None),
+                    encoding="utf-8")
     return page
 
 
@@ -204,29 +209,58 @@ def _scored_copy(study, summary: StudySummary):
     return copy if len(copy.trials) >= 2 else None
 
 
-def _optuna_plot(name: str, study, summary: StudySummary, importances: bool = False):
-    """``importances``: rank the parameters with PED-ANOVA, which needs no scikit-learn
-    (Optuna's default, fANOVA, does, and scikit-learn brings SciPy into every trial
-    worker's Lightning import: models/data/README.md)."""
+# The most parameters the parallel-coordinates plot draws, the most important first: its
+# 32 axes and their tick labels ran into one another (audit 83).
+PARALLEL_AXES = 8
+
+
+def _importance_evaluator():
+    """PED-ANOVA, which needs no scikit-learn (Optuna's default, fANOVA, does, and
+    scikit-learn brings SciPy into every trial worker's Lightning import: models/data/README.md)."""
+    import optuna
+
+    return optuna.importance.PedAnovaImportanceEvaluator()
+
+
+def _ranked_parameters(scored) -> list[str]:
+    """The searched parameters, the most important first; [] where they cannot be ranked
+    (too few trials, one distinct value)."""
+    import optuna
+
+    if scored is None:
+        return []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            return list(optuna.importance.get_param_importances(scored, evaluator=_importance_evaluator()))
+        except (ValueError, RuntimeError):
+            return []
+
+
+def _optuna_plot(name: str, scored, summary: StudySummary, importances: bool = False,
+                 params: list[str] | None = None, height: float = 4.5):
+    """One of Optuna's plots of ``scored`` (``_scored_copy``); ``importances``: ranked by
+    PED-ANOVA (``_importance_evaluator``); ``params``: those to draw (None: all);
+    ``height``: the figure's, in inches (a bar a parameter needs room: 32 labels overlapped
+    in 4.5 inches; audit 83)."""
     import optuna
     import optuna.visualization.matplotlib as optuna_plots
 
-    scored = _scored_copy(study, summary)
     if scored is None:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # Matplotlib's note on a plot whose values are all equal (e.g. every trial failed alike).
         warnings.filterwarnings("ignore", message="Attempting to set identical low and high")
-        options = {"evaluator": optuna.importance.PedAnovaImportanceEvaluator()} if importances else {}
+        options = {"evaluator": _importance_evaluator()} if importances else {}
         try:
-            axes = getattr(optuna_plots, name)(scored, target_name=summary.metric, **options)
+            axes = getattr(optuna_plots, name)(scored, params=params, target_name=summary.metric, **options)
         except (ValueError, RuntimeError) as exc:  # e.g. importances with a single distinct value
             warnings.warn(f"report: {name} skipped: {exc}", stacklevel=2)
             return None
     axes = axes.flat[0] if hasattr(axes, "flat") else axes
     figure = axes.figure
-    figure.set_size_inches(8, 4.5)
+    figure.set_size_inches(8, height)
     return figure
 
 
@@ -363,7 +397,9 @@ def _speed_rows(summary: StudySummary) -> tuple[list[dict[str, Any]], str]:
     return [row for row in rows if id(row) in picked], note
 
 
-def _html(summary: StudySummary, images: dict[str, Path]) -> str:
+def _html(summary: StudySummary, images: dict[str, Path], parallel_of: tuple[int, int] | None = None) -> str:
+    """The page; ``parallel_of``: (drawn, searched) where the parallel-coordinates plot
+    draws only the most important parameters."""
     best = summary.best or {}
     best_rows = [["value", best.get("value")], ["trial", best.get("trial")], ["state", best.get("state")],
                  ["epochs", best.get("epochs")]]
@@ -405,7 +441,9 @@ def _html(summary: StudySummary, images: dict[str, Path]) -> str:
         _image(images, "learning_curves", _learning_curves_caption(summary)),
         "<h2>Parameters vs metric</h2>",
         _image(images, "parallel_coordinates", "parallel coordinates; pruned trials count with the best value "
-                                               "they reached before ASHA stopped them"),
+                                               "they reached before ASHA stopped them"
+               + (f"; the {parallel_of[0]} most important of the {parallel_of[1]} parameters, by the importances "
+                  f"below" if parallel_of else "")),
         _image(images, "param_importances", "parameter importances (Optuna's PED-ANOVA), same trials"),
         "<h2>ASHA rungs</h2>",
         _table("rungs", ["rung epoch", "trials reached", "trials kept"], rungs) if rungs else

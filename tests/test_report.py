@@ -429,3 +429,31 @@ def test_the_search_progress_follows_the_best_complete_trial_in_the_order_sample
              for collection in axes.collections}
     assert drawn == {"pruned trial": [(0, 0.2), (5, 0.1)], "complete trial": [(1, 0.5), (3, 0.4), (4, 0.3), (6, 0.45)],
                      "best (trial 4)": [(4, 0.3)]}
+
+
+def test_the_parameter_plots_of_many_parameters_draw_the_most_important_and_give_each_bar_room():
+    """32 parameters: the parallel coordinates' axes and labels ran into one another, and
+    the importances squeezed 32 bar labels into 4.5 inches (audit 83)."""
+    import matplotlib
+    import optuna
+
+    from hpsearch.search.report import PARALLEL_AXES, _optuna_plot, _ranked_parameters, _scored_copy
+
+    matplotlib.use("Agg")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study, rows = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0)), []
+    for number in range(40):
+        trial = study.ask()
+        values = [trial.suggest_float(f"p{index:02d}", 0.0, 1.0) for index in range(32)]
+        trial.report(values[7] + 0.1 * values[3], 1)  # two parameters decide the metric
+        study.tell(trial, values[7])
+        rows.append({"trial": str(number), "state": "COMPLETE"})
+    summary = summary_of(rows)
+    scored = _scored_copy(study, summary)
+    ranked = _ranked_parameters(scored)
+    assert len(ranked) == 32 and ranked[0] == "p07", ranked
+    parallel = _optuna_plot("plot_parallel_coordinate", scored, summary, params=ranked[:PARALLEL_AXES])
+    labels = [label.get_text() for label in parallel.axes[0].get_xticklabels()]
+    assert "p07" in labels and len([label for label in labels if label.startswith("p")]) == PARALLEL_AXES, labels
+    bars = _optuna_plot("plot_param_importances", scored, summary, importances=True, height=1.2 + 0.3 * 32)
+    assert bars.get_size_inches()[1] > 10 and len(bars.axes[0].patches) == 32
