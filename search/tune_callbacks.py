@@ -108,8 +108,8 @@ EPOCH_FIGURES = ("hps_epoch_time_s", "hps_train_time_s", "hps_val_time_s", "hps_
 class TrialsTableRecorder(Callback):
     """Keeps ``trials.csv`` current: every trial's state, params, metric and telemetry.
 
-    Results rewrite the file at most every ``min_interval_s`` (one held back is written
-    once the interval has passed); trial ends always do.
+    Results and trial starts rewrite the file at most every ``min_interval_s`` (one held
+    back is written once the interval has passed); trial ends always do.
     ``planned``: a trial's columns known from its config before it reports (its device,
     precision, strategy, seed), filled in at its start where the row has none: a trial that
     failed before its first report, on its precision or strategy say, showed none of them.
@@ -142,7 +142,10 @@ class TrialsTableRecorder(Callback):
         row["attempts"] = row.get("attempts") or 1
         if RETRY_OF in trial.config:  # a failed trial's configuration run again (resume --retry-failed)
             row["retry_of"] = trial.config[RETRY_OF]
-        self._write(force=True)
+        # Held back by the interval as results are (a trial's end is always written): each
+        # write is the whole file, and a write at every start and end made the driver write
+        # 36 MB for a 180 KB trials.csv at 200 trials, growing with the square (audit 83).
+        self._write()
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """A failed trial about to be retried from its last checkpoint (``RetryPolicy``

@@ -188,6 +188,29 @@ def test_a_result_held_back_by_the_write_interval_is_written_once_it_has_passed(
     assert [r["epochs"] for r in read_rows(tmp_path / "trials.csv")] == [2]
 
 
+def test_trial_starts_are_held_back_by_the_write_interval_and_trial_ends_are_not(tmp_path):
+    """Each write is the whole file: one at every start and end made the driver write 36 MB
+    for a 180 KB trials.csv at 200 trials (audit 83). A trial's end is written at once."""
+    from types import SimpleNamespace
+
+    from hpsearch.search.outcome import PruneLog
+    from hpsearch.search.tune_callbacks import TrialsTableRecorder
+
+    recorder = TrialsTableRecorder(TrialsTable("val_acc", "max", []), tmp_path / "trials.csv", PruneLog(),
+                                   min_interval_s=60)
+    writes = []
+    save = recorder.table.save
+    recorder.table.save = lambda path: (writes.append(len(recorder.table.rows)), save(path))
+    trials = [SimpleNamespace(trial_id=f"t{number}", config={"hps_trial_number": number}, last_result={})
+              for number in range(3)]
+    for trial in trials:
+        recorder.on_trial_start(0, [], trial)
+    assert writes == [1]  # the first; the others within the interval
+    recorder.on_trial_result(0, [], trials[0], {"val_acc": 0.5, "epoch": 1, "hps_finished": True})
+    recorder.on_trial_complete(0, [], trials[0])
+    assert writes == [1, 3] and [r["trial"] for r in read_rows(tmp_path / "trials.csv")] == [0, 1, 2]
+
+
 def test_a_trials_planned_techniques_are_in_its_row_from_its_start(tmp_path, example_config):
     """A trial that failed before its first report (on its precision or strategy, say)
     had empty precision, strategy and world_size columns."""
@@ -203,7 +226,7 @@ def test_a_trials_planned_techniques_are_in_its_row_from_its_start(tmp_path, exa
     example_config["space"]["trainer.precision"] = {"type": "categorical", "choices": ["16-mixed", "64-true"]}
     config = load_config(example_config)
     recorder = TrialsTableRecorder(TrialsTable("val_acc", "max", []), tmp_path / "trials.csv", PruneLog(),
-                                   planned=planned_columns(config))
+                                   min_interval_s=0, planned=planned_columns(config))
     for number, precision in enumerate(["16-mixed", "64-true"]):
         trial = SimpleNamespace(trial_id=f"t{number}", config={"hps_trial_number": number,
                                                               "params": {"trainer.precision": precision}})
