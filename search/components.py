@@ -193,10 +193,14 @@ def _stack_shadowed_in(directory: Path) -> list[str]:
         return []
     from importlib import metadata
 
+    installed = metadata.packages_distributions()  # top-level names -> distributions (0.2 s here)
+    named_so = {name: installed[name] for name in here if name in installed}
+    if not named_so:
+        return []
     stack = _stack_distributions()
     found = []
     for name, path in sorted(here.items()):
-        libraries = [dist for dist in metadata.packages_distributions().get(name, []) if _canonical(dist) in stack]
+        libraries = [dist for dist in named_so.get(name, []) if _canonical(dist) in stack]
         if libraries and not (name == "hpsearch" and path.is_dir()):
             shown = path.name if path.is_file() else f"{name}/"
             of = "" if _canonical(libraries[0]) == _canonical(name) else f" (of {libraries[0]})"
