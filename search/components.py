@@ -169,8 +169,11 @@ def check_components(config: ExperimentConfig) -> tuple[type, type]:
             continue
         problems += _argument_problems(config, section, classes[section])
     # A module here named as one of Python's own that the classes' imports took in its place
-    # ("cannot import name 'Queue' from 'queue'", the user's queue.py): the cause first
-    problems[:0] = [Problem("", message) for message in _standard_modules_shadowed_in(Path.cwd())]
+    # ("cannot import name 'Queue' from 'queue'", the user's queue.py): the cause first, where
+    # there is a failure to explain (a wave.py of the user's own, which the stack never
+    # imports, works, and was refused: audit 84)
+    if problems:
+        problems[:0] = [Problem("", message) for message in _standard_modules_shadowed_in(Path.cwd())]
     if not problems:
         problems += _loader_problems(config, classes["model"], classes["data"])
     _remember_user_sources(Path.cwd())

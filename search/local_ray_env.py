@@ -17,9 +17,18 @@ from .errors import HpsearchError
 
 # The longest path a Unix socket can have on Linux (sun_path's 108 bytes, less its end).
 SOCKET_PATH_LIMIT = 107
-# Ray's longest socket path below its temporary folder, with a session name at its
-# longest (a date, a time, microseconds and a 7-digit pid).
-LONGEST_SOCKET = os.path.join("ray", "session_2026-12-07_23-39-11_123456_4194304", "sockets", "plasma_store")
+
+
+def longest_socket() -> str:
+    """Ray's longest socket path below its temporary folder: a session name of a date, a
+    time, microseconds and a process id as long as this machine's can be (``pid_max``; 7
+    digits where it cannot be read: a limit of 39 bytes refused folders of 40 and 41 that
+    work on a machine of 5-digit pids; audit 84)."""
+    try:
+        digits = len(Path("/proc/sys/kernel/pid_max").read_text(encoding="utf-8").strip())
+    except OSError:
+        digits = 7
+    return os.path.join("ray", f"session_2026-12-07_23-39-11_123456_{'9' * digits}", "sockets", "plasma_store")
 
 
 def ray_temp_folder() -> tuple[str, str]:
@@ -36,12 +45,13 @@ def refuse_a_temp_folder_ray_cannot_use() -> None:
     """Raise, before Ray starts, where its temporary folder would make it fail: a path so
     long that its sockets' paths pass the limit, or a folder this process cannot write."""
     variable, folder = ray_temp_folder()
-    longest = len(os.path.join(os.path.abspath(folder), LONGEST_SOCKET).encode())
+    socket = longest_socket()
+    longest = len(os.path.join(os.path.abspath(folder), socket).encode())
     if longest > SOCKET_PATH_LIMIT:
         raise HpsearchError(
             f"{variable} is {folder} ({len(folder.encode())} bytes): Ray keeps its local sockets below it, and "
             f"their paths would be up to {longest} bytes, past a Unix socket's limit of {SOCKET_PATH_LIMIT}; set "
-            f"RAY_TMPDIR to a shorter folder (at most {SOCKET_PATH_LIMIT - len(LONGEST_SOCKET) - 1} bytes, "
+            f"RAY_TMPDIR to a shorter folder (at most {SOCKET_PATH_LIMIT - len(socket) - 1} bytes, "
             f"e.g. /tmp), which Ray uses in place of TMPDIR")
     existing = Path(folder)
     while not existing.exists() and existing != existing.parent:  # Ray makes the missing part
@@ -74,12 +84,22 @@ def local_ray_variables() -> dict[str, str | None]:
     token of this Ray's own (``RAY_AUTH_TOKEN``, which Ray reads first)."""
     variables: dict[str, str | None] = {}
     warnings_setting = os.environ.get("PYTHONWARNINGS")
-    if warnings_setting is not None and "error" in warnings_setting:
-        kept = ",".join(part for part in warnings_setting.split(",") if not part.strip().startswith("error"))
-        variables["PYTHONWARNINGS"] = kept or None
+    if warnings_setting is not None:
+        filters = warnings_setting.split(",")
+        kept = [part for part in filters if not _is_error_filter(part)]
+        if len(kept) < len(filters):
+            variables["PYTHONWARNINGS"] = ",".join(kept) or None
     if _needs_a_token_it_cannot_save():
         variables["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     return variables
+
+
+def _is_error_filter(text: str) -> bool:
+    """Whether a ``PYTHONWARNINGS`` filter's action is "error", which Python also takes
+    abbreviated ("e", "err": the first of its actions that starts so; audit 84)."""
+    action = text.split(":", 1)[0].strip().lower()
+    known = ("default", "always", "all", "ignore", "module", "once", "error")
+    return bool(action) and next((name for name in known if name.startswith(action)), None) == "error"
 
 
 def _needs_a_token_it_cannot_save() -> bool:

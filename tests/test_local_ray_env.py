@@ -9,14 +9,15 @@ import pytest
 
 from hpsearch.search import local_ray_env
 from hpsearch.search.errors import HpsearchError
-from hpsearch.search.local_ray_env import (LONGEST_SOCKET, SOCKET_PATH_LIMIT, local_ray_variables,
+from hpsearch.search.local_ray_env import (SOCKET_PATH_LIMIT, local_ray_variables, longest_socket,
                                            refuse_a_temp_folder_ray_cannot_use)
 
 
 def test_a_temp_folder_too_deep_for_rays_sockets_is_refused_naming_the_variable_and_the_limit(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_TMPDIR", raising=False)
-    fits = "/" + "t" * (SOCKET_PATH_LIMIT - len(LONGEST_SOCKET) - 2)  # its sockets' paths exactly at the limit
-    assert len(os.path.join(fits, LONGEST_SOCKET)) == SOCKET_PATH_LIMIT
+    socket = longest_socket()
+    fits = "/" + "t" * (SOCKET_PATH_LIMIT - len(socket) - 2)  # its sockets' paths exactly at the limit
+    assert len(os.path.join(fits, socket)) == SOCKET_PATH_LIMIT
     monkeypatch.setenv("TMPDIR", fits)
     monkeypatch.setattr(local_ray_env.os, "access", lambda path, mode: True)  # a folder Ray would make
     refuse_a_temp_folder_ray_cannot_use()
@@ -50,9 +51,22 @@ def test_a_temp_folder_this_process_cannot_write_is_refused(monkeypatch):
     tmp_path.rmdir()
 
 
+def test_the_socket_limit_follows_the_machines_longest_process_id(monkeypatch):
+    """With 7-digit pids assumed, folders of 40 and 41 bytes were refused where Ray works
+    with them, on a machine whose pids have 5 digits (audit 84)."""
+    read = local_ray_env.Path.read_text
+    for pid_max, digits in (("32768", 5), ("4194304", 7)):
+        monkeypatch.setattr(local_ray_env.Path, "read_text",
+                            lambda self, *args, value=pid_max, **kwargs: value + "\n" if str(self).endswith(
+                                "pid_max") else read(self, *args, **kwargs))
+        assert longest_socket().split("/")[1].endswith("_" + "9" * digits)
+        assert len(longest_socket()) == 60 + digits
+
+
 @pytest.mark.parametrize("setting,kept", [("error", None), ("error::DeprecationWarning", None),
                                           ("ignore::UserWarning,error", "ignore::UserWarning"),
-                                          ("default", "keep")])
+                                          ("e", None), ("err::DeprecationWarning,d", "d"),  # as Python reads them
+                                          ("default", "keep"), ("i,once", "keep")])
 def test_rays_processes_start_without_pythonwarnings_error_filters(monkeypatch, setting, kept):
     """Ray's dashboard agent raised its own deprecation warning, and the start timed out
     naming an overloaded GCS."""
