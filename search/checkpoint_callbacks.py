@@ -182,6 +182,19 @@ class ModelCheckpointsInTrialDir(pl.Callback):
         self.dirpath = dirpath
         self.moved: dict[str, str] = {}  # a dirpath the model named: the trial's folder it got
 
+    def _folder_for(self, named: str) -> str:
+        """The trial's folder for a ``dirpath`` the model named: one of that folder's name,
+        numbered where another named folder of the same name has it (``runs_a/ckpt`` and
+        ``runs_b/ckpt`` shared one, their files told apart by Lightning's ``-v1`` only;
+        audit 84). Callbacks are set up in the order the model gives them, alike in every
+        fit of the trial, so each gets the same folder at every resume."""
+        name = Path(named.rstrip("/")).name or "root"
+        taken = set(self.moved.values())
+        folder, number = self.dirpath / name, 2
+        while str(folder) in taken:
+            folder, number = self.dirpath / f"{name}-{number}", number + 1
+        return str(folder)
+
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         users = [callback for callback in trainer.checkpoint_callbacks
                  if isinstance(callback, ModelCheckpoint) and not isinstance(callback, _OwnStateKey)]
@@ -190,7 +203,9 @@ class ModelCheckpointsInTrialDir(pl.Callback):
                 callback.dirpath = str(self.dirpath)
             elif not str(callback.dirpath).startswith(str(self.dirpath)):  # not set here before (a second fit)
                 named = str(callback.dirpath)
-                callback.dirpath = self.moved[named] = str(self.dirpath / (Path(named.rstrip("/")).name or "root"))
+                if named not in self.moved:
+                    self.moved[named] = self._folder_for(named)
+                callback.dirpath = self.moved[named]
             if callback._save_on_train_epoch_end is None:  # Lightning's "decide at fit", its constructor's default
                 callback._save_on_train_epoch_end = False
         if users:

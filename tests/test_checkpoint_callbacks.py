@@ -155,6 +155,7 @@ def test_a_models_own_checkpoint_keeps_its_top_k_across_a_resume(tmp_path, monke
 def test_trials_whose_model_names_one_checkpoint_folder_each_write_into_a_folder_of_their_own(tmp_path, monkeypatch):
     """Every trial's model named the same ``dirpath``: trials wrote files of the same names
     into it, over each other's (audit 82). Each trial's go in its own model_checkpoints/."""
+    from pathlib import Path
     from types import SimpleNamespace
 
     from hpsearch.search.checkpoint_callbacks import ModelCheckpointsInTrialDir
@@ -170,6 +171,14 @@ def test_trials_whose_model_names_one_checkpoint_folder_each_write_into_a_folder
         placed.setup(SimpleNamespace(checkpoint_callbacks=[shared], callbacks=[shared]), None, "fit")
     assert shared.dirpath == str(tmp_path / "trial_0002" / "model_checkpoints" / "shared")
     assert placed.moved == {str(tmp_path / "shared"): shared.dirpath}
+    # two that name folders of one name: each its own (they shared one, told apart by -v1; audit 84)
+    first, second = (pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / run / "ckpt")) for run in ("a", "b"))
+    for _ in range(2):  # set up again in a resumed fit: the same folders
+        for callback in (first, second):
+            callback.dirpath = str(tmp_path / ("a" if callback is first else "b") / "ckpt")
+        placed = ModelCheckpointsInTrialDir(tmp_path / "trial_0003" / "model_checkpoints")
+        placed.setup(SimpleNamespace(checkpoint_callbacks=[first, second], callbacks=[first, second]), None, "fit")
+        assert (Path(first.dirpath).name, Path(second.dirpath).name) == ("ckpt", "ckpt-2")
 
 
 def test_a_checkpoint_written_under_the_plain_key_resumes_with_its_best_known(tmp_path, monkeypatch):
