@@ -157,6 +157,10 @@ def check(
     # a first check's imports drew from Python's generator (audit 53); it quiets no logger
     with caller_state_kept(loggers_quieted=False), thawed_at_exit():
         prepare(config, new_study=True)
+    from .components import user_code_roots
+    from .local_ray_env import refuse_paths_ray_cannot_encode
+
+    refuse_paths_ray_cannot_encode([os.getcwd(), *user_code_roots(config)])  # as run's start of Ray does (audit 84)
     if starts_a_local_ray(address):
         room_on_this_machine(config)  # refuses a trial too large for it, as run does
     return config, home.mirror.uri if home.mirror is not None else str(home.root)

@@ -70,7 +70,7 @@ def refuse_paths_ray_cannot_encode(paths: list[str]) -> None:
         try:
             path.encode(encoding)
         except UnicodeEncodeError:
-            shown = path.encode(encoding, "surrogateescape").decode("utf-8", "replace")
+            shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # its bytes as UTF-8
             raise HpsearchError(f"{shown} has characters this process's locale ({encoding}) cannot encode, and "
                                 f"Ray cannot start on it: run with PYTHONUTF8=1, or in a UTF-8 locale "
                                 f"(LC_ALL=C.UTF-8)") from None

@@ -156,7 +156,9 @@ def start_ray(config: ExperimentConfig, address: str | None, verbose: bool) -> S
     if target == "local":
         inherited = {"RAY_ADDRESS": "local", **(tune_trial_env() or {}), **local_ray_variables()}
         if "RAY_AUTH_TOKEN" in inherited:  # the driver's own connections to that Ray need it too, while it is up
-            os.environ["RAY_AUTH_TOKEN"] = inherited.pop("RAY_AUTH_TOKEN")
+            os.environ["RAY_AUTH_TOKEN"] = _ray_started_here.own_token = inherited.pop("RAY_AUTH_TOKEN")
+    else:
+        _ray_started_here.drop_own_token()  # a cluster's token is its own
     with _logger_quiet(RAY_TOKEN_NOTICE_LOGGER, target == "local" and not verbose), \
             _message_dropped(RAY_NO_SIGTERM_HANDLER_NOTICE, quiet=not verbose), \
             _inherited_by_local_ray(inherited), local_ray_without_idle_services(target == "local", verbose), \
@@ -195,6 +197,15 @@ class _StartedRay:
 
     connection: tuple[str, str] | None = None
     shipping: tuple[str, tuple[str, ...]] | None = None
+    own_token: str | None = None  # the token a local Ray was given (``local_ray_variables``), while it is up
+
+    def drop_own_token(self) -> None:
+        """Take the token this process gave its local Ray out of its environment: sent to
+        another Ray (a cluster joined later in the session), it was refused as this
+        process's (audit 84)."""
+        if self.own_token is not None and os.environ.get("RAY_AUTH_TOKEN") == self.own_token:
+            del os.environ["RAY_AUTH_TOKEN"]
+        self.own_token = None
 
     def record(self, shipping: tuple[str, tuple[str, ...]]) -> None:
         self.connection, self.shipping = _connection(), shipping
@@ -318,6 +329,7 @@ def shutdown_ray() -> None:
     import ray
 
     ray.shutdown()
+    _ray_started_here.drop_own_token()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
 

@@ -106,3 +106,31 @@ def test_a_path_the_locale_cannot_encode_is_refused_before_ray_starts(monkeypatc
     with pytest.raises(HpsearchError, match=r"^/work/projet é has characters this process's locale \(ascii\) "
                                             r"cannot encode, .* PYTHONUTF8=1"):
         refuse_paths_ray_cannot_encode(["/work/plain", "/work/projet \udcc3\udca9"])  # é's bytes, as ascii decodes them
+
+
+def test_check_refuses_a_folder_the_locale_cannot_encode_as_run_does(tmp_path, monkeypatch):
+    """check said ok in a folder run then refused (audit 84)."""
+    import hpsearch
+    from conftest import shrunk_example
+
+    folder = tmp_path / "café"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(local_ray_env.sys, "getfilesystemencoding", lambda: "ascii")
+    with pytest.raises(HpsearchError, match="café has characters this process's locale \\(ascii\\) cannot encode"):
+        hpsearch.check(shrunk_example(tmp_path / "runs"))
+
+
+def test_the_token_a_local_ray_was_given_leaves_the_environment_with_it(monkeypatch):
+    """Left in the environment, it went to a cluster joined later in the session, which
+    refused it as this process's token (audit 84); a token of the user's own stays."""
+    from hpsearch.search.tuner import _StartedRay
+
+    started = _StartedRay()
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "the users own")
+    started.drop_own_token()
+    assert local_ray_env.os.environ["RAY_AUTH_TOKEN"] == "the users own"
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "given")
+    started.own_token = "given"
+    started.drop_own_token()
+    assert "RAY_AUTH_TOKEN" not in local_ray_env.os.environ and started.own_token is None
