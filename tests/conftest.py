@@ -17,6 +17,10 @@ import numpy as np
 import pytest
 import yaml
 
+# pytest-xdist's workers get COLUMNS=80, which piped output honours (``status_view.table_console``):
+# tests that mean a width set it themselves.
+os.environ.pop("COLUMNS", None)
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits-cnn.yaml"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
