@@ -112,6 +112,11 @@ def check_sampler(config: ExperimentConfig) -> None:
     if config.search.sampler == "grid" and grid_size(config) < config.search.num_trials:
         warn_user(f"search.num_trials is {config.search.num_trials} but the grid has {grid_size(config)} points: "
                   f"the search ends after {grid_size(config)} trials")
+    elif config.search.sampler == "grid" and grid_size(config) > config.search.num_trials:
+        # 8 of 1,350 points ran, unsaid (audit 86): a subset in the grid sampler's shuffled order
+        warn_user(f"the grid has {grid_size(config):,} points and search.num_trials is {config.search.num_trials}: "
+                  f"the search runs {config.search.num_trials} of them, in Optuna's shuffled order "
+                  f"(search.num_trials: {grid_size(config)} runs every point)")
     categorical = [key for key, param in config.space.items() if param.type == "categorical" and not param.when]
     if categorical and config.search.sampler == "cmaes":
         # Optuna's CMA-ES leaves them to its independent sampler, whose warning hpsearch turns off

@@ -6,6 +6,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from hpsearch.search.config_loading import load_config
+from hpsearch.search.errors import ConfigError
 from hpsearch.search.preflight import representative_params
 from hpsearch.search.space import grid_size, grid_values, to_distributions
 
@@ -130,6 +131,28 @@ def test_a_grid_smaller_than_num_trials_is_announced(example_config):
     example_config["space"] = {"model.lr": {"type": "float", "low": 0.01, "high": 0.02, "step": 0.01}}
     with pytest.warns(UserWarning, match="num_trials is 6 but the grid has 2 points"):
         check_sampler(load_config(example_config))
+
+
+def test_a_grid_larger_than_num_trials_says_it_runs_a_part_of_it(example_config):
+    """8 of 1,350 points ran in a shuffled order, unsaid (audit 86)."""
+    from hpsearch.search.space import check_sampler
+
+    example_config["search"].update(sampler="grid", num_trials=2)
+    example_config["space"] = {"model.lr": {"type": "float", "low": 0.01, "high": 0.05, "step": 0.01}}
+    with pytest.warns(UserWarning, match=r"the grid has 5 points and search.num_trials is 2: the search runs 2 of "
+                                         r"them, in Optuna's shuffled order \(search.num_trials: 5 runs every point\)"):
+        check_sampler(load_config(example_config))
+
+
+def test_a_grid_refuses_a_log_int_range_as_it_refuses_a_log_float_one(example_config):
+    """batch_size 32-256 with log: every whole number, 225 points of the grid, unsaid (audit 86)."""
+    example_config["search"]["sampler"] = "grid"
+    example_config["space"] = {"data.batch_size": {"type": "int", "low": 32, "high": 256, "log": True}}
+    with pytest.raises(ConfigError) as caught:
+        load_config(example_config)
+    [problem] = caught.value.problems
+    assert problem.field == "space.data.batch_size.log" and "every whole number from 32 to 256 (225 values)" \
+        in problem.message and "choices: [32, 64, 128, 256]" in problem.message, problem
 
 
 def test_a_range_that_stops_short_of_its_high_is_said(example_config):
