@@ -131,7 +131,8 @@ BAD_SCHEMA = [
      "scheduler.reduction_factor", "makes Ray's ASHA build 529,834 rungs"),
     ("a grid of a billion points",
      lambda c: (c["search"].update(sampler="grid"),
-                c["space"].update({"model.lr": {"type": "float", "low": 0.0, "high": 1.0, "step": 1e-9}})),
+                c["space"].update({"model.lr": {"type": "float", "low": 0.0, "high": 1.0, "step": 1e-9},
+                                   "data.batch_size": {"type": "int", "low": 32, "high": 256, "step": 32}})),
      "space.model.lr", "(1,000,000,000 values of this parameter)"),
     ("a log-scale grid float", _set("search/sampler", "grid"), "space.model.lr",
      "a grid has no log scale: list the values as a categorical parameter"),
@@ -763,7 +764,8 @@ def test_resume_says_which_settings_it_changes(example_config, tmp_path):
         say_what_resume_changes(stored, load_config(example_config, ["search.num_trials=40"]), tmp_path / "study")
         say_what_resume_changes(stored, load_config(example_config, ["search.seed=5"]), tmp_path / "study")
         say_what_resume_changes(stored, load_config(example_config, ["search.keep_checkpoints=5"]), tmp_path / "s")
-        on_a_grid = ["search.sampler=grid", "space={model.lr: {type: categorical, choices: [0.001, 0.01]}}"]
+        on_a_grid = ["search.sampler=grid", "space={model.lr: {type: categorical, choices: [0.001, 0.01]}}",
+                     "space.data.batch_size={type: categorical, choices: [32, 64]}"]
         grid = load_config(example_config, on_a_grid)
         say_what_resume_changes(grid, load_config(example_config, [*on_a_grid, "search.seed=5"]), tmp_path)
     messages = [str(w.message) for w in caught]
