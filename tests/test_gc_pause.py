@@ -183,3 +183,32 @@ def test_the_gpu_test_evaluation_task_imports_the_stack_paused_and_frozen(exampl
     assert seen["frozen"] > 100_000
     assert seen["enabled"] is True
 
+
+
+def test_a_finished_cpu_trials_cycles_are_freed_before_the_next_trial_in_its_worker(monkeypatch):
+    """A CPU trial's Trainer, model and DataModule, in reference cycles, stayed in its reused
+    worker until the collector's next full pass: 11 earlier DataModules with their splits, a
+    worker of 147 MB of data at 2.7 GB (audit 85). They are freed as the trial ends."""
+    import weakref
+
+    from hpsearch.search import trial
+
+    class DataModule:
+        def __init__(self) -> None:
+            self.trainer = type("Trainer", (), {})()
+            self.trainer.datamodule = self  # the cycle Lightning makes
+            self.splits = bytearray(1 << 20)
+
+    monkeypatch.setattr(trial, "_used_a_gpu", lambda: False)
+    was_enabled = gc.isenabled()
+    gc.disable()  # between the collector's own passes
+    try:
+        finished = DataModule()
+        alive = weakref.ref(finished)
+        del finished
+        assert alive() is not None
+        trial._free_for_the_next_trial()
+        assert alive() is None
+    finally:
+        if was_enabled:
+            gc.enable()
