@@ -610,7 +610,8 @@ def test_an_evaluation_killed_interrupted_or_failing_keeps_the_result_and_resume
 
     code, output = finish(start("resume", str(exp_dir), cwd=tmp_path))
     assert code == 1 and "Traceback" not in output, output
-    assert "searching:" not in output and len(list((exp_dir / "tune").glob("session-*"))) == 1, output
+    # no Ray Tune session made by the resume (the first removed its own as its Tune run ended)
+    assert "searching:" not in output and not list((exp_dir / "tune").glob("session-*")), output
     best = json.loads((exp_dir / "best.json").read_text())  # the search's result is kept
     assert best["test_metrics"] == {} and best["checkpoint"], best
     assert re.match(r"AttributeError: .*undefined_helper.* \(at \S*faulty\.py:\d+ in test_step\); traceback: ",
@@ -631,7 +632,7 @@ def test_an_evaluation_killed_interrupted_or_failing_keeps_the_result_and_resume
     assert code == 0, output
     # Only the evaluation ran: no Tune session, and the console says so.
     assert "only the best trial's test evaluation ran again" in output and "searching:" not in output, output
-    assert len(list((exp_dir / "tune").glob("session-*"))) == 1
+    assert not list((exp_dir / "tune").glob("session-*"))
     best = json.loads((exp_dir / "best.json").read_text())
     assert best["test_error"] is None and 0 <= best["test_metrics"]["test_acc"] <= 1, best
     assert not (exp_dir / "evaluation-error.txt").exists()  # out of date now
