@@ -565,7 +565,7 @@ def _new_tune_session(tune_dir: Path) -> str:
     session's, about 27 KB a trial, was half of a large study's directory (112 of 225 MB
     at 3,300 trials over 11 sessions: audit 20, D5). A session that ends as hpsearch ends
     one removes its own (``run_session``); one that raised keeps it, for a look at a
-    session that went wrong, until the next ends."""
+    session that went wrong, so the folder left is the newest such session's."""
     tune_dir.mkdir(exist_ok=True)
     numbers = sorted(int(path.name.split("-", 1)[1]) for path in tune_dir.glob("session-*")
                      if path.name.split("-", 1)[1].isdigit())
