@@ -497,8 +497,10 @@ def print_comparison(summaries: list[StudySummary], console: Console | None = No
     from .study_summary import settings_that_differ, study_labels
 
     console = console or table_console(piped_width=200)
-    studies = [_compared(s, label, differs) for s, label, differs in
-               zip(summaries, study_labels(summaries), settings_that_differ(summaries))]
+    differing = settings_that_differ(summaries)
+    shared = _choices_every_study_has(differing)
+    studies = [_compared(s, label, differs, shared) for s, label, differs in
+               zip(summaries, study_labels(summaries), differing)]
     figures_only = _comparison_table([{k: ("" if k in COMPARE_TEXT else v) for k, v in study.items()}
                                       for study in studies])
     if Measurement.get(console, console.options.update(width=10**4), figures_only).maximum + COMPARE_TEXT_ROOM \
@@ -523,8 +525,10 @@ def print_comparison(summaries: list[StudySummary], console: Console | None = No
         console.print(block)
 
 
-def _compared(s: StudySummary, label: str, differs: dict[str, Any]) -> dict[str, str]:
-    """One study's cells, by column, escaped for rich."""
+def _compared(s: StudySummary, label: str, differs: dict[str, Any],
+              shared: dict[str, list] | None = None) -> dict[str, str]:
+    """One study's cells, by column, escaped for rich; ``shared``: per categorical parameter,
+    the choices every compared study has (``_choices_every_study_has``)."""
     best = s.best or {}
     tests = ", ".join(f"{k}={v:.4g}" for k, v in (best.get("test_metrics") or {}).items())
     if best.get("evaluated") is False:
@@ -540,14 +544,41 @@ def _compared(s: StudySummary, label: str, differs: dict[str, Any]) -> dict[str,
         "unfinished": str(s.trials - sum(s.counts[state] for state in ("COMPLETE", "PRUNED", "FAILED"))),
         "wall s": f"{s.wall_s:.1f}", "compute s": f"{s.compute_s:.1f}",
         "saved s": f"{s.saved_by_pruning_s + s.saved_by_early_stopping_s:.1f}",
-        "differs in": ", ".join(f"{key}={_differing(key, value)}" for key, value in differs.items()) or "-",
+        "differs in": ", ".join(f"{key}={_differing(key, value, (shared or {}).get(key))}"
+                                for key, value in differs.items()) or "-",
     }
     return {column: escape(text) for column, text in cells.items()}
 
 
-def _differing(key: str, value: Any) -> str:
-    """A setting in which the compared studies differ; a parameter this study does not search is said so."""
-    return "not searched" if value is None and key.startswith("space.") else _setting(value)
+# Past this length, a categorical's choices that every compared study has are counted, not listed.
+LISTED_CHOICES_WIDTH = 40
+
+
+def _differing(key: str, value: Any, shared: list | None = None) -> str:
+    """A setting in which the compared studies differ; a parameter this study does not search
+    is said so. Of a categorical's choices too long to list, those every compared study has
+    (``shared``) are counted and the others listed: whole lists of 50-character choices,
+    folded, hid the one choice a study added (audit 83)."""
+    if value is None and key.startswith("space."):
+        return "not searched"
+    whole = _setting(value)
+    if shared and len(whole) > LISTED_CHOICES_WIDTH:
+        own = [choice for choice in value["choices"] if choice not in shared]
+        condition = whole[whole.rindex("]") + 1:]
+        return "[" + ", ".join([f"{len(shared)} in every study", *(f"+{_setting(c)}" for c in own)]) + "]" + condition
+    return whole
+
+
+def _choices_every_study_has(differing: list[dict[str, Any]]) -> dict[str, list]:
+    """Per categorical parameter in which the studies differ, the choices every one of them
+    has (none where a study does not search it, or searches it otherwise)."""
+    shared: dict[str, list] = {}
+    for key in {key for differs in differing for key in differs}:
+        values = [differs.get(key) for differs in differing]
+        if all(isinstance(v, dict) and v.get("type") == "categorical" for v in values):
+            shared[key] = [choice for choice in values[0]["choices"]
+                           if all(choice in v["choices"] for v in values[1:])]
+    return shared
 
 
 def _setting(value: Any) -> str:

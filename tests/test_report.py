@@ -189,6 +189,25 @@ def test_compare_names_each_study_by_its_directory_and_shows_what_differs(capsys
     assert "None" not in out, out
 
 
+def test_compare_counts_the_long_choices_every_study_has_and_lists_those_one_added(capsys):
+    """Whole lists of 50-character choices, folded, hid the one choice a study added (audit 83)."""
+    from hpsearch.search.status_view import print_comparison
+
+    policies = [f"augmentation_policy_name_that_is_quite_long_number_{n}" for n in range(4)]
+    first, second = summary_of([]), summary_of([])
+    first.counts = second.counts = {"COMPLETE": 0, "PRUNED": 0, "FAILED": 0}
+    first.experiment_dir, second.experiment_dir = "/runs/a", "/runs/b"
+    first.settings = {"space.data.policy": {"type": "categorical", "choices": policies[:3]},
+                      "space.model.act": {"type": "categorical", "choices": ["relu", "gelu"]}}
+    second.settings = {"space.data.policy": {"type": "categorical", "choices": policies},
+                       "space.model.act": {"type": "categorical", "choices": ["relu"]}}
+    print_comparison([first, second])
+    folded = "".join(capsys.readouterr().out.split())
+    assert "space.data.policy=[3ineverystudy]" in folded, folded
+    assert f"space.data.policy=[3ineverystudy,+{policies[3]}]" in folded, folded
+    assert "space.model.act=[relu,gelu]" in folded and "space.model.act=[relu]" in folded, folded  # short: listed
+
+
 def test_compare_at_80_columns_shows_a_block_per_study_with_every_figure_whole():
     """Its 13 columns were cut to 3 characters each at 80 columns, every figure and header
     folded over several lines ("0.9" / "741")."""
