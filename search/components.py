@@ -669,11 +669,9 @@ def _held_here_imported_from_elsewhere(directory: Path) -> set[str]:
     directory = directory.resolve()
     installed = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     found = set()
-    for name, module in list(sys.modules.items()):
-        origin = getattr(module, "__file__", None)
-        if "." in name or name in ("hpsearch", "__main__", "__mp_main__") or not origin:
-            continue
-        if not ((directory / f"{name}.py").is_file() or (directory / name / "__init__.py").is_file()):
+    for name in _top_level_modules_in(directory):
+        origin = getattr(sys.modules.get(name), "__file__", None)
+        if name in ("hpsearch", "__main__", "__mp_main__") or not origin:
             continue
         location = Path(origin).resolve()
         location = location.parent if location.name == "__init__.py" else location

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .errors import HpsearchError
+from .storage import nearest_existing
 
 # The longest path a Unix socket can have on Linux (sun_path's 108 bytes, less its end).
 SOCKET_PATH_LIMIT = 107
@@ -53,10 +54,7 @@ def refuse_a_temp_folder_ray_cannot_use() -> None:
             f"their paths would be up to {longest} bytes, past a Unix socket's limit of {SOCKET_PATH_LIMIT}; set "
             f"RAY_TMPDIR to a shorter folder (at most {SOCKET_PATH_LIMIT - len(socket) - 1} bytes, "
             f"e.g. /tmp), which Ray uses in place of TMPDIR")
-    existing = Path(folder)
-    while not existing.exists() and existing != existing.parent:  # Ray makes the missing part
-        existing = existing.parent
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not os.access(nearest_existing(Path(folder)), os.W_OK | os.X_OK):  # Ray makes the missing part
         raise HpsearchError(f"{variable} is {folder}, which this process cannot write, and Ray keeps its local "
                             f"files there: set RAY_TMPDIR to a folder it can write")
 
@@ -112,7 +110,4 @@ def _needs_a_token_it_cannot_save() -> bool:
     token = Path.home() / ".ray" / "auth_token"
     if token.exists():
         return False
-    existing = token.parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    return not os.access(existing, os.W_OK | os.X_OK)
+    return not os.access(nearest_existing(token.parent), os.W_OK | os.X_OK)

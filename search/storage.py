@@ -288,13 +288,19 @@ def check_outside_a_ray_jobs_copy(base: Path) -> None:
                            f"every node mounts (--storage /mnt/shared/runs) or a URI (--storage s3://bucket/runs)")
 
 
+def nearest_existing(path: Path) -> Path:
+    """``path``, or its nearest ancestor that exists: where a folder made at ``path`` would
+    be made."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def check_local_writable(base: Path) -> None:
     """That studies can be made under ``base``: a directory made and removed in its
     nearest existing ancestor, so a file, a read-only or a virtual file system (``/proc``)
     is an error before Ray starts, naming the location."""
-    existing = base
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(base)
     try:
         if not existing.is_dir():
             raise NotADirectoryError(f"{str(existing)!r} is a file")
